@@ -1,0 +1,60 @@
+"""History baseline: what this app's recent answers looked like, with no text model at all.
+
+It is the yardstick the learned predictors must beat, and a cold-start fallback when no trained
+artifact is loaded. It keeps a bounded window of recent output lengths per app (and globally)
+and answers their mean or a quantile; once a request has generated g tokens it conditions on
+past answers longer than g, which gives a cheap refinement of the same kind the QRF does.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated, register
+
+
+@register("history")
+class HistoryPredictor(LengthPredictor):
+    def __init__(self, quantile: float | None = None, window: int = 1000, min_count: int = 20, default: float = 256.0):
+        if quantile is not None and not 0.0 < quantile < 1.0:
+            raise ValueError(f"quantile must be in (0, 1) or None for the mean, got {quantile}")
+        self.quantile = quantile
+        self.window = window
+        self.min_count = min_count
+        self.default = default
+        self._per_app: dict[str, deque[int]] = {}
+        self._global: deque[int] = deque(maxlen=window)
+
+    def observe(self, app_id: str | None, output_len: int) -> None:
+        """Record one finished request (online: the adapter calls this on completion)."""
+        self._global.append(int(output_len))
+        if app_id:
+            self._per_app.setdefault(app_id, deque(maxlen=self.window)).append(int(output_len))
+
+    def fit(self, samples: Sequence[LengthSample]) -> HistoryPredictor:
+        for s in samples:
+            self.observe(s.app_id, s.output_len)
+        return self
+
+    def _stat(self, values: np.ndarray) -> float:
+        if self.quantile is None:
+            return float(values.mean())
+        return float(np.quantile(values, self.quantile))
+
+    def predict(
+        self,
+        prompt_text: str = "",
+        prompt_len: int = 0,
+        app_id: str | None = None,
+        generated: int = 0,
+        generated_text: str = "",
+    ) -> float:
+        for pool in (self._per_app.get(app_id or "", ()), self._global):
+            values = np.fromiter(pool, dtype=float)
+            values = values[values > generated]
+            if len(values) >= self.min_count or (pool is self._global and len(values) > 0):
+                return floor_at_generated(self._stat(values), generated)
+        return floor_at_generated(self.default, generated)

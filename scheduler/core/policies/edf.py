@@ -1,0 +1,27 @@
+"""Earliest deadline first on each request's next binding deadline.
+
+Latency requests are keyed by their next token's DSLO due time (the first-token deadline while
+waiting), deadline/compound requests by their end-to-end deadline; best-effort requests go last
+in arrival order, so they still run whenever nothing with a deadline waits.
+"""
+
+from __future__ import annotations
+
+import math
+
+from scheduler.core.types import EngineView, RequestView, StepPlan
+
+
+def deadline_key(req: RequestView) -> tuple[int, float, float]:
+    deadline = req.next_deadline()
+    if deadline is None:
+        return (1, math.inf, req.arrival)
+    return (0, deadline, req.arrival)
+
+
+class EdfPolicy:
+    name = "edf"
+
+    def plan(self, view: EngineView) -> StepPlan:
+        ordered = sorted(view.waiting, key=deadline_key)
+        return StepPlan(order=[r.rid for r in ordered])

@@ -1,0 +1,21 @@
+"""SLOs-Serve's planner (Chen et al.): multi-SLO DP soft admission, dynamic batch size and
+SLO-adaptive speculation length, as plain functions the `slos` policy composes."""
+
+from scheduler.core.slos_serve.batch_formation import BatchShape, alg2_batches, form_batch, prefill_capacity
+from scheduler.core.slos_serve.dp import DpItem, DpResult, TierBudget, admit, interval_budget
+from scheduler.core.slos_serve.spec_length import SpecChoice, acceptance, optimize_spec_lengths
+
+__all__ = [
+    "BatchShape",
+    "DpItem",
+    "DpResult",
+    "SpecChoice",
+    "TierBudget",
+    "acceptance",
+    "admit",
+    "alg2_batches",
+    "form_batch",
+    "interval_budget",
+    "optimize_spec_lengths",
+    "prefill_capacity",
+]

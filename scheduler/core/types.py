@@ -1,0 +1,98 @@
+"""What a policy sees (views) and what it decides (a plan).
+
+The adapter (inside SGLang's scheduler), the emulator and the simulator all build these same
+small dataclasses, so one policy object runs unchanged in all three. A policy never sees a
+request's true output length: only what was generated so far and a predicted bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from scheduler.core.slo import SloClass, SloSpec
+
+
+@dataclass
+class RequestView:
+    rid: str
+    slo: SloSpec
+    arrival: float  # seconds, same domain as the injected clock
+    prompt_len: int
+    generated: int = 0  # output tokens produced so far
+    max_new_tokens: int | None = None  # the client's cap, not the true length
+    predicted_output_len: float | None = None  # the analyzer's bound, if any
+    first_token_time: float | None = None
+    prefix_cached: int = 0  # prompt tokens already in the KV cache
+    program_arrival: float | None = None  # compound: arrival of the program's first call
+    stage_deadline: float | None = None  # compound: absolute sub-deadline φ(s)·D, if known
+    attained_service: float = 0.0  # LAS: tokens (prefill+decode) served to its program so far
+    best_effort_tier: bool = False  # declined by admission, runs on leftover budget
+
+    @property
+    def started(self) -> bool:
+        return self.first_token_time is not None
+
+    def deadline_abs(self) -> float | None:
+        """Absolute end-to-end deadline (program deadline for compound stages)."""
+        if self.slo.deadline_ms is None:
+            return None
+        if self.stage_deadline is not None:
+            return self.stage_deadline
+        base = self.program_arrival if self.program_arrival is not None else self.arrival
+        return base + self.slo.deadline_ms / 1000.0
+
+    def next_token_due(self) -> float | None:
+        """Absolute time the next output token is due under the DSLO, if the SLO has one."""
+        due = self.slo.token_due_s(self.generated)
+        return None if due is None else self.arrival + due
+
+    def next_deadline(self) -> float | None:
+        """The deadline that binds next: first-token before the first token for latency
+        requests, the end-to-end deadline for deadline/compound requests."""
+        if self.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND):
+            return self.deadline_abs()
+        if self.slo.slo_class is SloClass.LATENCY:
+            return self.next_token_due()
+        return None
+
+
+@dataclass
+class EngineView:
+    now: float
+    waiting: Sequence[RequestView]
+    running: Sequence[RequestView]
+    max_running_requests: int
+    chunk_size: int  # the start-up prefill chunk size: a plan never exceeds it
+    free_kv_tokens: int
+    total_kv_tokens: int
+    step: int = 0  # scheduling steps taken so far (quanta, frames)
+
+
+@dataclass
+class StepPlan:
+    """A policy's decision for one scheduling step; None means "leave SGLang's choice"."""
+
+    order: list[str] | None = None  # waiting rids, most urgent first
+    best_effort: set[str] = field(default_factory=set)  # waiting rids declined by admission
+    drop: dict[str, str] = field(default_factory=dict)  # rid -> reason (e.g. slo_queue_timeout)
+    batch_cap: int | None = None  # running-batch cap for this step
+    chunk_size: int | None = None  # prefill chunk budget for this step
+    preempt: list[str] = field(default_factory=list)  # running rids to retract (resume later)
+    spec_steps: int | None = None  # speculation length for this batch
+
+
+class Policy(Protocol):
+    name: str
+
+    def plan(self, view: EngineView) -> StepPlan: ...
+
+
+class PerfModel(Protocol):
+    """Predicts one engine iteration's wall time; implemented in scheduler/core/perf_model.py."""
+
+    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
+        """Seconds for one forward pass with this many new prefill tokens, decoding requests,
+        total KV tokens attended, and speculative tokens verified."""
+        ...

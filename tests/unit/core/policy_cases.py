@@ -1,0 +1,125 @@
+"""Shared builders for policy tests: hypothesis strategies for engine views, and the JITServe
+App. D.1 constructions run on the virtual-time simulator."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, SimResult, Simulator
+from scheduler.core.slo import SloClass, SloSpec
+from scheduler.core.types import EngineView, Policy, RequestView
+
+TAU = 1.0 / 64  # one iteration; a power of two keeps virtual times exact
+
+
+@st.composite
+def slo_specs(draw: st.DrawFn) -> SloSpec:
+    kind = draw(st.sampled_from(list(SloClass)))
+    weight = draw(st.floats(0.1, 10.0))
+    max_queue = draw(st.one_of(st.none(), st.floats(1.0, 5000.0)))
+    if kind is SloClass.LATENCY:
+        ttft = draw(st.floats(10.0, 5000.0))
+        tpot = draw(st.one_of(st.none(), st.floats(5.0, 200.0)))
+        return SloSpec(ttft_ms=ttft, tpot_ms=tpot, slo_class=kind, weight=weight, max_queue_ms=max_queue)
+    if kind is SloClass.DEADLINE:
+        return SloSpec(deadline_ms=draw(st.floats(10.0, 60000.0)), slo_class=kind, weight=weight)
+    if kind is SloClass.COMPOUND:
+        return SloSpec(
+            deadline_ms=draw(st.floats(10.0, 60000.0)),
+            slo_class=kind,
+            program_id=draw(st.sampled_from(["p1", "p2", "p3"])),
+            stage=draw(st.integers(0, 2)),
+            weight=weight,
+        )
+    return SloSpec(weight=weight, max_queue_ms=max_queue)
+
+
+@st.composite
+def request_views(draw: st.DrawFn, rid: str, now: float, running: bool) -> RequestView:
+    slo = draw(slo_specs())
+    arrival = now - draw(st.floats(0.0, 30.0))
+    generated = draw(st.integers(1 if running else 0, 300)) if running or draw(st.booleans()) else 0
+    started = generated > 0
+    return RequestView(
+        rid=rid,
+        slo=slo,
+        arrival=arrival,
+        prompt_len=draw(st.integers(1, 4000)),
+        generated=generated,
+        max_new_tokens=draw(st.one_of(st.none(), st.integers(1, 2000))),
+        predicted_output_len=draw(st.one_of(st.none(), st.floats(1.0, 2000.0))),
+        first_token_time=arrival + 0.01 if started else None,
+        prefix_cached=0,
+        program_arrival=arrival - 1.0 if slo.slo_class is SloClass.COMPOUND else None,
+        attained_service=draw(st.floats(0.0, 1e5)),
+    )
+
+
+@st.composite
+def engine_views(draw: st.DrawFn, max_waiting: int = 12, max_running: int = 8) -> EngineView:
+    now = 100.0
+    n_w = draw(st.integers(0, max_waiting))
+    cap = draw(st.integers(1, max_running))
+    n_r = draw(st.integers(0, cap))
+    waiting = [draw(request_views(f"w{i}", now, False)) for i in range(n_w)]
+    running = [draw(request_views(f"r{i}", now, True)) for i in range(n_r)]
+    return EngineView(
+        now=now,
+        waiting=waiting,
+        running=running,
+        max_running_requests=cap,
+        chunk_size=draw(st.sampled_from([1, 64, 512, 8192])),
+        free_kv_tokens=100_000,
+        total_kv_tokens=200_000,
+        step=draw(st.integers(0, 400)),
+    )
+
+
+def with_weight(view: EngineView, rid: str, factor: float) -> EngineView:
+    def bump(r: RequestView) -> RequestView:
+        return replace(r, slo=replace(r.slo, weight=r.slo.weight * factor)) if r.rid == rid else r
+
+    return replace(view, waiting=[bump(r) for r in view.waiting], running=[bump(r) for r in view.running])
+
+
+# -- JITServe App. D.1 -----------------------------------------------------------------------
+
+
+def d1_instance(n: int, a_weight: float, b_slack: float = 1.5) -> list[SimRequest]:
+    """One valuable request A (compute T = (N+1)·τ, deadline T) and N unit requests B_i arriving
+    every τ, each needing τ with a deadline b_slack·τ after it arrives (shorter and more urgent
+    than A). With b_weight = 0.5 and one-token prompts, R(B_i) = 1 and R(A) = a_weight·(N+2)."""
+    t = (n + 1) * TAU
+    a = SimRequest(
+        "A", SloSpec(deadline_ms=t * 1000, slo_class=SloClass.DEADLINE, weight=a_weight), 0.0, 1, n + 1, n + 1, n + 1
+    )
+    bs = [
+        SimRequest(
+            f"B{i}",
+            SloSpec(deadline_ms=b_slack * TAU * 1000, slo_class=SloClass.DEADLINE, weight=0.5),
+            i * TAU,
+            1,
+            1,
+            1,
+            1,
+        )
+        for i in range(n)
+    ]
+    return [a, *bs]
+
+
+def run_single_slot(policy: Policy, requests: list[SimRequest], **cfg: int) -> SimResult:
+    config = EngineConfig(max_running_requests=cfg.get("batch", 1), chunk_size=cfg.get("chunk", 64))
+    return Simulator(policy, ConstantStepModel(TAU), config).run(requests, max_steps=cfg.get("max_steps", 100_000))
+
+
+def weighted_goodput(result: SimResult) -> float:
+    """JITServe deadline goodput (input + output tokens if on time) times the request weight."""
+    outs = result.outcomes()
+    return sum(
+        rec.req.slo.weight * (rec.req.prompt_len + rec.req.output_len)
+        for rid, rec in result.records.items()
+        if outs[rid].attained
+    )

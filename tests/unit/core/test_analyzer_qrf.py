@@ -1,0 +1,92 @@
+"""QRF upper bound: calibrated at its quantile, refined without dropping below what exists."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from scheduler.core.analyzer import load_predictor, make_predictor
+from scheduler.core.analyzer.data import first_turns, iter_json_array, to_samples
+from scheduler.core.analyzer.qrf import QrfPredictor
+from tests.unit.core._analyzer_synth import make_samples
+
+
+@pytest.fixture(scope="module")
+def data():
+    return make_samples(500, seed=0), make_samples(200, seed=1)
+
+
+@pytest.fixture(scope="module")
+def qrf(data) -> QrfPredictor:
+    return make_predictor("qrf", quantile=0.9, refine_every=20, n_estimators=25, max_checkpoints=8).fit(data[0])
+
+
+def test_bound_is_calibrated_and_beats_constant(qrf, data):
+    train, test = data
+    y = np.array([s.output_len for s in test], float)
+    bound = np.array(qrf.predict_many(test))
+    under = float((bound < y).mean())
+    assert under <= 0.17, under
+    # The constant baseline at the same quantile is what a length-blind scheduler would use.
+    const = np.quantile([s.output_len for s in train], 0.9)
+    assert np.abs(bound - y).mean() < 0.7 * np.abs(const - y).mean()
+    # And the bound separates short tasks from long ones.
+    short = np.array([s.prompt_text.startswith("translate") for s in test])
+    assert bound[short].mean() < 0.3 * bound[~short].mean()
+
+
+def test_single_predict_matches_batch(qrf, data):
+    s = data[1][3]
+    assert qrf.predict(s.prompt_text, s.prompt_len, s.app_id) == pytest.approx(qrf.predict_many([s])[0])
+
+
+def test_refinement_never_below_generated_and_tightens(qrf, data):
+    test = data[1]
+    y = np.array([s.output_len for s in test], float)
+    errors = []
+    for frac in (0.0, 0.5, 0.97):
+        gens = [int(s.output_len * frac) for s in test]
+        bound = np.array(qrf.predict_many(test, gens))
+        assert (bound >= np.array(gens) + 1).all()
+        errors.append(float(np.abs(bound - y).mean()))
+    assert errors[-1] < 0.6 * errors[0], errors
+    # A request far past any plausible length still gets a bound above what it produced.
+    s = test[0]
+    assert qrf.predict(s.prompt_text, s.prompt_len, s.app_id, generated=5000) >= 5001
+
+
+def test_save_load_round_trip(qrf, data, tmp_path):
+    path = tmp_path / "qrf.pkl"
+    qrf.save(path)
+    loaded = load_predictor(path, expect="qrf")
+    test = data[1][:20]
+    gens = [s.output_len // 2 for s in test]
+    assert loaded.predict_many(test, gens) == qrf.predict_many(test, gens)
+    with pytest.raises(ValueError):
+        load_predictor(path, expect="moe")
+
+
+def test_rejects_bad_quantile():
+    with pytest.raises(ValueError):
+        QrfPredictor(quantile=1.0)
+
+
+# Training data path: the packaged ShareGPT JSON is truncated mid-record.
+TRUNCATED = """[
+  {"id": "a_0", "conversations": [{"from": "human", "value": "hi, [list] {x}"},
+                                  {"from": "gpt", "value": "hello there"}]},
+  {"id": "b_0", "conversations": [{"from": "system", "value": "s"}, {"from": "human", "value": "q"},
+                                  {"from": "gpt", "value": "a, b"}]} ,
+  {"id": "c_0", "conversations": [{"from": "human", "value": "cut here"}, {"from": "gpt", "value": "never fin"""
+
+
+def test_truncated_sharegpt_recovers_complete_records():
+    records = list(iter_json_array(TRUNCATED))
+    assert [r["id"] for r in records] == ["a_0", "b_0"]
+    turns = list(first_turns(records))
+    assert turns == [("a_0", "hi, [list] {x}", "hello there"), ("b_0", "q", "a, b")]
+    samples = to_samples(turns, lambda texts: [len(t.split()) for t in texts], max_output=1)
+    assert [s.output_len for s in samples] == [1, 1]
+    assert list(iter_json_array("[]")) == []
+    with pytest.raises(ValueError):
+        list(iter_json_array('{"a": 1}'))

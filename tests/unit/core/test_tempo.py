@@ -1,0 +1,184 @@
+"""Tempo LSDF: density ranking, stage-max remaining work, best-effort reserve, fairness blend,
+quantum-only and cost-checked preemption, and JITServe's App. D.1 constructions."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.policies._estimates import LinearStepModel
+from scheduler.core.policies.tempo import TempoPolicy, reserved_slots
+from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
+from scheduler.core.slo import SloClass, SloSpec
+from scheduler.core.types import EngineView, RequestView
+from tests.unit.core.policy_cases import TAU, d1_instance, engine_views, run_single_slot, weighted_goodput, with_weight
+
+DL = SloClass.DEADLINE
+
+
+def _view(waiting, running=(), cap=4, step=0, now=0.0) -> EngineView:
+    return EngineView(
+        now=now,
+        waiting=list(waiting),
+        running=list(running),
+        max_running_requests=cap,
+        chunk_size=512,
+        free_kv_tokens=10**6,
+        total_kv_tokens=2 * 10**6,
+        step=step,
+    )
+
+
+def _deadline(rid, deadline_ms, prompt=10, out=100, arrival=0.0, **kw) -> RequestView:
+    slo = SloSpec(deadline_ms=deadline_ms, slo_class=DL, weight=kw.pop("weight", 1.0))
+    return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=prompt, predicted_output_len=out, **kw)
+
+
+# -- App. D.1: LSDF gets M where EDF/SJF get N ------------------------------------------------
+
+
+@pytest.mark.parametrize("n", [4, 9])
+@pytest.mark.parametrize("b_slack", [1.0, 1.5])  # SJF instance (SLO = δ) and EDF instance
+def test_d1_lsdf_serves_the_valuable_request(n, b_slack):
+    res = run_single_slot(TempoPolicy(perf_model=ConstantStepModel(TAU)), d1_instance(n, 10.0 * n, b_slack))
+    assert weighted_goodput(res) == pytest.approx(10.0 * n * (n + 2))  # M = R(A)
+    assert res.outcomes()["A"].attained
+
+
+# -- density ---------------------------------------------------------------------------------
+
+
+def test_urgent_latency_request_outranks_a_far_deadline():
+    lat = RequestView(
+        rid="chat", slo=SloSpec(ttft_ms=200, tpot_ms=50, slo_class=SloClass.LATENCY), arrival=0.0, prompt_len=100
+    )
+    far = _deadline("batch", deadline_ms=600_000, prompt=100, out=100)
+    assert TempoPolicy().plan(_view([far, lat])).order == ["chat", "batch"]
+
+
+def test_far_deadline_gets_less_density_than_near_one_just_enough_bandwidth():
+    near = _deadline("near", deadline_ms=5_000)
+    far = _deadline("far", deadline_ms=500_000)
+    d = TempoPolicy().densities(_view([near, far]))
+    assert d[0] > 10 * d[1]
+
+
+def test_hopeless_deadline_is_degraded_by_f():
+    # Same request, one whose deadline can no longer be met: gain cut by f = SLO / TTLT.
+    ok = _deadline("ok", deadline_ms=60_000, out=1000)
+    late = _deadline("late", deadline_ms=100, out=1000)
+    d = TempoPolicy(alpha=1.0).densities(_view([ok, late]))
+    d_step = TempoPolicy(alpha=50.0).densities(_view([ok, late]))
+    assert d_step[1] < d[1]  # a harsher α punishes the late one more
+
+
+def test_compound_stage_uses_the_slowest_sibling():
+    def call(rid, out):
+        slo = SloSpec(deadline_ms=2_000, slo_class=SloClass.COMPOUND, program_id="prog", stage=1)
+        return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=10, predicted_output_len=out, program_arrival=0.0)
+
+    pol = TempoPolicy(perf_model=LinearStepModel())
+    alone = pol.densities(_view([call("short", 10)]))[0]
+    with_sibling = pol.densities(_view([call("short", 10), call("long", 1000)]))[0]
+    assert with_sibling < alone
+
+
+@settings(max_examples=60, deadline=None)
+@given(view=engine_views(), factor=st.floats(1.0, 50.0), pick=st.integers(0, 100), fairness=st.sampled_from([0, 0.5]))
+def test_higher_weight_never_lowers_density_or_rank(view, factor, pick, fairness):
+    reqs = [*view.waiting, *view.running]
+    if not reqs:
+        return
+    target = reqs[pick % len(reqs)]
+    pol = TempoPolicy(fairness=fairness)
+    i = [r.rid for r in reqs].index(target.rid)
+    bumped = with_weight(view, target.rid, factor)
+    assert pol.densities(bumped)[i] >= pol.densities(view)[i] * (1 - 1e-12)
+    if target in view.waiting:
+        assert pol.plan(bumped).order.index(target.rid) <= pol.plan(view).order.index(target.rid)
+
+
+# -- best-effort reserve ---------------------------------------------------------------------
+
+
+def test_reserved_slots_average_the_share():
+    assert sum(reserved_slots(q * 20, 20, 0.1, 4) for q in range(10)) == 4
+    assert [reserved_slots(q * 20, 20, 0.25, 8) for q in range(3)] == [2, 2, 2]
+    assert reserved_slots(0, 20, 0.0, 8) == 0
+    assert all(reserved_slots(s, 20, 1.0, 3) == 3 for s in range(0, 100, 7))
+
+
+def test_best_effort_goes_first_inside_the_reserve_and_last_otherwise():
+    be = RequestView(rid="be", slo=SloSpec(), arrival=0.0, prompt_len=10)
+    slo = _deadline("slo", deadline_ms=1_000)
+    assert TempoPolicy(reserve_share=0.5).plan(_view([slo, be], cap=2)).order == ["be", "slo"]
+    assert TempoPolicy(reserve_share=0.0).plan(_view([slo, be], cap=2)).order == ["slo", "be"]
+    running_be = RequestView(rid="be0", slo=SloSpec(), arrival=0.0, prompt_len=10, generated=1, first_token_time=0.1)
+    # The reserve (one slot) is already used by a running best-effort request: backfill with SLO work.
+    assert TempoPolicy(reserve_share=0.5).plan(_view([slo, be], [running_be], cap=2)).order == ["slo", "be"]
+
+
+def _saturating_stream(steps: int) -> list[SimRequest]:
+    """Deadline requests arriving faster than two slots can serve them, plus one best-effort."""
+    slo = SloSpec(deadline_ms=60_000, slo_class=DL)
+    reqs = [SimRequest(f"s{i}", slo, i * TAU, 8, 4, 4, 4) for i in range(steps)]
+    reqs.append(SimRequest("be", SloSpec(), 0.5 * TAU, 8, 4, 4, 4))
+    return reqs
+
+
+@pytest.mark.parametrize(("share", "runs"), [(0.0, False), (0.1, True)])
+def test_best_effort_is_not_starved_with_a_reserve(share, runs):
+    steps = 400
+    pol = TempoPolicy(perf_model=ConstantStepModel(TAU), reserve_share=share)
+    sim = Simulator(pol, ConstantStepModel(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
+    res = sim.run(_saturating_stream(steps), max_steps=steps)
+    assert res.records["be"].finished is runs
+
+
+# -- fairness --------------------------------------------------------------------------------
+
+
+def test_fairness_one_serves_least_attained_first():
+    rich = _deadline("rich", deadline_ms=1_000, attained_service=1e5)  # dense but already well served
+    poor = _deadline("poor", deadline_ms=100_000, attained_service=0.0)
+    assert TempoPolicy(fairness=0.0).plan(_view([rich, poor])).order == ["rich", "poor"]
+    assert TempoPolicy(fairness=1.0).plan(_view([rich, poor])).order == ["poor", "rich"]
+
+
+# -- preemption ------------------------------------------------------------------------------
+
+
+def _preempt_case(victim_prompt: int):
+    running = _deadline("bulk", deadline_ms=1_000_000, prompt=victim_prompt, generated=5, first_token_time=0.5)
+    urgent = RequestView(rid="chat", slo=SloSpec(ttft_ms=200, slo_class=SloClass.LATENCY), arrival=1.0, prompt_len=100)
+    return [urgent], [running]
+
+
+def test_preemption_happens_when_it_pays_and_only_at_quanta():
+    waiting, running = _preempt_case(victim_prompt=10)
+    pol = TempoPolicy(quantum_steps=20)
+    assert pol.plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == ["bulk"]
+    assert pol.plan(_view(waiting, running, cap=1, step=41, now=1.0)).preempt == []
+    assert pol.plan(_view(waiting, running, cap=2, step=40, now=1.0)).preempt == []  # free slot
+    assert TempoPolicy(preempt=False).plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
+
+
+def test_preemption_is_refused_when_the_stall_costs_more():
+    waiting, running = _preempt_case(victim_prompt=1_000_000)  # rebuilding its KV stalls the batch
+    assert TempoPolicy().plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(view=engine_views(), quantum=st.integers(2, 50))
+def test_never_preempts_off_quantum(view, quantum):
+    plan = TempoPolicy(quantum_steps=quantum).plan(view)
+    if view.step % quantum != 0:
+        assert plan.preempt == []
+
+
+def test_densities_are_finite_and_nonnegative():
+    reqs = [_deadline(f"r{i}", deadline_ms=float(10 ** (i % 6 + 1)), out=i + 1) for i in range(50)]
+    d = TempoPolicy().densities(_view(reqs, now=0.5))
+    assert np.all(np.isfinite(d)) and np.all(d >= 0)
