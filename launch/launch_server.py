@@ -1,0 +1,211 @@
+"""`python -m launch_server`: SGLang's server with per-request SLOs and SLO scheduling.
+
+Takes every SGLang flag plus ours. With no --model-path it serves the embedded default model
+(SmolLM2-135M-Instruct, no download); `--model-path tiny` serves the tiny random test model.
+On a machine without CUDA it applies the CPU settings SGLang needs (each one can be overridden
+by passing the flag yourself).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from server.cpu_support import activate
+
+# Flags (and values) the CPU engine needs unless the user passed them.
+CPU_DEFAULTS: list[tuple[str, str | None]] = [
+    ("--device", "cpu"),
+    ("--attention-backend", "torch_native"),
+    ("--disable-cuda-graph", None),
+    ("--skip-server-warmup", None),
+    ("--dtype", "float32"),
+    ("--mem-fraction-static", "0.05"),
+    ("--max-total-tokens", "16384"),
+    ("--sleep-on-idle", None),
+]
+MODEL_ALIASES = ("default", "tiny")
+
+
+def _has_flag(argv: list[str], *flags: str) -> bool:
+    return any(a == f or a.startswith(f + "=") for a in argv for f in flags)
+
+
+def _flag_value(argv: list[str], *flags: str) -> str | None:
+    for i, a in enumerate(argv):
+        for f in flags:
+            if a == f and i + 1 < len(argv):
+                return argv[i + 1]
+            if a.startswith(f + "="):
+                return a.split("=", 1)[1]
+    return None
+
+
+def _wants_cpu(argv: list[str]) -> bool:
+    device = _flag_value(argv, "--device")
+    if device is not None:
+        return device == "cpu"
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def _resolve_model(argv: list[str]) -> list[str]:
+    """Fill in or expand the model path: default (SmolLM2) or tiny, prepared on first use."""
+    from server.models import ensure_default_model, ensure_tiny_model
+
+    value = _flag_value(argv, "--model-path", "--model")
+    if value is None:
+        return argv + ["--model-path", str(ensure_default_model())]
+    if value not in MODEL_ALIASES:
+        return argv
+    path = str(ensure_default_model() if value == "default" else ensure_tiny_model())
+    out = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if a in ("--model-path", "--model") and i + 1 < len(argv):
+            out += [a, path]
+            skip = True
+        elif a.startswith(("--model-path=", "--model=")):
+            out.append(a.split("=", 1)[0] + "=" + path)
+        else:
+            out.append(a)
+    return out
+
+
+def _with_cpu_defaults(argv: list[str]) -> list[str]:
+    extra: list[str] = []
+    for flag, value in CPU_DEFAULTS:
+        if not _has_flag(argv, flag):
+            extra += [flag] if value is None else [flag, value]
+    return argv + extra
+
+
+def add_slo_args(parser: argparse.ArgumentParser) -> None:
+    from scheduler.core.policies import POLICIES
+    from scheduler.core.slo import SloClass
+
+    group = parser.add_argument_group("sglang-slo", "per-request SLOs and SLO-aware scheduling")
+    group.add_argument(
+        "--slo-policy",
+        default="edf",
+        choices=sorted(POLICIES),
+        help="Scheduling policy of the waiting queue. 'fcfs' behaves exactly as stock SGLang.",
+    )
+    group.add_argument(
+        "--slo-policy-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="A policy parameter (JSON value), repeatable, e.g. --slo-policy-param reserve_share=0.1",
+    )
+    group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
+    group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
+    group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
+    group.add_argument(
+        "--slo-default-class",
+        choices=[c.value for c in SloClass],
+        help="Class for requests with no SLO (default: inferred; best_effort when no target is set).",
+    )
+
+
+def _policy_params(items: list[str]) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"--slo-policy-param expects KEY=VALUE, got {item!r}")
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def _default_slo(args: argparse.Namespace) -> dict[str, Any] | None:
+    spec = {
+        "ttft_ms": args.slo_default_ttft_ms,
+        "tpot_ms": args.slo_default_tpot_ms,
+        "deadline_ms": args.slo_default_deadline_ms,
+        "class": args.slo_default_class,
+    }
+    spec = {k: v for k, v in spec.items() if v is not None}
+    return spec or None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(
+        prog="launch_server",
+        description="SGLang server with per-request SLOs (sglang-slo). All SGLang flags are accepted.",
+    )
+    ServerArgs.add_cli_args(parser)
+    add_slo_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    wants_help = _has_flag(argv, "-h", "--help")
+    if _wants_cpu(argv):
+        activate()
+        if not wants_help:
+            argv = _with_cpu_defaults(argv)
+    if not wants_help:
+        argv = _resolve_model(argv)
+
+    from sglang.srt.server_args import ServerArgs
+
+    from scheduler.config import SloServerConfig
+    from scheduler.core.policies import make_policy
+    from scheduler.core.slo import SloValidationError, parse_slo
+    from server.status_channel import default_address
+
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="[%(asctime)s] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )
+    params = _policy_params(args.slo_policy_param)
+    try:
+        make_policy(args.slo_policy, **params)
+    except TypeError as e:
+        raise SystemExit(f"--slo-policy-param: {e}") from None
+    default_slo = _default_slo(args)
+    if default_slo is not None:
+        try:
+            parse_slo(default_slo, prefix="--slo-default-")
+        except SloValidationError as e:
+            raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.slo_policy != "fcfs":
+        args.schedule_policy = "fcfs"  # keep the SLO policy's order: SGLang must not re-sort
+    server_args = ServerArgs.from_cli_args(args)
+    config = SloServerConfig(
+        policy=args.slo_policy,
+        policy_params=params,
+        default_slo=default_slo,
+        status_address=default_address(server_args.port),
+    )
+    base = f"http://{server_args.host}:{server_args.port}"
+    print(
+        f"sglang-slo: serving {server_args.model_path} with --slo-policy {args.slo_policy}.\n"
+        f"  once ready, send requests to {base}/generate (native, top-level 'slo' object),\n"
+        f"  {base}/v1/chat/completions (OpenAI, 'slo' object or x-slo-* headers); status: {base}/slo/status",
+        flush=True,
+    )
+    from server.sglang_http import launch
+
+    launch(server_args, config)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+"""The server's SLO settings, shared by the HTTP process and the scheduler process.
+
+SGLang spawns the scheduler with only its own ServerArgs, so our settings travel in one
+environment variable that spawned children inherit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from scheduler.core.slo import SloSpec, parse_slo
+
+ENV_VAR = "SGLANG_SLO_CONFIG"
+
+
+@dataclass
+class SloServerConfig:
+    policy: str = "edf"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    default_slo: dict[str, Any] | None = None  # applied to requests that carry no SLO
+    status_address: str = ""  # ZMQ address the scheduler publishes its status on
+    status_interval_s: float = 0.2
+
+    def default_spec(self) -> SloSpec | None:
+        return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")
+
+    def to_env(self) -> None:
+        os.environ[ENV_VAR] = json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> SloServerConfig:
+        raw = os.environ.get(ENV_VAR)
+        return cls(**json.loads(raw)) if raw else cls(policy="fcfs")

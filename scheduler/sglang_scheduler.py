@@ -1,0 +1,208 @@
+"""The adapter: puts the policy core in charge of SGLang's scheduler (the only scheduler-side
+module that touches SGLang internals).
+
+It subclasses SGLang's Scheduler inside the spawned scheduler process. Each scheduling pass it
+translates SGLang's waiting/running requests into the core's views, asks the policy for a plan,
+and applies it through SGLang's own hook points. It also stamps the time each output token
+leaves the scheduler into `Req.customized_info`, which SGLang carries to the HTTP process's
+`meta_info`, where the SLO report is computed.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from http import HTTPStatus
+from typing import Any
+
+from server.cpu_support import activate_if_requested
+
+activate_if_requested()  # before sglang imports, in a spawned child outside the project venv
+
+from sglang.srt.managers import scheduler as sglang_scheduler_module  # noqa: E402
+from sglang.srt.managers.io_struct import AbortReq  # noqa: E402
+
+from scheduler.config import SloServerConfig
+from scheduler.core.clock import WallClock
+from scheduler.core.policies import make_policy
+from scheduler.core.programs import ProgramTracker
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
+from scheduler.core.slo import SloSpec, SloValidationError
+from scheduler.core.types import EngineView, RequestView, StepPlan
+from server.slo_reports import TOKEN_TS_KEY
+from server.slo_request import read_injected
+from server.status_channel import StatusPublisher
+
+logger = logging.getLogger("sglang_slo.scheduler")
+
+_BaseScheduler = sglang_scheduler_module.Scheduler
+
+
+def request_slo(req: Any) -> tuple[SloSpec, float | None]:
+    """The SLO and arrival the HTTP layer attached; best-effort if absent or unreadable."""
+    try:
+        injected = read_injected(getattr(req.sampling_params, "custom_params", None))
+    except SloValidationError:
+        logger.warning("request %s carried an invalid SLO; treating it as best-effort", req.rid)
+        injected = None
+    return injected if injected is not None else (SloSpec(), None)
+
+
+def stamp_token_times(reqs: list) -> None:
+    """Record when each new output token leaves the scheduler (one stamp per output id)."""
+    now = time.time()
+    for req in reqs:
+        if req.customized_info is None:
+            req.customized_info = {}
+        stamps = req.customized_info.setdefault(TOKEN_TS_KEY, [])
+        missing = len(req.output_ids) - len(stamps)
+        if missing > 0:
+            stamps.extend([now] * missing)
+
+
+_STAMPING_CLASSES: dict[type, type] = {}
+
+
+def _stamping_streamer_class(base: type) -> type:
+    """A slot-compatible subclass of SGLang's output streamer that stamps before streaming
+    (the streamer uses __slots__, so its method cannot be replaced on the instance)."""
+    if base not in _STAMPING_CLASSES:
+
+        def stream_output(self: Any, reqs: list, *args: Any, **kwargs: Any) -> Any:
+            stamp_token_times(reqs)
+            return base.stream_output(self, reqs, *args, **kwargs)
+
+        _STAMPING_CLASSES[base] = type(f"Stamping{base.__name__}", (base,), {"__slots__": (), "stream_output": stream_output})
+    return _STAMPING_CLASSES[base]
+
+
+class SloScheduler(_BaseScheduler):
+    """SGLang's Scheduler with an SLO policy deciding order and admission."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.slo_config = SloServerConfig.from_env()
+        self.slo_clock = WallClock()
+        self.slo_policy = make_policy(self.slo_config.policy, **self.slo_config.policy_params)
+        self.slo_programs = ProgramTracker()
+        self.slo_step = 0
+        self.slo_dropped = 0
+        self._slo_views: dict[str, tuple[SloSpec, float]] = {}
+        super().__init__(*args, **kwargs)
+        if self.slo_config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
+            self.slo_status = StatusPublisher(
+                self.slo_config.status_address, self.slo_status_snapshot, self.slo_config.status_interval_s
+            )
+        logger.info("SLO scheduler active: policy=%s", self.slo_config.policy)
+
+    # ---- token timestamps -------------------------------------------------------------
+    def init_output_streamer(self) -> None:
+        super().init_output_streamer()
+        streamer = self.output_streamer
+        streamer.__class__ = _stamping_streamer_class(type(streamer))
+
+    # ---- the core's view of SGLang's state ---------------------------------------------
+    def _slo_of(self, req: Any) -> tuple[SloSpec, float]:
+        cached = self._slo_views.get(req.rid)
+        if cached is None:
+            spec, arrival = request_slo(req)
+            cached = (spec, arrival if arrival is not None else self.slo_clock.now())
+            if len(self._slo_views) > 4 * (len(self.waiting_queue) + 1024):
+                live = {r.rid for r in self.waiting_queue} | {r.rid for r in self.running_batch.reqs}
+                self._slo_views = {k: v for k, v in self._slo_views.items() if k in live}
+            self._slo_views[req.rid] = cached
+        return cached
+
+    def _request_view(self, req: Any) -> RequestView:
+        spec, arrival = self._slo_of(req)
+        stamps = (req.customized_info or {}).get(TOKEN_TS_KEY) or []
+        program_arrival = None
+        if spec.program_id is not None:
+            program_arrival = self.slo_programs.arrival(spec.program_id, arrival)
+        return RequestView(
+            rid=req.rid,
+            slo=spec,
+            arrival=arrival,
+            prompt_len=len(req.origin_input_ids),
+            generated=len(req.output_ids),
+            max_new_tokens=req.sampling_params.max_new_tokens,
+            first_token_time=stamps[0] if stamps else None,
+            prefix_cached=len(req.prefix_indices) if getattr(req, "prefix_indices", None) is not None else 0,
+            program_arrival=program_arrival,
+            best_effort_tier=spec.is_best_effort,
+        )
+
+    def slo_engine_view(self, running_batch: Any) -> EngineView:
+        return EngineView(
+            now=self.slo_clock.now(),
+            waiting=[self._request_view(r) for r in self.waiting_queue],
+            running=[self._request_view(r) for r in running_batch.reqs],
+            max_running_requests=self.max_running_requests,
+            chunk_size=self.chunked_prefill_size or 0,
+            free_kv_tokens=int(self.token_to_kv_pool_allocator.available_size()),
+            total_kv_tokens=int(self.max_total_num_tokens),
+            step=self.slo_step,
+        )
+
+    # ---- applying the plan ---------------------------------------------------------------
+    def get_new_batch_prefill(self, running_batch: Any) -> Any:
+        self.slo_step += 1
+        if self.waiting_queue:
+            view = self.slo_engine_view(running_batch)
+            plan = self.slo_policy.plan(view)
+            for rid in expired_in_queue(view.waiting, view.now):
+                plan.drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
+            self._apply_plan(plan)
+        return super().get_new_batch_prefill(running_batch)
+
+    def _apply_plan(self, plan: StepPlan) -> None:
+        if plan.drop:
+            self._drop_waiting(plan.drop)
+        if plan.order is not None:
+            rank = {rid: i for i, rid in enumerate(plan.order)}
+            last = len(rank)
+            self.waiting_queue.sort(key=lambda r: rank.get(r.rid, last))
+            if logger.isEnabledFor(logging.DEBUG) and self.waiting_queue:
+                logger.debug("step %d order: %s", self.slo_step, [r.rid for r in self.waiting_queue[:8]])
+
+    def _drop_waiting(self, reasons: dict[str, str]) -> None:
+        keep = []
+        for req in self.waiting_queue:
+            reason = reasons.get(req.rid)
+            if reason is None:
+                keep.append(req)
+                continue
+            if self.enable_hicache_storage:
+                self.tree_cache.release_aborted_request(req.rid)
+            self.ipc_channels.send_to_tokenizer.send_output(
+                AbortReq(
+                    finished_reason={
+                        "type": "abort",
+                        "status_code": HTTPStatus.SERVICE_UNAVAILABLE,
+                        "message": reason,
+                    },
+                    rid=req.rid,
+                ),
+                req,
+            )
+            self.slo_dropped += 1
+            logger.debug("dropped %s: %s", req.rid, reason)
+        self.waiting_queue[:] = keep
+
+    # ---- status ----------------------------------------------------------------------------
+    def slo_status_snapshot(self) -> dict[str, Any]:
+        return {
+            "policy": self.slo_config.policy,
+            "waiting": len(self.waiting_queue),
+            "running": len(self.running_batch.reqs),
+            "max_running_requests": self.max_running_requests,
+            "chunked_prefill_size": self.chunked_prefill_size,
+            "steps": self.slo_step,
+            "dropped_in_queue": self.slo_dropped,
+            "time": time.time(),
+        }
+
+
+def run_slo_scheduler_process(*args: Any, **kwargs: Any) -> None:
+    """Scheduler process entry point handed to SGLang's launch_server (spawn-importable)."""
+    sglang_scheduler_module.Scheduler = SloScheduler
+    sglang_scheduler_module.run_scheduler_process(*args, **kwargs)

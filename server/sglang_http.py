@@ -1,0 +1,99 @@
+"""The HTTP-process adapter (the only server-side module that touches SGLang internals).
+
+It launches SGLang's own HTTP server with three swaps through SGLang's fork hooks: our
+TokenizerManager subclass (SLO reports), our scheduler process (the policy core), and our ASGI
+middleware on SGLang's app (SLO parsing, status, metrics). Every SGLang route keeps working.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, AsyncIterator
+
+from sglang.srt.entrypoints import http_server
+from sglang.srt.entrypoints.engine import init_tokenizer_manager
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+from scheduler.config import SloServerConfig
+from scheduler.sglang_scheduler import run_slo_scheduler_process
+from server.slo_metrics import SloMetrics
+from server.slo_middleware import SloMiddleware
+from server.slo_reports import SloReportBook
+from server.slo_request import read_injected
+from server.status_channel import StatusSubscriber
+
+_BOOK = SloReportBook(SloMetrics())
+
+
+def _first_custom_params(obj: Any) -> dict[str, Any] | None:
+    params = getattr(obj, "sampling_params", None)
+    for p in params if isinstance(params, list) else [params]:
+        if isinstance(p, dict) and isinstance(p.get("custom_params"), dict):
+            return p["custom_params"]
+    return None
+
+
+def _rids(obj: Any) -> list[str]:
+    rid = getattr(obj, "rid", None)
+    if isinstance(rid, str):
+        return [rid]
+    return [r for r in rid or [] if isinstance(r, str)]
+
+
+class SloTokenizerManager(TokenizerManager):
+    """Scores every finished request against its SLO and puts the report in meta_info."""
+
+    async def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[Any]:
+        injected = read_injected(_first_custom_params(obj))
+        started: set[str] = set()
+
+        def track(rid: str) -> None:
+            if injected is not None and rid not in started:
+                started.add(rid)
+                _BOOK.start(rid, *injected)
+
+        try:
+            async for out in super().generate_request(obj, request):
+                for item in out if isinstance(out, list) else [out]:
+                    meta = item.get("meta_info") if isinstance(item, dict) else None
+                    if meta is not None and meta.get("id") is not None:
+                        track(meta["id"])
+                        _BOOK.on_output(meta)
+                yield out
+        except BaseException:
+            for rid in _rids(obj):
+                track(rid)
+                _BOOK.on_abort(rid)
+            raise
+
+
+def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **kwargs: Any) -> Any:
+    return init_tokenizer_manager(server_args, port_args, SloTokenizerManager)
+
+
+def launch(server_args: Any, config: SloServerConfig) -> None:
+    """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
+    config.to_env()  # inherited by the spawned scheduler process
+    subscriber = StatusSubscriber(config.status_address)
+    started = time.time()
+
+    def status() -> dict[str, Any]:
+        engine = dict(subscriber.latest)
+        return {
+            "policy": config.policy,
+            "policy_params": config.policy_params,
+            "default_slo": config.default_slo,
+            "uptime_s": round(time.time() - started, 3),
+            "engine": engine,
+            "queue": {"waiting": engine.get("waiting"), "running": engine.get("running")},
+            "attainment": _BOOK.metrics.attainment(),
+        }
+
+    http_server.app.add_middleware(
+        SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status
+    )
+    http_server.launch_server(
+        server_args,
+        init_tokenizer_manager_func=init_slo_tokenizer_manager,
+        run_scheduler_process_func=run_slo_scheduler_process,
+    )

@@ -1,0 +1,212 @@
+"""HTTP edge of SLO serving, as plain ASGI middleware in front of SGLang's app.
+
+In: parses and validates the SLO (400 naming the field), stamps the arrival time and injects
+both into SGLang's custom_params. Out: adds the `slo` report block to OpenAI responses (native
+responses get it in meta_info from the tokenizer manager), serves GET /slo/status, and appends
+the SLO counters to GET /metrics.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+import orjson
+
+from scheduler.core.slo import SloSpec, SloValidationError
+from server.slo_reports import SloReportBook
+from server.slo_request import extract_slo, inject_native, inject_openai
+
+NATIVE_PATHS = frozenset({"/generate"})
+OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+MAX_BODY_BYTES = 64 * 1024 * 1024
+
+Scope = dict[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+
+def error_body(field: str, message: str, status: int = 400) -> bytes:
+    return orjson.dumps(
+        {
+            "error": {
+                "message": f"{field}: {message}",
+                "type": "invalid_request_error",
+                "param": field,
+                "code": status,
+            }
+        }
+    )
+
+
+async def _respond(send: Send, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(receive: Receive) -> bytes:
+    chunks = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            break
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise SloValidationError("body", f"larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
+    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
+    return kept + [(b"content-length", str(length).encode())]
+
+
+class SloMiddleware:
+    def __init__(
+        self,
+        app: Callable[[Scope, Receive, Send], Awaitable[None]],
+        book: SloReportBook,
+        default_slo: SloSpec | None,
+        status: Callable[[], dict[str, Any]],
+    ) -> None:
+        self.app = app
+        self.book = book
+        self.default_slo = default_slo
+        self.status = status
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path, method = scope["path"], scope["method"]
+        if method == "GET" and path == "/slo/status":
+            return await _respond(send, 200, orjson.dumps(self.status()))
+        if method == "GET" and path == "/metrics":
+            return await self._metrics(scope, receive, send)
+        if method == "POST" and (path in NATIVE_PATHS or path in OPENAI_PATHS):
+            return await self._generate(scope, receive, send, native=path in NATIVE_PATHS)
+        return await self.app(scope, receive, send)
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, native: bool) -> None:
+        arrival = time.time()
+        try:
+            raw = await _read_body(receive)
+        except SloValidationError as e:
+            return await _respond(send, 413, error_body(e.field, e.message, 413))
+        try:
+            body = orjson.loads(raw) if raw else None
+        except orjson.JSONDecodeError:
+            body = None
+        if not isinstance(body, dict):  # not ours to judge: SGLang answers malformed bodies
+            return await self.app(scope, _replay(raw, receive), send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        try:
+            spec = extract_slo(body, headers, self.default_slo, native=native)
+            (inject_native if native else inject_openai)(body, spec, arrival)
+        except SloValidationError as e:
+            return await _respond(send, 400, error_body(e.field, e.message))
+        new_raw = orjson.dumps(body)
+        scope = {**scope, "headers": _with_length(list(scope.get("headers", [])), len(new_raw))}
+        await self.app(scope, _replay(new_raw, receive), send if native else self._openai_send(send))
+
+    def _openai_send(self, send: Send) -> Send:
+        """Adds the `slo` block to the final OpenAI JSON response or SSE chunk."""
+        state: dict[str, Any] = {"start": None, "mode": None, "buffer": []}
+
+        async def wrapped(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                ctype = dict((k.lower(), v) for k, v in message.get("headers", [])).get(b"content-type", b"")
+                state["mode"] = "sse" if b"event-stream" in ctype else "json" if b"json" in ctype else None
+                if state["mode"] == "json":
+                    state["start"] = message
+                    return
+                return await send(message)
+            if message["type"] != "http.response.body" or state["mode"] is None:
+                return await send(message)
+            if state["mode"] == "sse":
+                return await send({**message, "body": self._annotate_sse(message.get("body", b""))})
+            state["buffer"].append(message.get("body", b""))
+            if message.get("more_body", False):
+                return
+            body = self._annotate_json(b"".join(state["buffer"]))
+            start = state["start"]
+            await send({**start, "headers": _with_length(list(start.get("headers", [])), len(body))})
+            await send({"type": "http.response.body", "body": body})
+
+        return wrapped
+
+    def _annotate(self, obj: Any, require_finish: bool) -> bool:
+        if not isinstance(obj, dict) or "id" not in obj:
+            return False
+        if require_finish and not any(c.get("finish_reason") for c in obj.get("choices") or [] if isinstance(c, dict)):
+            return False
+        report = self.book.report(obj["id"])
+        if report is None:
+            return False
+        obj["slo"] = report
+        return True
+
+    def _annotate_json(self, body: bytes) -> bytes:
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return body
+        return orjson.dumps(obj) if self._annotate(obj, require_finish=False) else body
+
+    def _annotate_sse(self, chunk: bytes) -> bytes:
+        if b"finish_reason" not in chunk:
+            return chunk
+        events = chunk.split(b"\n\n")
+        changed = False
+        for i, event in enumerate(events):
+            if not event.startswith(b"data: ") or event == b"data: [DONE]":
+                continue
+            try:
+                obj = orjson.loads(event[len(b"data: ") :])
+            except orjson.JSONDecodeError:
+                continue
+            if self._annotate(obj, require_finish=True):
+                events[i] = b"data: " + orjson.dumps(obj)
+                changed = True
+        return b"\n\n".join(events) if changed else chunk
+
+    async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
+        captured: dict[str, Any] = {"status": 404, "headers": [], "body": []}
+
+        async def capture(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                captured["status"] = message["status"]
+                captured["headers"] = message.get("headers", [])
+            elif message["type"] == "http.response.body":
+                captured["body"].append(message.get("body", b""))
+
+        await self.app(scope, receive, capture)
+        ours = self.book.metrics.exposition()
+        if captured["status"] == 200:
+            body = b"".join(captured["body"]).rstrip(b"\n") + b"\n" + ours
+        else:
+            body = ours
+        await _respond(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")

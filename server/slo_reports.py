@@ -1,0 +1,88 @@
+"""Turns the per-token emit times the scheduler attaches to each output into the SLO report
+every response carries, and records the outcome once per request."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from scheduler.core.outcome import evaluate
+from scheduler.core.programs import ProgramTracker
+from scheduler.core.slo import SloSpec
+from server.slo_metrics import SloMetrics
+
+TOKEN_TS_KEY = "slo_token_ts"
+REPORT_KEY = "slo"
+
+
+@dataclass
+class _Tracked:
+    slo: SloSpec
+    arrival: float
+    token_times: list[float] = field(default_factory=list)
+
+
+class SloReportBook:
+    """Per-request accumulation keyed by rid, plus recent reports for the OpenAI routes, whose
+    responses do not carry meta_info and get their `slo` block by response id."""
+
+    def __init__(self, metrics: SloMetrics, keep_reports: int = 10_000) -> None:
+        self.metrics = metrics
+        self.programs = ProgramTracker()
+        self._live: dict[str, _Tracked] = {}
+        self._reports: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._keep = keep_reports
+
+    def start(self, rid: str, slo: SloSpec, arrival: float) -> None:
+        self._live[rid] = _Tracked(slo, arrival)
+        if slo.program_id is not None:
+            self.programs.arrival(slo.program_id, arrival)
+
+    def on_output(self, meta_info: dict[str, Any]) -> None:
+        """Consume one output chunk's meta_info (incremental or cumulative token stamps); on the
+        final chunk, replace the raw stamps with the report."""
+        rid = meta_info.get("id")
+        tracked = self._live.get(rid) if rid is not None else None
+        stamps = meta_info.pop(TOKEN_TS_KEY, None)
+        if tracked is None:
+            return
+        if stamps:
+            n_out = meta_info.get("completion_tokens")
+            if n_out is not None and len(stamps) == n_out:
+                tracked.token_times = list(stamps)  # cumulative (non-streaming) output
+            else:
+                tracked.token_times.extend(stamps)
+        finish = meta_info.get("finish_reason")
+        if finish is not None:
+            finished = not (isinstance(finish, dict) and finish.get("type") == "abort")
+            meta_info[REPORT_KEY] = self._finish(rid, finished)
+
+    def on_abort(self, rid: str) -> dict[str, Any] | None:
+        """A request that ended without a final output (queue timeout, client abort)."""
+        return self._finish(rid, finished=False) if rid in self._live else None
+
+    def _finish(self, rid: str, finished: bool) -> dict[str, Any]:
+        tracked = self._live.pop(rid)
+        deadline_abs = None
+        if tracked.slo.program_id is not None and tracked.slo.deadline_ms is not None:
+            first = self.programs.arrival(tracked.slo.program_id, tracked.arrival)
+            deadline_abs = first + tracked.slo.deadline_ms / 1000.0
+        outcome = evaluate(
+            tracked.slo,
+            tracked.arrival,
+            tracked.token_times,
+            finish_time=tracked.token_times[-1] if finished and tracked.token_times else time.time(),
+            finished=finished,
+            deadline_abs=deadline_abs,
+        )
+        self.metrics.record(outcome)
+        report = outcome.to_dict()
+        self._reports[rid] = report
+        while len(self._reports) > self._keep:
+            self._reports.popitem(last=False)
+        return report
+
+    def report(self, rid: str) -> dict[str, Any] | None:
+        return self._reports.get(rid)
