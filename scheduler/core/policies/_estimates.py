@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.slo import SloClass
+from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, PerfModel, RequestView
 
 DEFAULT_OUTPUT_LEN = 256  # assumed output length when neither a prediction nor a cap exists
@@ -92,82 +92,251 @@ class Speeds:
         return np.ceil(tokens / self.chunk) * self.prefill_fixed + tokens * self.prefill_per_token
 
 
-@dataclass
-class ReqArrays:
-    """Column view of requests (waiting first, then running) for vectorised scoring."""
+class SloTable:
+    """Per-SloSpec numbers (deadline, TTFT/TPOT, weight, class, max_queue, compound group),
+    cached across plan() calls by object identity, so each spec is read once, not every step.
 
-    rids: list[str]
-    n_waiting: int
-    arrival: np.ndarray
-    base: np.ndarray  # program arrival for compound stages, else arrival
-    prompt: np.ndarray
-    generated: np.ndarray
-    cached: np.ndarray
-    started: np.ndarray  # bool
-    running: np.ndarray  # bool
-    weight: np.ndarray
-    cls: np.ndarray  # int class codes above
-    deadline: np.ndarray  # absolute end-to-end (or stage) deadline, nan if none
-    ttft_s: np.ndarray  # nan if none
-    tpot_s: np.ndarray  # 0 if none
-    total_out: np.ndarray  # predicted total output length (upper bound), >= generated + 1
-    attained: np.ndarray
-    group: np.ndarray  # compound (program, stage) group index, -1 otherwise
-    be_tier: np.ndarray  # bool
+    SloSpec is frozen, so a spec's numbers never change; the table holds a reference to every
+    spec it caches, so an id cannot be recycled by another object while it is cached. Specs no
+    longer seen are dropped when the table grows well past the live set. Nothing else about a
+    request is cached: per-request fields are read from the views on every plan()."""
+
+    # Row layout of `cols` (one column per cached spec).
+    DEADLINE_S, TTFT_S, TPOT_S, WEIGHT, CLS, MAX_QUEUE_S, GROUP_KEY = range(7)
+
+    def __init__(self, slack: int = 4096) -> None:
+        self.slack = slack
+        self._clear()
+
+    def _clear(self) -> None:
+        self._index: dict[int, int] = {}
+        self._specs: list[SloSpec] = []
+        self._groups: dict[tuple[object, object], int] = {}
+        self.cols = np.empty((7, 0))
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def rows(self, slos: list[SloSpec]) -> np.ndarray:
+        """Column index in `cols` of each spec, adding the ones not cached yet."""
+        get = self._index.get
+        rows = list(map(get, map(id, slos)))
+        if None in rows:
+            if len(self._specs) > 2 * len(slos) + self.slack:
+                self._clear()  # evict specs no longer in use
+                rows = [None] * len(slos)
+            rows = self._add(slos, rows)
+        return np.fromiter(rows, dtype=np.int64, count=len(rows))
+
+    def _add(self, slos: list[SloSpec], rows: list[int | None]) -> list[int]:
+        nan = math.nan
+        index, specs, groups = self._index, self._specs, self._groups
+        new: list[tuple[float, ...]] = []
+        for j, row in enumerate(rows):
+            if row is not None:
+                continue
+            s = slos[j]
+            row = index.get(id(s))
+            if row is None:
+                row = index[id(s)] = len(specs)
+                specs.append(s)
+                code = _CLASS_BY_ID[id(s.slo_class)]
+                key = -1
+                if code == COMPOUND and s.program_id is not None:
+                    key = groups.setdefault((s.program_id, s.stage), len(groups))
+                new.append(
+                    (
+                        nan if s.deadline_ms is None else s.deadline_ms,
+                        nan if s.ttft_ms is None else s.ttft_ms,
+                        0.0 if s.tpot_ms is None else s.tpot_ms,
+                        s.weight,
+                        code,
+                        nan if s.max_queue_ms is None else s.max_queue_ms,
+                        key,
+                    )
+                )
+            rows[j] = row
+        if new:
+            add = np.array(new, dtype=np.float64).T
+            # Same arithmetic as dividing the gathered per-request arrays: ms -> s.
+            add[[self.DEADLINE_S, self.TTFT_S, self.TPOT_S, self.MAX_QUEUE_S]] /= 1000.0
+            self.cols = np.concatenate([self.cols, add], axis=1)
+        return rows  # type: ignore[return-value]
+
+
+class ReqArrays:
+    """Column view of requests (waiting first, then running) for vectorised scoring.
+
+    Fields: arrival; base (program arrival for compound stages, else arrival; only read where
+    a deadline exists, arrival elsewhere); prompt;
+    generated; cached; started (bool); running (bool); weight; cls (int class codes above);
+    deadline (absolute end-to-end or stage deadline, nan if none); ttft_s (nan if none);
+    tpot_s (0 if none); total_out (predicted total output length, upper bound, >= generated
+    + 1); group (compound (program, stage) group index, -1 otherwise; only the partition is
+    meaningful, not the numbering); max_queue_s (nan if none); and, read on first use,
+    attained and be_tier (bool)."""
+
+    def __init__(
+        self,
+        rids: list[str],
+        n_waiting: int,
+        reqs: list[RequestView],
+        arrival: np.ndarray,
+        base: np.ndarray,
+        prompt: np.ndarray,
+        generated: np.ndarray,
+        cached: np.ndarray,
+        started: np.ndarray,
+        running: np.ndarray,
+        weight: np.ndarray,
+        cls: np.ndarray,
+        deadline: np.ndarray,
+        ttft_s: np.ndarray,
+        tpot_s: np.ndarray,
+        total_out: np.ndarray,
+        group: np.ndarray,
+        max_queue_s: np.ndarray,
+    ) -> None:
+        self.rids = rids
+        self.n_waiting = n_waiting
+        self.reqs = reqs
+        self.arrival = arrival
+        self.base = base
+        self.prompt = prompt
+        self.generated = generated
+        self.cached = cached
+        self.started = started
+        self.running = running
+        self.weight = weight
+        self.cls = cls
+        self.deadline = deadline
+        self.ttft_s = ttft_s
+        self.tpot_s = tpot_s
+        self.total_out = total_out
+        self.group = group
+        self.max_queue_s = max_queue_s
+        self._attained: np.ndarray | None = None
+        self._be_tier: np.ndarray | None = None
 
     @property
     def n(self) -> int:
         return len(self.rids)
 
+    @property
+    def attained(self) -> np.ndarray:
+        if self._attained is None:
+            self._attained = _floats([r.attained_service for r in self.reqs], self.n)
+        return self._attained
+
+    @property
+    def be_tier(self) -> np.ndarray:
+        if self._be_tier is None:
+            self._be_tier = np.fromiter((r.best_effort_tier for r in self.reqs), dtype=bool, count=self.n)
+        return self._be_tier
+
+    def rids_at(self, idx: np.ndarray) -> list[str]:
+        """The rids at these positions, in that order."""
+        rids = self.rids
+        return [rids[i] for i in idx.tolist()]
+
+    def take(self, idx: np.ndarray, n_waiting: int) -> ReqArrays:
+        """The rows at `idx` (the first n_waiting of them waiting), e.g. without dropped ones."""
+        pos = idx.tolist()
+        rids, reqs = self.rids, self.reqs
+        out = ReqArrays(
+            [rids[i] for i in pos],
+            n_waiting,
+            [reqs[i] for i in pos],
+            *(
+                getattr(self, f)[idx]
+                for f in (
+                    "arrival",
+                    "base",
+                    "prompt",
+                    "generated",
+                    "cached",
+                    "started",
+                    "running",
+                    "weight",
+                    "cls",
+                    "deadline",
+                    "ttft_s",
+                    "tpot_s",
+                    "total_out",
+                    "group",
+                    "max_queue_s",
+                )
+            ),
+        )
+        if self._attained is not None:
+            out._attained = self._attained[idx]
+        if self._be_tier is not None:
+            out._be_tier = self._be_tier[idx]
+        return out
+
     @classmethod
     def from_views(
-        cls, waiting: Sequence[RequestView], running: Sequence[RequestView], default_output_len: float
+        cls,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        default_output_len: float,
+        slo_table: SloTable | None = None,
     ) -> ReqArrays:
-        """One pass per column: list comprehensions over attributes are the cheapest way to get
-        thousands of dataclass fields into numpy (no per-request function calls)."""
+        """One list comprehension per per-request column (the cheapest way to get thousands of
+        dataclass fields into numpy); SLO numbers come from `slo_table` (pass a long-lived one
+        to read each spec once across steps)."""
         reqs = [*waiting, *running]
         n = len(reqs)
-        slos = [r.slo for r in reqs]
+        nw = len(waiting)
+        table = slo_table if slo_table is not None else SloTable()
+        rows = table.rows([r.slo for r in reqs])  # may grow table.cols: index it after
+        cols = table.cols[:, rows]
         nan = math.nan
         arrival = _floats([r.arrival for r in reqs], n)
-        program_arrival = _floats([nan if r.program_arrival is None else r.program_arrival for r in reqs], n)
-        base = np.where(np.isnan(program_arrival), arrival, program_arrival)
+        # Program arrival and stage deadline only matter where a deadline exists: read them
+        # only there (elsewhere base = arrival, deadline = nan).
+        deadline_s = cols[SloTable.DEADLINE_S]
+        has_dl = ~np.isnan(deadline_s)
+        base = arrival.copy()
+        deadline = np.full(n, nan)
+        if has_dl.any():
+            dl_rows = np.flatnonzero(has_dl)
+            sub = reqs if dl_rows.size == n else [reqs[i] for i in dl_rows.tolist()]
+            m = len(sub)
+            program_arrival = _floats([nan if (x := r.program_arrival) is None else x for r in sub], m)
+            stage = _floats([nan if (x := r.stage_deadline) is None else x for r in sub], m)
+            sub_base = np.where(np.isnan(program_arrival), arrival[dl_rows], program_arrival)
+            base[dl_rows] = sub_base
+            deadline[dl_rows] = np.where(np.isnan(stage), sub_base + deadline_s[dl_rows], stage)
         generated = _floats([r.generated for r in reqs], n)
-        deadline_ms = _floats([nan if s.deadline_ms is None else s.deadline_ms for s in slos], n)
-        stage = _floats([nan if r.stage_deadline is None else r.stage_deadline for r in reqs], n)
-        deadline = np.where(np.isnan(stage), base + deadline_ms / 1000.0, stage)
-        deadline = np.where(np.isnan(deadline_ms), nan, deadline)
-        codes = _CLASS_BY_ID
-        cls_arr = np.fromiter((codes[id(s.slo_class)] for s in slos), dtype=np.int64, count=n)
+        group_key = cols[SloTable.GROUP_KEY]
         gidx = np.full(n, -1, dtype=np.int64)
-        comp = np.flatnonzero(cls_arr == COMPOUND)
-        if comp.size:
-            groups: dict[tuple[object, object], int] = {}
-            for i in comp:
-                s = slos[i]
-                if s.program_id is not None:
-                    gidx[i] = groups.setdefault((s.program_id, s.stage), len(groups))
+        comp = group_key >= 0
+        if comp.any():
+            gidx[comp] = np.unique(group_key[comp], return_inverse=True)[1]
         running_mask = np.zeros(n, dtype=bool)
-        running_mask[len(waiting) :] = True
+        running_mask[nw:] = True
+        predicted = _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
+        cap = _floats([nan if (x := r.max_new_tokens) is None else x for r in reqs], n)
         return cls(
             rids=[r.rid for r in reqs],
-            n_waiting=len(waiting),
+            n_waiting=nw,
+            reqs=reqs,
             arrival=arrival,
             base=base,
             prompt=_floats([r.prompt_len for r in reqs], n),
             generated=generated,
             cached=_floats([r.prefix_cached for r in reqs], n),
-            started=np.fromiter((r.first_token_time is not None for r in reqs), dtype=bool, count=n),
+            started=np.fromiter([r.first_token_time is not None for r in reqs], dtype=bool, count=n),
             running=running_mask,
-            weight=_floats([s.weight for s in slos], n),
-            cls=cls_arr,
+            weight=cols[SloTable.WEIGHT],
+            cls=cols[SloTable.CLS].astype(np.int64),
             deadline=deadline,
-            ttft_s=_floats([nan if s.ttft_ms is None else s.ttft_ms for s in slos], n) / 1000.0,
-            tpot_s=_floats([0.0 if s.tpot_ms is None else s.tpot_ms for s in slos], n) / 1000.0,
-            total_out=predicted_totals(reqs, generated, default_output_len),
-            attained=_floats([r.attained_service for r in reqs], n),
+            ttft_s=cols[SloTable.TTFT_S],
+            tpot_s=cols[SloTable.TPOT_S],
+            total_out=_totals(predicted, cap, generated, default_output_len),
             group=gidx,
-            be_tier=np.fromiter((r.best_effort_tier for r in reqs), dtype=bool, count=n),
+            max_queue_s=cols[SloTable.MAX_QUEUE_S],
         )
 
 
@@ -178,15 +347,19 @@ def _floats(values: list, n: int) -> np.ndarray:
     return np.fromiter(values, dtype=np.float64, count=n)
 
 
+def _totals(predicted: np.ndarray, cap: np.ndarray, generated: np.ndarray, default_output_len: float) -> np.ndarray:
+    total = np.where(np.isnan(cap), default_output_len, cap)
+    total = np.where(np.isnan(predicted), total, np.fmin(predicted, cap))
+    return np.maximum(total, generated + 1.0)
+
+
 def predicted_totals(reqs: Sequence[RequestView], generated: np.ndarray, default_output_len: float) -> np.ndarray:
     """Vector form of predicted_total_output."""
     n = len(reqs)
     nan = math.nan
     predicted = _floats([nan if r.predicted_output_len is None else r.predicted_output_len for r in reqs], n)
     cap = _floats([nan if r.max_new_tokens is None else r.max_new_tokens for r in reqs], n)
-    total = np.where(np.isnan(cap), default_output_len, cap)
-    total = np.where(np.isnan(predicted), total, np.fmin(predicted, cap))
-    return np.maximum(total, generated + 1.0)
+    return _totals(predicted, cap, generated, default_output_len)
 
 
 def predicted_total_output(r: RequestView, default_output_len: float) -> float:
@@ -293,6 +466,19 @@ def fairness_blend(priority: np.ndarray, attained: np.ndarray, f: float) -> np.n
     most = float(np.max(attained))
     fair = 1.0 - attained / most if most > 0 else np.ones_like(attained)
     return (1.0 - f) * norm + f * fair
+
+
+def lexsort_fast(keys: tuple[np.ndarray, ...]) -> np.ndarray:
+    """Exactly np.lexsort(keys) (last key primary, ties by the earlier keys, then by index),
+    but a plain SIMD argsort of the primary key when it has no ties and no NaN, which is the
+    usual case for continuous scores and several times faster than lexsort's stable sorts."""
+    primary = keys[-1]
+    if primary.size > 1:
+        order = np.argsort(primary)
+        ranked = primary[order]
+        if not np.isnan(ranked[-1]) and not np.any(ranked[1:] == ranked[:-1]):  # NaNs sort last
+            return order
+    return np.lexsort(keys)
 
 
 def quantum_boundary(step: int, every: int) -> bool:

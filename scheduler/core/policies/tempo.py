@@ -25,10 +25,12 @@ from scheduler.core.policies._estimates import (
     W_OUT,
     LinearStepModel,
     ReqArrays,
+    SloTable,
     Speeds,
     degradation,
     fairness_blend,
     group_reduce,
+    lexsort_fast,
     preemption_pays,
     quantum_boundary,
     remaining_work,
@@ -75,12 +77,13 @@ class TempoPolicy:
         self.preempt = preempt
         self.preempt_margin = preempt_margin
         self.default_output_len = default_output_len
+        self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------
 
     def densities(self, view: EngineView, a: ReqArrays | None = None, sp: Speeds | None = None) -> np.ndarray:
         """Service density per request, waiting first then running (best-effort: 0)."""
-        a = a if a is not None else ReqArrays.from_views(view.waiting, view.running, self.default_output_len)
+        a = a if a is not None else self._arrays(view)
         sp = sp if sp is not None else Speeds.from_view(self.perf, view)
         now = view.now
         t_pref, work = remaining_work(a, sp)
@@ -114,8 +117,11 @@ class TempoPolicy:
 
     # -- planning ----------------------------------------------------------------------------
 
+    def _arrays(self, view: EngineView) -> ReqArrays:
+        return ReqArrays.from_views(view.waiting, view.running, self.default_output_len, self._slos)
+
     def plan(self, view: EngineView) -> StepPlan:
-        a = ReqArrays.from_views(view.waiting, view.running, self.default_output_len)
+        a = self._arrays(view)
         sp = Speeds.from_view(self.perf, view)
         dens = self.densities(view, a, sp)
         prio = dens.copy()
@@ -126,16 +132,17 @@ class TempoPolicy:
         nw = a.n_waiting
         w_idx = np.arange(nw)
         is_be_w = a.cls[:nw] == BEST_EFFORT
-        be_w = w_idx[is_be_w][np.argsort(a.arrival[:nw][is_be_w], kind="stable")]  # FCFS
+        be_w = w_idx[is_be_w]
+        be_w = be_w[lexsort_fast((a.arrival[be_w],))]  # FCFS (stable)
         slo_w = w_idx[~is_be_w]
-        slo_w = slo_w[np.lexsort((a.arrival[slo_w], -prio[slo_w]))]  # densest first
+        slo_w = slo_w[lexsort_fast((a.arrival[slo_w], -prio[slo_w]))]  # densest first
 
         batch = view.max_running_requests
         be_running = int(np.count_nonzero(a.cls[nw:] == BEST_EFFORT))
         reserve = reserved_slots(view.step, self.quantum_steps, self.reserve_share, batch)
         k_be = min(len(be_w), max(0, reserve - be_running))
         order_idx = np.concatenate([be_w[:k_be], slo_w, be_w[k_be:]]).astype(np.int64)
-        plan = StepPlan(order=[a.rids[i] for i in order_idx.tolist()])
+        plan = StepPlan(order=a.rids_at(order_idx))
 
         if self.preempt and view.running and nw and quantum_boundary(view.step, self.quantum_steps):
             free = max(0, batch - len(view.running))

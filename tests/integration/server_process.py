@@ -1,0 +1,106 @@
+"""Start a real `python -m launch_server` for a test and always stop it by PID.
+
+The server runs in its own process group, so stopping the group also ends SGLang's scheduler
+and detokenizer children; any survivor found through psutil is killed too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+READY_TIMEOUT_S = float(os.environ.get("SGLANG_SLO_TEST_READY_TIMEOUT", "300"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, *args: str, name: str = "server") -> None:
+        self.port = free_port()
+        self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = Path(tempfile.mkstemp(prefix=f"sglang-slo-{name}-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def start(self) -> ServerProcess:
+        started = time.monotonic()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "launch_server", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - started
+        return self
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"server not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 60) -> str:
+        text = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(line for line in text if "_pytree.py" not in line)[-8000:] if text else ""
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        pid = self.proc.pid
+        try:
+            family = psutil.Process(pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            family = []
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=10)
+        for child in family:
+            try:
+                child.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(family, timeout=10)
+        self.proc = None
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

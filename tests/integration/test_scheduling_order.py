@@ -1,0 +1,133 @@
+"""EDF vs FCFS on the real engine: one running slot, a queue whose deadlines run opposite to
+arrival order. EDF serves the queue in deadline order, FCFS in arrival order."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.integration.server_process import ServerProcess
+
+QUEUED = 4
+
+
+def _blocker(server: ServerProcess) -> threading.Thread:
+    """Occupies the only running slot long enough for the queue to build up behind it."""
+
+    def run() -> None:
+        requests.post(
+            server.url + "/generate",
+            json={
+                "text": "blocker",
+                "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0},
+            },
+            timeout=300,
+        )
+
+    t = threading.Thread(target=run)
+    t.start()
+    _wait_running(server)
+    return t
+
+
+def _wait_running(server: ServerProcess, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        engine = requests.get(server.url + "/slo/status", timeout=5).json()["engine"]
+        if engine.get("running", 0) >= 1:
+            return
+        time.sleep(0.05)
+    raise TimeoutError("blocker never started running")
+
+
+def _status_when(server: ServerProcess, ok, timeout: float = 5.0) -> dict:  # noqa: ANN001
+    deadline = time.monotonic() + timeout
+    while True:
+        status = requests.get(server.url + "/slo/status", timeout=5).json()
+        if ok(status) or time.monotonic() > deadline:
+            return status
+        time.sleep(0.1)
+
+
+def served_order(server: ServerProcess) -> list[int]:
+    """Queue requests i = 0..n-1 in arrival order with deadlines decreasing in i."""
+    finished: list[tuple[float, int]] = []
+    lock = threading.Lock()
+
+    def send(i: int) -> None:
+        r = requests.post(
+            server.url + "/generate",
+            json={
+                "text": f"request {i}",
+                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0},
+                "slo": {"deadline_ms": 60_000 - 10_000 * i},
+            },
+            timeout=300,
+        )
+        assert r.status_code == 200, r.text
+        report = r.json()["meta_info"]["slo"]
+        with lock:
+            finished.append((time.time() - report["e2e_ms"] / 1000 + report["ttft_ms"] / 1000, i))
+
+    blocker = _blocker(server)
+    senders = []
+    for i in range(QUEUED):
+        t = threading.Thread(target=send, args=(i,))
+        t.start()
+        senders.append(t)
+        time.sleep(0.15)  # distinct, known arrival order
+    queued = requests.get(server.url + "/slo/status", timeout=5).json()["engine"]
+    for t in senders:
+        t.join(timeout=300)
+    blocker.join(timeout=300)
+    assert queued["running"] == 1, "the blocker must hold the only slot while the queue builds"
+    return [i for _, i in sorted(finished)]
+
+
+@pytest.fixture(scope="module")
+def edf_one_slot() -> Iterator[ServerProcess]:
+    with ServerProcess(
+        "--model-path", "tiny", "--slo-policy", "edf", "--max-running-requests", "1", name="edf-1"
+    ) as server:
+        yield server
+
+
+def test_edf_serves_the_queue_in_deadline_order(edf_one_slot: ServerProcess) -> None:
+    assert served_order(edf_one_slot) == list(reversed(range(QUEUED)))
+
+
+def test_fcfs_serves_the_queue_in_arrival_order() -> None:
+    with ServerProcess(
+        "--model-path", "tiny", "--slo-policy", "fcfs", "--max-running-requests", "1", name="fcfs-1"
+    ) as server:
+        assert served_order(server) == list(range(QUEUED))
+
+
+def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProcess) -> None:
+    blocker = _blocker(edf_one_slot)
+    try:
+        r = requests.post(
+            edf_one_slot.url + "/generate",
+            json={"text": "late", "sampling_params": {"max_new_tokens": 4}, "slo": {"max_queue_ms": 300}},
+            timeout=120,
+        )
+        assert r.status_code == 503, r.text
+        assert "slo_queue_timeout" in r.text
+        body = {
+            "text": "late stream",
+            "sampling_params": {"max_new_tokens": 4},
+            "stream": True,
+            "slo": {"ttft_ms": 100000, "max_queue_ms": 300},
+        }
+        with requests.post(edf_one_slot.url + "/generate", json=body, stream=True, timeout=120) as resp:
+            text = b"".join(resp.iter_content()).decode()
+        assert "slo_queue_timeout" in text
+        status = _status_when(edf_one_slot, lambda s: s["engine"].get("dropped_in_queue", 0) >= 2)
+        assert status["engine"]["dropped_in_queue"] >= 2  # the snapshot is published periodically
+        assert status["attainment"]["latency"]["dropped"] >= 1
+    finally:
+        blocker.join(timeout=300)

@@ -1,0 +1,255 @@
+"""JITServe's Grouped Margin Goodput Maximization (GMAX, JITServe §4.2–4.3, Alg. 1).
+
+Priority(r) = goodput(r) / t_gen(r): the goodput still achievable by finishing r per second of
+generation it needs (upper-bound length), with goodput inflated by δ per frame waited so nothing
+starves. Batches are formed by keeping requests with priority >= p · (B-th highest priority),
+sorting them by context length and taking the window of B with the largest priority sum
+(homogeneous lengths batch faster). p is tuned online by hill-climbing on the goodput observed
+per epoch. Running requests can be swapped out only at frame boundaries and only when the gain
+beats the stall cost and the App. D.2 margin. Requests past their max_queue_ms are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from tests.unit.core._reference_policies._cutoff_tuner import CutoffTuner
+from tests.unit.core._reference_policies._estimates import (
+    COMPOUND,
+    DEADLINE,
+    DEFAULT_OUTPUT_LEN,
+    LATENCY,
+    LinearStepModel,
+    ReqArrays,
+    Speeds,
+    fairness_blend,
+    group_reduce,
+    latency_on_time_tokens,
+    preemption_pays,
+    quantum_boundary,
+    remaining_work,
+)
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
+from scheduler.core.slo import SloClass
+from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
+
+DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
+
+
+def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) -> np.ndarray:
+    """Alg. 1 lines 12–19: indices of the chosen group (at most `size`), given priorities and
+    input lengths. O(n log n): one partition, one sort, one cumulative sum."""
+    n = prio.size
+    if n == 0 or size <= 0:
+        return np.empty(0, dtype=np.int64)
+    if n <= size:
+        return np.arange(n)
+    bp = -np.partition(-prio, size - 1)[size - 1]  # the B-th highest priority
+    cand = np.flatnonzero(prio >= bp * cutoff)
+    if cand.size <= size:
+        return cand
+    cand = cand[np.lexsort((-prio[cand], length[cand]))]
+    sums = np.cumsum(np.concatenate([[0.0], prio[cand]]))
+    window = sums[size:] - sums[:-size]
+    start = int(np.argmax(window))  # first maximal window: shortest inputs on ties
+    return cand[start : start + size]
+
+
+class GmaxPolicy:
+    name = "gmax"
+
+    def __init__(
+        self,
+        perf_model: PerfModel | None = None,
+        cutoff: float = 0.95,
+        tune_cutoff: bool = True,
+        cutoff_grid: Sequence[float] = DEFAULT_CUTOFF_GRID,
+        tune_epoch_frames: int = 10,
+        aging_delta: float = 1.0,
+        frame_steps: int = 50,
+        preempt: bool = True,
+        preempt_margin: float = 0.1,
+        enforce_max_queue: bool = True,
+        fairness: float = 0.0,
+        default_output_len: float = DEFAULT_OUTPUT_LEN,
+    ) -> None:
+        if not 0.0 < cutoff <= 1.0 or not 0.0 <= fairness <= 1.0:
+            raise ValueError("cutoff must be in (0, 1] and fairness in [0, 1]")
+        self.perf = perf_model if perf_model is not None else LinearStepModel()
+        self.aging_delta = aging_delta
+        self.frame_steps = frame_steps
+        self.preempt = preempt
+        self.preempt_margin = preempt_margin
+        self.enforce_max_queue = enforce_max_queue
+        self.fairness = fairness
+        self.default_output_len = default_output_len
+        grid = sorted(set(cutoff_grid) | {cutoff})
+        self.tuner = CutoffTuner(grid, cutoff, epoch_steps=tune_epoch_frames * frame_steps, enabled=tune_cutoff)
+        # Requests seen running last step -> (goodput if they finish now, deadline or +inf).
+        self._seen: dict[str, tuple[float, float]] = {}
+        self._removed: set[str] = set()
+        self._external_feedback = False
+
+    @property
+    def cutoff(self) -> float:
+        return self.tuner.current
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def priorities(self, view: EngineView, a: ReqArrays | None = None, sp: Speeds | None = None) -> np.ndarray:
+        """goodput / t_gen per request (waiting first, then running), aged by δ per frame."""
+        a = a if a is not None else ReqArrays.from_views(view.waiting, view.running, self.default_output_len)
+        sp = sp if sp is not None else Speeds.from_view(self.perf, view)
+        now = view.now
+        t_pref, t_gen = remaining_work(a, sp)
+        t_gen = np.maximum(t_gen, sp.decode_s)
+        tokens = a.prompt + a.total_out
+
+        goodput = a.weight * tokens  # best effort: full value, no deadline gate
+        has_dl = np.isfinite(a.deadline) & ((a.cls == DEADLINE) | (a.cls == COMPOUND))
+        finish = now + group_reduce(t_gen, a.group, "max")  # a stage's calls run side by side
+        goodput = np.where(has_dl, np.where(finish <= a.deadline + 1e-9, goodput, 0.0), goodput)
+        first_emit = now + np.where(t_pref > 0, t_pref, sp.decode_s)
+        lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)
+        goodput = np.where(lat, a.weight * latency_on_time_tokens(a, first_emit, sp.decode_s), goodput)
+
+        # Compound: a stage is scored as a whole (aggregated goodput over aggregated work).
+        comp = a.group >= 0
+        if comp.any():
+            goodput = np.where(comp, group_reduce(goodput, a.group, "sum"), goodput)
+            t_gen = np.where(comp, group_reduce(t_gen, a.group, "sum"), t_gen)
+
+        frame_s = max(self.frame_steps, 1) * sp.decode_s
+        aged = goodput + self.aging_delta * np.maximum(now - a.arrival, 0.0) / frame_s
+        prio = aged / t_gen
+        if self.fairness > 0:
+            prio = fairness_blend(prio, a.attained, self.fairness)
+        return prio
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def plan(self, view: EngineView) -> StepPlan:
+        plan = StepPlan()
+        if self.enforce_max_queue:
+            plan.drop = {rid: QUEUE_TIMEOUT_REASON for rid in expired_in_queue(view.waiting, view.now)}
+        waiting = [r for r in view.waiting if r.rid not in plan.drop] if plan.drop else list(view.waiting)
+        running = list(view.running)
+        self._observe(view, waiting, running)
+
+        a = ReqArrays.from_views(waiting, running, self.default_output_len)
+        sp = Speeds.from_view(self.perf, view)
+        prio = self.priorities(view, a, sp)
+        length = a.prompt + a.generated
+        nw = a.n_waiting
+        batch = view.max_running_requests
+        cutoff = self.tuner.current
+        at_frame = quantum_boundary(view.step, self.frame_steps)
+
+        if at_frame and self.preempt and running and nw:
+            group = best_window(prio, length, batch, cutoff)
+        else:
+            free = max(0, batch - len(running))
+            group = best_window(prio[:nw], length[:nw], free, cutoff)
+        chosen = np.zeros(a.n, dtype=bool)
+        chosen[group] = True
+        w = np.arange(nw)
+        # Chosen group first (densest first inside it), then everyone else by priority.
+        w_sorted = w[np.lexsort((a.arrival[:nw], -prio[:nw], ~chosen[:nw]))]
+        plan.order = [a.rids[i] for i in w_sorted.tolist()]
+
+        if at_frame and self.preempt and running and nw:
+            plan.preempt = self._victims(a, sp, prio, chosen, batch)
+        self._removed = set(plan.drop) | set(plan.preempt)
+        self.tuner.step(view.step, view.now)
+        return plan
+
+    def _victims(self, a: ReqArrays, sp: Speeds, prio: np.ndarray, chosen: np.ndarray, batch: int) -> list[str]:
+        nw = a.n_waiting
+        n_running = a.n - nw
+        entrants = np.flatnonzero(chosen[:nw])
+        entrants = entrants[np.argsort(-prio[entrants], kind="stable")]
+        blocked = entrants[max(0, batch - n_running) :]
+        if blocked.size == 0:
+            return []
+        run = np.arange(nw, a.n)
+        out_of_group = run[~chosen[nw:]]
+        out_of_group = out_of_group[np.argsort(prio[out_of_group], kind="stable")]  # weakest first
+        horizon = self.frame_steps * sp.decode_s
+        batch_rate = float(np.sum(prio[nw:]))
+        victims: list[str] = []
+        for w, v in zip(blocked, out_of_group, strict=False):
+            stall = float(sp.prefill_time(np.array([a.prompt[v] + a.generated[v]]))[0])
+            if not preemption_pays(prio[w], prio[v], horizon, stall, batch_rate, self.preempt_margin):
+                break
+            victims.append(a.rids[v])
+        return victims
+
+    # -- online cutoff tuning ----------------------------------------------------------------
+
+    def observe_goodput(self, amount: float) -> None:
+        """Feed realised goodput (e.g. from the SLO tracker); disables the built-in estimate."""
+        self._external_feedback = True
+        self.tuner.reward(amount)
+
+    def _observe(self, view: EngineView, waiting: list[RequestView], running: list[RequestView]) -> None:
+        """Estimate realised goodput without engine hooks: a request that was running and has
+        left both queues (and that we did not drop or preempt) finished around `now`."""
+        if not self._external_feedback and self._seen:
+            running_ids = {r.rid for r in running}
+            gone = [rid for rid in self._seen if rid not in running_ids and rid not in self._removed]
+            if gone:
+                waiting_ids = {r.rid for r in waiting}  # an engine retraction is not a finish
+                for rid in gone:
+                    value, deadline = self._seen[rid]
+                    if rid not in waiting_ids and view.now <= deadline + 1e-9:
+                        self.tuner.reward(value)
+        seen: dict[str, tuple[float, float]] = {}
+        for r in running:
+            due = r.deadline_abs() if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
+            if r.slo.slo_class is SloClass.LATENCY:
+                nxt = r.next_token_due()
+                on_track = nxt is None or view.now <= nxt
+                value = r.slo.weight * (r.generated + 1) if on_track else 0.0
+            else:
+                value = r.slo.weight * (r.prompt_len + r.generated + 1)
+            seen[r.rid] = (value, due if due is not None else float("inf"))
+        self._seen = seen
+
+
+def power_of_k(
+    req: RequestView,
+    views: Sequence[EngineView],
+    k: int = 2,
+    rng: np.random.Generator | None = None,
+    policy: GmaxPolicy | None = None,
+    perf_models: Sequence[PerfModel] | None = None,
+) -> int:
+    """JITServe §4.3 multi-replica GMAX: sample K of the M replicas, score a dummy copy of `req`
+    on each (replica-specific generation speed and queue), and return the index of the replica
+    where it would be picked soonest: first where it clears that replica's cutoff against its
+    B-th best request, then where its priority is highest. K >= M scores every replica."""
+    m = len(views)
+    if m == 0:
+        raise ValueError("power_of_k needs at least one replica view")
+    rng = rng if rng is not None else np.random.default_rng()
+    sampled = np.arange(m) if k >= m else np.sort(rng.choice(m, size=max(1, k), replace=False))
+    base = policy if policy is not None else GmaxPolicy(tune_cutoff=False)
+    best_key: tuple[bool, float] | None = None
+    best = int(sampled[0])
+    for i in sampled:
+        view = views[int(i)]
+        perf = perf_models[int(i)] if perf_models is not None else base.perf
+        waiting = [*view.waiting, req]
+        a = ReqArrays.from_views(waiting, view.running, base.default_output_len)
+        sp = Speeds.from_view(perf, replace(view, waiting=waiting))
+        prio = base.priorities(view, a, sp)
+        mine = float(prio[len(waiting) - 1])
+        batch = view.max_running_requests
+        bp = float(-np.partition(-prio, batch - 1)[batch - 1]) if prio.size > batch else 0.0
+        key = (mine >= bp * base.cutoff, mine)
+        if best_key is None or key > best_key:
+            best_key, best = key, int(i)
+    return best

@@ -1,0 +1,180 @@
+"""Tempo's Largest Service Density First (LSDF, Tempo §4.2–4.3, Alg. 1, Eq. 4).
+
+Density = expected service gain / remaining time budget. The budget is Eq. 4's
+Estimated_TTLT − processed_time under "just enough" serving: a request finishes at its binding
+deadline if there is time (so far deadlines get a low density and spare bandwidth for others) or
+as soon as its remaining work allows if not (then the gain is cut by f = min(1, (SLO/x)^α)).
+Latency requests use their next token's DSLO due time and Eq. 3's gain (prompt gain while the
+first token is pending plus the remaining output tokens); compound stages use the largest
+remaining work in their (program, stage), since finishing one call early does not finish the
+stage. Best-effort requests get a reserved share of batch slots, served FCFS, which SLO requests
+backfill when unused. Preemption happens only at quanta and only when it pays for its stall.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from tests.unit.core._reference_policies._estimates import (
+    BEST_EFFORT,
+    DEFAULT_OUTPUT_LEN,
+    LATENCY,
+    W_IN,
+    W_OUT,
+    LinearStepModel,
+    ReqArrays,
+    Speeds,
+    degradation,
+    fairness_blend,
+    group_reduce,
+    preemption_pays,
+    quantum_boundary,
+    remaining_work,
+)
+from scheduler.core.types import EngineView, PerfModel, StepPlan
+
+
+def reserved_slots(step: int, quantum_steps: int, share: float, batch: int) -> int:
+    """Best-effort slots in the current quantum: `share` of the batch on average, spread over
+    quanta when it is fractional (10 % of a batch of 4 = one slot in 4 of every 10 quanta), so
+    even a tiny batch gives best-effort work a bounded wait."""
+    if share <= 0.0:
+        return 0
+    per_quantum = share * batch
+    q = step // max(1, quantum_steps)
+    return min(batch, int(math.floor((q + 1) * per_quantum + 1e-9) - math.floor(q * per_quantum + 1e-9)))
+
+
+class TempoPolicy:
+    name = "tempo"
+
+    def __init__(
+        self,
+        perf_model: PerfModel | None = None,
+        alpha: float = 1.0,
+        w_in: float = W_IN,
+        w_out: float = W_OUT,
+        reserve_share: float = 0.1,
+        fairness: float = 0.0,
+        quantum_steps: int = 20,
+        preempt: bool = True,
+        preempt_margin: float = 0.0,
+        default_output_len: float = DEFAULT_OUTPUT_LEN,
+    ) -> None:
+        if not 0.0 <= reserve_share <= 1.0 or not 0.0 <= fairness <= 1.0:
+            raise ValueError("reserve_share and fairness must be in [0, 1]")
+        self.perf = perf_model if perf_model is not None else LinearStepModel()
+        self.alpha = alpha
+        self.w_in = w_in
+        self.w_out = w_out
+        self.reserve_share = reserve_share
+        self.fairness = fairness
+        self.quantum_steps = quantum_steps
+        self.preempt = preempt
+        self.preempt_margin = preempt_margin
+        self.default_output_len = default_output_len
+
+    # -- scoring -----------------------------------------------------------------------------
+
+    def densities(self, view: EngineView, a: ReqArrays | None = None, sp: Speeds | None = None) -> np.ndarray:
+        """Service density per request, waiting first then running (best-effort: 0)."""
+        a = a if a is not None else ReqArrays.from_views(view.waiting, view.running, self.default_output_len)
+        sp = sp if sp is not None else Speeds.from_view(self.perf, view)
+        now = view.now
+        t_pref, work = remaining_work(a, sp)
+        work = group_reduce(work, a.group, "max")  # a stage ends when its slowest call ends
+        floor = sp.decode_s
+
+        # Deadline and compound: all-or-decaying gain at the end-to-end (stage) deadline.
+        has_dl = np.isfinite(a.deadline)
+        dl = np.where(has_dl, a.deadline, now)
+        finish = now + work
+        slo_span = dl - a.base
+        f_dl = degradation(slo_span, finish - a.base, self.alpha)
+        gain_full = a.weight * (self.w_in * a.prompt + self.w_out * a.total_out)
+        budget_dl = np.maximum(np.maximum(dl - now, work), floor)
+        dens_dl = gain_full * f_dl / budget_dl
+
+        # Latency (Eq. 3): the next token's due time binds; prompt gain counts until the first token.
+        g = a.generated
+        due = a.arrival + np.nan_to_num(a.ttft_s, nan=0.0) + g * a.tpot_s
+        to_next = np.where(t_pref > 0, t_pref, sp.decode_s)
+        f_lat = degradation(due - a.arrival, now + to_next - a.arrival, self.alpha)
+        rem_out = np.maximum(a.total_out - g, 1.0)
+        prompt_gain = np.where(a.started, 0.0, self.w_in * a.prompt)
+        gain_lat = a.weight * (prompt_gain + self.w_out * rem_out) * f_lat
+        budget_lat = np.maximum(np.maximum(due - now, to_next), floor)
+        dens_lat = gain_lat / budget_lat
+
+        is_lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)
+        dens = np.where(is_lat, dens_lat, np.where(has_dl, dens_dl, gain_full / np.maximum(work, floor)))
+        return np.where(a.cls == BEST_EFFORT, 0.0, dens)
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def plan(self, view: EngineView) -> StepPlan:
+        a = ReqArrays.from_views(view.waiting, view.running, self.default_output_len)
+        sp = Speeds.from_view(self.perf, view)
+        dens = self.densities(view, a, sp)
+        prio = dens.copy()
+        slo_mask = a.cls != BEST_EFFORT
+        if self.fairness > 0 and slo_mask.any():
+            prio[slo_mask] = fairness_blend(dens[slo_mask], a.attained[slo_mask], self.fairness)
+
+        nw = a.n_waiting
+        w_idx = np.arange(nw)
+        is_be_w = a.cls[:nw] == BEST_EFFORT
+        be_w = w_idx[is_be_w][np.argsort(a.arrival[:nw][is_be_w], kind="stable")]  # FCFS
+        slo_w = w_idx[~is_be_w]
+        slo_w = slo_w[np.lexsort((a.arrival[slo_w], -prio[slo_w]))]  # densest first
+
+        batch = view.max_running_requests
+        be_running = int(np.count_nonzero(a.cls[nw:] == BEST_EFFORT))
+        reserve = reserved_slots(view.step, self.quantum_steps, self.reserve_share, batch)
+        k_be = min(len(be_w), max(0, reserve - be_running))
+        order_idx = np.concatenate([be_w[:k_be], slo_w, be_w[k_be:]]).astype(np.int64)
+        plan = StepPlan(order=[a.rids[i] for i in order_idx.tolist()])
+
+        if self.preempt and view.running and nw and quantum_boundary(view.step, self.quantum_steps):
+            free = max(0, batch - len(view.running))
+            contenders = slo_w[max(0, free - k_be) :]
+            plan.preempt = self._victims(view, a, sp, prio, dens, contenders, reserve)
+        return plan
+
+    def _victims(
+        self,
+        view: EngineView,
+        a: ReqArrays,
+        sp: Speeds,
+        prio: np.ndarray,
+        dens: np.ndarray,
+        contenders: np.ndarray,
+        reserve: int,
+    ) -> list[str]:
+        """Pair the densest blocked waiting requests with the weakest running ones; swap while
+        each swap's gain over one quantum beats the batch's loss during the victim's re-prefill."""
+        if contenders.size == 0:
+            return []
+        nw = a.n_waiting
+        run = np.arange(nw, a.n)
+        is_be = a.cls[run] == BEST_EFFORT
+        # Best-effort requests inside the reserve are protected; extra ones go first.
+        be_run = run[is_be][np.argsort(-a.arrival[run][is_be], kind="stable")]
+        exposed_be = be_run[min(reserve, len(be_run)) :]
+        slo_run = run[~is_be]
+        slo_run = slo_run[np.lexsort((-a.arrival[slo_run], prio[slo_run]))]
+        victims = np.concatenate([exposed_be, slo_run]).astype(np.int64)
+        horizon = self.quantum_steps * sp.decode_s
+        batch_rate = float(np.sum(dens[nw:]))
+        out: list[str] = []
+        for w, v in zip(contenders, victims, strict=False):
+            stall = float(sp.prefill_time(np.array([a.prompt[v] + a.generated[v]]))[0])
+            # Fairness may reorder admission, but a swap must also pay in raw gain terms.
+            if prio[w] <= prio[v] or not preemption_pays(
+                dens[w], dens[v], horizon, stall, batch_rate, self.preempt_margin
+            ):
+                break
+            out.append(a.rids[v])
+        return out
