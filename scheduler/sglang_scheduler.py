@@ -19,8 +19,8 @@ from server.cpu_support import activate_if_requested
 
 activate_if_requested()  # before sglang imports, in a spawned child outside the project venv
 
-from sglang.srt.managers import scheduler as sglang_scheduler_module  # noqa: E402
-from sglang.srt.managers.io_struct import AbortReq  # noqa: E402
+from sglang.srt.managers import scheduler as sglang_scheduler_module
+from sglang.srt.managers.io_struct import AbortReq
 
 from scheduler.config import SloServerConfig
 from scheduler.core.clock import WallClock
@@ -72,7 +72,9 @@ def _stamping_streamer_class(base: type) -> type:
             stamp_token_times(reqs)
             return base.stream_output(self, reqs, *args, **kwargs)
 
-        _STAMPING_CLASSES[base] = type(f"Stamping{base.__name__}", (base,), {"__slots__": (), "stream_output": stream_output})
+        _STAMPING_CLASSES[base] = type(
+            f"Stamping{base.__name__}", (base,), {"__slots__": (), "stream_output": stream_output}
+        )
     return _STAMPING_CLASSES[base]
 
 

@@ -8,7 +8,8 @@ middleware on SGLang's app (SLO parsing, status, metrics). Every SGLang route ke
 from __future__ import annotations
 
 import time
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
@@ -89,9 +90,7 @@ def launch(server_args: Any, config: SloServerConfig) -> None:
             "attainment": _BOOK.metrics.attainment(),
         }
 
-    http_server.app.add_middleware(
-        SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status
-    )
+    http_server.app.add_middleware(SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status)
     http_server.launch_server(
         server_args,
         init_tokenizer_manager_func=init_slo_tokenizer_manager,

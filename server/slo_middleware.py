@@ -9,7 +9,8 @@ the SLO counters to GET /metrics.
 from __future__ import annotations
 
 import time
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import orjson
 

