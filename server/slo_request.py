@@ -72,7 +72,7 @@ def extract_slo(body: dict[str, Any], headers: Mapping[str, str], defaults: SloS
     from_headers = _header_fields(headers)
     if raw is None and not from_headers:
         return merge_defaults(None, defaults)
-    merged = {**from_headers, **(raw or {})}
+    merged = {**from_headers, **{k: v for k, v in (raw or {}).items() if v is not None}}
     return parse_slo(merged, prefix=prefix)
 
 

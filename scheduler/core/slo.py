@@ -82,7 +82,11 @@ def _positive_number(spec: Mapping[str, Any], name: str, prefix: str) -> float |
     value = spec[name]
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise SloValidationError(f"{prefix}{name}", f"must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value <= 0:
+    try:
+        finite = math.isfinite(value)
+    except OverflowError:  # an int beyond float range
+        finite = False
+    if not finite or value <= 0:
         raise SloValidationError(f"{prefix}{name}", f"must be a positive finite number, got {value}")
     return float(value)
 
@@ -171,7 +175,7 @@ def _check_combination(
         for name, value in (("ttft_ms", ttft), ("tpot_ms", tpot), ("deadline_ms", deadline)):
             if value is not None:
                 raise SloValidationError(f"{prefix}{name}", "class best_effort carries no latency target")
-    if tpot is not None and ttft is None and slo_class is SloClass.LATENCY:
+    if tpot is not None and ttft is None:
         raise SloValidationError(
             f"{prefix}ttft_ms", "tpot_ms is deadline-based (token i due at ttft + i*tpot): set ttft_ms too"
         )

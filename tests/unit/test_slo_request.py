@@ -271,3 +271,8 @@ def test_extract_inject_read_round_trip(raw, arrival, native, as_list):
         customs = [body["custom_params"]]
     for custom in customs:
         assert read_injected(custom) == (spec, arrival)
+
+
+def test_null_body_field_falls_back_to_the_header():
+    spec = extract_slo({"slo": {"ttft_ms": None, "tpot_ms": 20}}, {"x-slo-ttft-ms": "300"}, None, native=False)
+    assert spec.ttft_ms == 300.0 and spec.tpot_ms == 20.0
