@@ -117,11 +117,12 @@ class SloTable:
     def __len__(self) -> int:
         return len(self._specs)
 
-    def rows(self, slos: list[SloSpec]) -> np.ndarray:
-        """Column index in `cols` of each spec, adding the ones not cached yet."""
+    def rows(self, reqs: Sequence[RequestView]) -> np.ndarray:
+        """Column index in `cols` of each request's spec, adding the specs not cached yet."""
         get = self._index.get
-        rows = list(map(get, map(id, slos)))
+        rows = [get(id(r.slo)) for r in reqs]
         if None in rows:
+            slos = [r.slo for r in reqs]
             if len(self._specs) > 2 * len(slos) + self.slack:
                 self._clear()  # evict specs no longer in use
                 rows = [None] * len(slos)
@@ -129,37 +130,31 @@ class SloTable:
         return np.fromiter(rows, dtype=np.int64, count=len(rows))
 
     def _add(self, slos: list[SloSpec], rows: list[int | None]) -> list[int]:
-        nan = math.nan
-        index, specs, groups = self._index, self._specs, self._groups
-        new: list[tuple[float, ...]] = []
-        for j, row in enumerate(rows):
-            if row is not None:
-                continue
-            s = slos[j]
-            row = index.get(id(s))
-            if row is None:
-                row = index[id(s)] = len(specs)
-                specs.append(s)
-                code = _CLASS_BY_ID[id(s.slo_class)]
-                key = -1
-                if code == COMPOUND and s.program_id is not None:
-                    key = groups.setdefault((s.program_id, s.stage), len(groups))
-                new.append(
-                    (
-                        nan if s.deadline_ms is None else s.deadline_ms,
-                        nan if s.ttft_ms is None else s.ttft_ms,
-                        0.0 if s.tpot_ms is None else s.tpot_ms,
-                        s.weight,
-                        code,
-                        nan if s.max_queue_ms is None else s.max_queue_ms,
-                        key,
-                    )
-                )
-            rows[j] = row
+        index, specs = self._index, self._specs
+        first_new = len(specs)
+        new = list({id(s): s for s, row in zip(slos, rows, strict=True) if row is None}.values())
+        index.update(zip(map(id, new), range(first_new, first_new + len(new))))
+        specs.extend(new)
+        get = index.__getitem__
+        rows = [get(id(s)) for s in slos]
         if new:
-            add = np.array(new, dtype=np.float64).T
-            # Same arithmetic as dividing the gathered per-request arrays: ms -> s.
-            add[[self.DEADLINE_S, self.TTFT_S, self.TPOT_S, self.MAX_QUEUE_S]] /= 1000.0
+            nan = math.nan
+            m = len(new)
+            codes = [_CLASS_BY_ID[id(s.slo_class)] for s in new]
+            keys = [-1] * m
+            groups = self._groups
+            for j, (s, code) in enumerate(zip(new, codes, strict=True)):
+                if code == COMPOUND and s.program_id is not None:
+                    keys[j] = groups.setdefault((s.program_id, s.stage), len(groups))
+            add = np.empty((7, m))
+            # ms -> s here is the same arithmetic as dividing the gathered per-request arrays.
+            add[self.DEADLINE_S] = _floats([nan if (x := s.deadline_ms) is None else x for s in new], m) / 1000.0
+            add[self.TTFT_S] = _floats([nan if (x := s.ttft_ms) is None else x for s in new], m) / 1000.0
+            add[self.TPOT_S] = _floats([0.0 if (x := s.tpot_ms) is None else x for s in new], m) / 1000.0
+            add[self.WEIGHT] = _floats([s.weight for s in new], m)
+            add[self.CLS] = codes
+            add[self.MAX_QUEUE_S] = _floats([nan if (x := s.max_queue_ms) is None else x for s in new], m) / 1000.0
+            add[self.GROUP_KEY] = keys
             self.cols = np.concatenate([self.cols, add], axis=1)
         return rows  # type: ignore[return-value]
 
@@ -167,14 +162,13 @@ class SloTable:
 class ReqArrays:
     """Column view of requests (waiting first, then running) for vectorised scoring.
 
-    Fields: arrival; base (program arrival for compound stages, else arrival; only read where
-    a deadline exists, arrival elsewhere); prompt;
-    generated; cached; started (bool); running (bool); weight; cls (int class codes above);
-    deadline (absolute end-to-end or stage deadline, nan if none); ttft_s (nan if none);
-    tpot_s (0 if none); total_out (predicted total output length, upper bound, >= generated
-    + 1); group (compound (program, stage) group index, -1 otherwise; only the partition is
-    meaningful, not the numbering); max_queue_s (nan if none); and, read on first use,
-    attained and be_tier (bool)."""
+    Fields: arrival; base (program arrival for compound stages, else arrival; read only where
+    a deadline exists, arrival elsewhere); prompt; generated; cached; started (bool); running
+    (bool); weight; cls (int class codes above); deadline (absolute end-to-end or stage
+    deadline, nan if none); ttft_s (nan if none); tpot_s (0 if none); total_out (predicted
+    total output length, upper bound, >= generated + 1); group (compound (program, stage)
+    group index, -1 otherwise: only the partition is meaningful, not the numbering);
+    max_queue_s (nan if none); and, read on first use, attained and be_tier (bool)."""
 
     def __init__(
         self,
@@ -289,7 +283,7 @@ class ReqArrays:
         n = len(reqs)
         nw = len(waiting)
         table = slo_table if slo_table is not None else SloTable()
-        rows = table.rows([r.slo for r in reqs])  # may grow table.cols: index it after
+        rows = table.rows(reqs)  # may grow table.cols: index it after
         cols = table.cols[:, rows]
         nan = math.nan
         arrival = _floats([r.arrival for r in reqs], n)

@@ -24,15 +24,17 @@ from scheduler.core.policies._estimates import (
     LATENCY,
     LinearStepModel,
     ReqArrays,
+    SloTable,
     Speeds,
     fairness_blend,
     group_reduce,
     latency_on_time_tokens,
+    lexsort_fast,
     preemption_pays,
     quantum_boundary,
     remaining_work,
 )
-from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.slo import SloClass
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
@@ -92,6 +94,7 @@ class GmaxPolicy:
         self._seen: dict[str, tuple[float, float]] = {}
         self._removed: set[str] = set()
         self._external_feedback = False
+        self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     @property
     def cutoff(self) -> float:
@@ -101,7 +104,7 @@ class GmaxPolicy:
 
     def priorities(self, view: EngineView, a: ReqArrays | None = None, sp: Speeds | None = None) -> np.ndarray:
         """goodput / t_gen per request (waiting first, then running), aged by δ per frame."""
-        a = a if a is not None else ReqArrays.from_views(view.waiting, view.running, self.default_output_len)
+        a = a if a is not None else self._arrays(view)
         sp = sp if sp is not None else Speeds.from_view(self.perf, view)
         now = view.now
         t_pref, t_gen = remaining_work(a, sp)
@@ -131,15 +134,25 @@ class GmaxPolicy:
 
     # -- planning ----------------------------------------------------------------------------
 
+    def _arrays(self, view: EngineView) -> ReqArrays:
+        return ReqArrays.from_views(view.waiting, view.running, self.default_output_len, self._slos)
+
     def plan(self, view: EngineView) -> StepPlan:
         plan = StepPlan()
+        a = self._arrays(view)
         if self.enforce_max_queue:
-            plan.drop = {rid: QUEUE_TIMEOUT_REASON for rid in expired_in_queue(view.waiting, view.now)}
-        waiting = [r for r in view.waiting if r.rid not in plan.drop] if plan.drop else list(view.waiting)
+            # scheduler.core.queue_timeout.expired_in_queue, vectorised (nan max_queue: never).
+            nw = a.n_waiting
+            expired = ~a.started[:nw] & (view.now - a.arrival[:nw] > a.max_queue_s[:nw])
+            if expired.any():
+                rids = a.rids
+                plan.drop = {rids[i]: QUEUE_TIMEOUT_REASON for i in np.flatnonzero(expired).tolist()}
+                kept = np.fromiter([rid not in plan.drop for rid in rids[:nw]], dtype=bool, count=nw)
+                keep = np.concatenate([np.flatnonzero(kept), np.arange(nw, a.n)])
+                a = a.take(keep, int(np.count_nonzero(kept)))
         running = list(view.running)
-        self._observe(view, waiting, running)
+        self._observe(view, a.rids[: a.n_waiting], running)
 
-        a = ReqArrays.from_views(waiting, running, self.default_output_len)
         sp = Speeds.from_view(self.perf, view)
         prio = self.priorities(view, a, sp)
         length = a.prompt + a.generated
@@ -155,10 +168,12 @@ class GmaxPolicy:
             group = best_window(prio[:nw], length[:nw], free, cutoff)
         chosen = np.zeros(a.n, dtype=bool)
         chosen[group] = True
-        w = np.arange(nw)
-        # Chosen group first (densest first inside it), then everyone else by priority.
-        w_sorted = w[np.lexsort((a.arrival[:nw], -prio[:nw], ~chosen[:nw]))]
-        plan.order = [a.rids[i] for i in w_sorted.tolist()]
+        # Chosen group first (densest first inside it), then everyone else by priority; ties
+        # by arrival, then queue position.
+        parts = []
+        for part in (np.flatnonzero(chosen[:nw]), np.flatnonzero(~chosen[:nw])):
+            parts.append(part[lexsort_fast((a.arrival[part], -prio[part]))])
+        plan.order = a.rids_at(np.concatenate(parts))
 
         if at_frame and self.preempt and running and nw:
             plan.preempt = self._victims(a, sp, prio, chosen, batch)
@@ -194,14 +209,14 @@ class GmaxPolicy:
         self._external_feedback = True
         self.tuner.reward(amount)
 
-    def _observe(self, view: EngineView, waiting: list[RequestView], running: list[RequestView]) -> None:
+    def _observe(self, view: EngineView, waiting_rids: Sequence[str], running: Sequence[RequestView]) -> None:
         """Estimate realised goodput without engine hooks: a request that was running and has
         left both queues (and that we did not drop or preempt) finished around `now`."""
         if not self._external_feedback and self._seen:
             running_ids = {r.rid for r in running}
             gone = [rid for rid in self._seen if rid not in running_ids and rid not in self._removed]
             if gone:
-                waiting_ids = {r.rid for r in waiting}  # an engine retraction is not a finish
+                waiting_ids = set(waiting_rids)  # an engine retraction is not a finish
                 for rid in gone:
                     value, deadline = self._seen[rid]
                     if rid not in waiting_ids and view.now <= deadline + 1e-9:
@@ -243,7 +258,7 @@ def power_of_k(
         view = views[int(i)]
         perf = perf_models[int(i)] if perf_models is not None else base.perf
         waiting = [*view.waiting, req]
-        a = ReqArrays.from_views(waiting, view.running, base.default_output_len)
+        a = ReqArrays.from_views(waiting, view.running, base.default_output_len, base._slos)
         sp = Speeds.from_view(perf, replace(view, waiting=waiting))
         prio = base.priorities(view, a, sp)
         mine = float(prio[len(waiting) - 1])

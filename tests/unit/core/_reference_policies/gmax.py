@@ -16,6 +16,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
+from scheduler.core.slo import SloClass
+from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 from tests.unit.core._reference_policies._cutoff_tuner import CutoffTuner
 from tests.unit.core._reference_policies._estimates import (
     COMPOUND,
@@ -32,9 +35,6 @@ from tests.unit.core._reference_policies._estimates import (
     quantum_boundary,
     remaining_work,
 )
-from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
-from scheduler.core.slo import SloClass
-from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
 

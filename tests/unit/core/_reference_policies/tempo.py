@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from scheduler.core.types import EngineView, PerfModel, StepPlan
 from tests.unit.core._reference_policies._estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
@@ -33,7 +34,6 @@ from tests.unit.core._reference_policies._estimates import (
     quantum_boundary,
     remaining_work,
 )
-from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 
 def reserved_slots(step: int, quantum_steps: int, share: float, batch: int) -> int:
