@@ -105,6 +105,12 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="A policy parameter (JSON value), repeatable, e.g. --slo-policy-param reserve_share=0.1",
     )
+    group.add_argument(
+        "--slo-length-predictor",
+        metavar="PATH",
+        help="Saved output-length predictor (scheduler.core.analyzer.train_cli --out) loaded at start; "
+        "fills each request's predicted length bound, refined every N generated tokens.",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -186,6 +192,13 @@ def main(argv: list[str] | None = None) -> None:
             parse_slo(default_slo, prefix="--slo-default-")
         except SloValidationError as e:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.slo_length_predictor:
+        from scheduler.core.analyzer.base import load_predictor
+
+        try:
+            load_predictor(args.slo_length_predictor)
+        except Exception as e:  # noqa: BLE001 - any unreadable artifact stops start-up clearly
+            raise SystemExit(f"--slo-length-predictor: cannot load {args.slo_length_predictor}: {e}") from None
     if args.slo_policy != "fcfs":
         args.schedule_policy = "fcfs"  # keep the SLO policy's order: SGLang must not re-sort
     server_args = ServerArgs.from_cli_args(args)
@@ -194,6 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         policy_params=params,
         default_slo=default_slo,
         status_address=default_address(server_args.port),
+        length_predictor=args.slo_length_predictor,
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(

@@ -23,6 +23,7 @@ class SloServerConfig:
     default_slo: dict[str, Any] | None = None  # applied to requests that carry no SLO
     status_address: str = ""  # ZMQ address the scheduler publishes its status on
     status_interval_s: float = 0.2
+    length_predictor: str | None = None  # saved analyzer artifact, loaded by the scheduler
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

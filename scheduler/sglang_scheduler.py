@@ -23,6 +23,8 @@ from sglang.srt.managers import scheduler as sglang_scheduler_module
 from sglang.srt.managers.io_struct import AbortReq
 
 from scheduler.config import SloServerConfig
+from scheduler.core.analyzer.base import load_predictor
+from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.clock import WallClock
 from scheduler.core.policies import make_policy
 from scheduler.core.programs import ProgramTracker
@@ -88,7 +90,9 @@ class SloScheduler(_BaseScheduler):
         self.slo_programs = ProgramTracker()
         self.slo_step = 0
         self.slo_dropped = 0
+        self.slo_plan_errors = 0
         self._slo_views: dict[str, tuple[SloSpec, float]] = {}
+        self.slo_lengths = self._load_length_predictor(self.slo_config.length_predictor)
         super().__init__(*args, **kwargs)
         if self.slo_config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
             self.slo_status = StatusPublisher(
@@ -101,6 +105,18 @@ class SloScheduler(_BaseScheduler):
         super().init_output_streamer()
         streamer = self.output_streamer
         streamer.__class__ = _stamping_streamer_class(type(streamer))
+
+    @staticmethod
+    def _load_length_predictor(path: str | None) -> LiveLengthBounds | None:
+        if not path:
+            return None
+        predictor = load_predictor(path)
+        logger.info("length predictor %s loaded from %s", predictor.name, path)
+        return LiveLengthBounds(predictor)
+
+    def _prompt_text(self, req: Any) -> str:
+        tokenizer = getattr(self, "tokenizer", None)
+        return tokenizer.decode(req.origin_input_ids) if tokenizer is not None else ""
 
     # ---- the core's view of SGLang's state ---------------------------------------------
     def _slo_of(self, req: Any) -> tuple[SloSpec, float]:
@@ -120,6 +136,11 @@ class SloScheduler(_BaseScheduler):
         program_arrival = None
         if spec.program_id is not None:
             program_arrival = self.slo_programs.arrival(spec.program_id, arrival)
+        predicted = None
+        if self.slo_lengths is not None:
+            predicted = self.slo_lengths.bound(
+                req.rid, lambda: self._prompt_text(req), len(req.origin_input_ids), spec.program_id, len(req.output_ids)
+            )
         return RequestView(
             rid=req.rid,
             slo=spec,
@@ -127,6 +148,7 @@ class SloScheduler(_BaseScheduler):
             prompt_len=len(req.origin_input_ids),
             generated=len(req.output_ids),
             max_new_tokens=req.sampling_params.max_new_tokens,
+            predicted_output_len=predicted,
             first_token_time=stamps[0] if stamps else None,
             prefix_cached=len(req.prefix_indices) if getattr(req, "prefix_indices", None) is not None else 0,
             program_arrival=program_arrival,
@@ -149,11 +171,15 @@ class SloScheduler(_BaseScheduler):
     def get_new_batch_prefill(self, running_batch: Any) -> Any:
         self.slo_step += 1
         if self.waiting_queue:
-            view = self.slo_engine_view(running_batch)
-            plan = self.slo_policy.plan(view)
-            for rid in expired_in_queue(view.waiting, view.now):
-                plan.drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
-            self._apply_plan(plan)
+            try:
+                view = self.slo_engine_view(running_batch)
+                plan = self.slo_policy.plan(view)
+                for rid in expired_in_queue(view.waiting, view.now):
+                    plan.drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
+                self._apply_plan(plan)
+            except Exception:  # a policy bug must not take the engine down: keep SGLang's order
+                self.slo_plan_errors += 1
+                logger.exception("SLO policy %s failed at step %d", self.slo_config.policy, self.slo_step)
         return super().get_new_batch_prefill(running_batch)
 
     def _apply_plan(self, plan: StepPlan) -> None:
@@ -200,6 +226,10 @@ class SloScheduler(_BaseScheduler):
             "chunked_prefill_size": self.chunked_prefill_size,
             "steps": self.slo_step,
             "dropped_in_queue": self.slo_dropped,
+            "plan_errors": self.slo_plan_errors,
+            "length_predictor": None
+            if self.slo_lengths is None
+            else {"name": self.slo_lengths.predictor.name, "predictions": self.slo_lengths.predictions},
             "time": time.time(),
         }
 

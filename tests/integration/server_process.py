@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -66,6 +67,15 @@ class ServerProcess:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"server not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def status_when(self, ok: Callable[[dict], bool], timeout: float = 5.0) -> dict:
+        """/slo/status once `ok` holds (the scheduler publishes its part periodically)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status = requests.get(self.url + "/slo/status", timeout=5).json()
+            if ok(status) or time.monotonic() > deadline:
+                return status
+            time.sleep(0.1)
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()

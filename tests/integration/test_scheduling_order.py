@@ -44,15 +44,6 @@ def _wait_running(server: ServerProcess, timeout: float = 30.0) -> None:
     raise TimeoutError("blocker never started running")
 
 
-def _status_when(server: ServerProcess, ok, timeout: float = 5.0) -> dict:  # noqa: ANN001
-    deadline = time.monotonic() + timeout
-    while True:
-        status = requests.get(server.url + "/slo/status", timeout=5).json()
-        if ok(status) or time.monotonic() > deadline:
-            return status
-        time.sleep(0.1)
-
-
 def served_order(server: ServerProcess) -> list[int]:
     """Queue requests i = 0..n-1 in arrival order with deadlines decreasing in i."""
     finished: list[tuple[float, int]] = []
@@ -126,7 +117,7 @@ def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProc
         with requests.post(edf_one_slot.url + "/generate", json=body, stream=True, timeout=120) as resp:
             text = b"".join(resp.iter_content()).decode()
         assert "slo_queue_timeout" in text
-        status = _status_when(edf_one_slot, lambda s: s["engine"].get("dropped_in_queue", 0) >= 2)
+        status = edf_one_slot.status_when(lambda s: s["engine"].get("dropped_in_queue", 0) >= 2)
         assert status["engine"]["dropped_in_queue"] >= 2  # the snapshot is published periodically
         assert status["attainment"]["latency"]["dropped"] >= 1
     finally:

@@ -138,6 +138,7 @@ def test_status_and_metrics_count_outcomes(tiny_server: ServerProcess) -> None:
     assert status["policy"] == "edf"
     assert status["attainment"]["latency"]["total"] == latency_before + 2
     assert status["queue"]["waiting"] == 0
+    assert status["engine"]["plan_errors"] == 0
     metrics = requests.get(tiny_server.url + "/metrics", timeout=10).text
     line = next(
         ln

@@ -1,0 +1,55 @@
+"""Length bounds for live requests: predicted at arrival, refined every N generated tokens.
+
+Predictors cost milliseconds per call, far too much to run per request per scheduling step,
+so each request's bound is cached and recomputed only when its generated count crosses the
+next refinement checkpoint (Tempo/JITServe §4.1).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scheduler.core.analyzer.base import LengthPredictor, floor_at_generated
+
+
+@dataclass
+class _Entry:
+    checkpoint: int
+    bound: float
+    initial: float
+    prompt_text: str
+
+
+class LiveLengthBounds:
+    def __init__(self, predictor: LengthPredictor, refine_every: int | None = None, max_entries: int = 65536) -> None:
+        self.predictor = predictor
+        self.refine_every = refine_every or int(getattr(predictor, "refine_every", 0) or 50)
+        self._entries: dict[str, _Entry] = {}
+        self._max = max_entries
+        self.predictions = 0
+
+    def bound(
+        self, rid: str, prompt_text: Callable[[], str], prompt_len: int, app_id: str | None, generated: int
+    ) -> float:
+        """`prompt_text` is called once per request (decoding a prompt is not free)."""
+        checkpoint = (max(generated, 0) // self.refine_every) * self.refine_every
+        entry = self._entries.get(rid)
+        if entry is None or entry.checkpoint != checkpoint:
+            text = entry.prompt_text if entry is not None else prompt_text()
+            value = self.predictor.predict(text, prompt_len, app_id, generated=checkpoint)
+            self.predictions += 1
+            if entry is None:
+                if len(self._entries) >= self._max:
+                    self._entries.pop(next(iter(self._entries)))
+                entry = self._entries[rid] = _Entry(checkpoint, value, value, text)
+            else:
+                entry.checkpoint, entry.bound = checkpoint, value
+        return floor_at_generated(entry.bound, generated)
+
+    def forget(self, rid: str) -> _Entry | None:
+        """Drop a finished request; returns its entry so callers can score the prediction."""
+        return self._entries.pop(rid, None)
+
+    def __len__(self) -> int:
+        return len(self._entries)

@@ -1,0 +1,51 @@
+"""A saved length predictor loads at server start and bounds live requests."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from scheduler.core.analyzer.base import LengthSample, make_predictor, save_predictor
+from tests.integration.server_process import ServerProcess
+
+
+def _history_artifact(path: Path) -> Path:
+    samples = [LengthSample(prompt_text=f"question {i}", prompt_len=5, output_len=20 + i) for i in range(30)]
+    save_predictor(make_predictor("history").fit(samples), path)
+    return path
+
+
+def test_server_loads_predictor_and_uses_it(tmp_path: Path) -> None:
+    artifact = _history_artifact(tmp_path / "history.pkl")
+    with ServerProcess(
+        "--model-path", "tiny", "--slo-policy", "sjf", "--slo-length-predictor", str(artifact), name="sjf-pred"
+    ) as server:
+        for i in range(3):
+            r = requests.post(
+                server.url + "/generate",
+                json={"text": f"question {i}", "sampling_params": {"max_new_tokens": 4}, "slo": {"deadline_ms": 9000}},
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+        status = server.status_when(lambda s: (s["engine"].get("length_predictor") or {}).get("predictions", 0) >= 3)
+        engine = status["engine"]
+        assert engine["policy"] == "sjf"
+        assert engine["length_predictor"]["name"] == "history"
+        assert engine["length_predictor"]["predictions"] >= 3
+        assert engine["plan_errors"] == 0
+
+
+def test_unreadable_predictor_stops_start_up(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.pkl"
+    bad.write_bytes(b"not a predictor")
+    proc = subprocess.run(
+        [sys.executable, "-m", "launch_server", "--model-path", "tiny", "--slo-length-predictor", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0
+    assert "--slo-length-predictor" in proc.stderr

@@ -1,0 +1,67 @@
+"""LiveLengthBounds: cached per request, refined only at checkpoints, floored at progress."""
+
+from __future__ import annotations
+
+from scheduler.core.analyzer.base import LengthPredictor
+from scheduler.core.analyzer.online import LiveLengthBounds
+
+
+class CountingPredictor(LengthPredictor):
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls: list[int] = []
+
+    def predict(self, prompt_text, prompt_len, app_id=None, generated=0, generated_text=""):  # noqa: ANN001
+        self.calls.append(generated)
+        return 100.0 + generated  # grows as generation proceeds
+
+
+def test_repredicts_only_when_crossing_a_checkpoint() -> None:
+    p = CountingPredictor()
+    live = LiveLengthBounds(p, refine_every=10)
+    for g in range(0, 25):
+        live.bound("r1", lambda: "hi", 3, None, g)
+    assert p.calls == [0, 10, 20]
+    assert live.predictions == 3
+
+
+def test_bound_never_below_generated_plus_one() -> None:
+    class Tiny(CountingPredictor):
+        def predict(self, *a, **k):  # noqa: ANN002, ANN003
+            return 5.0
+
+    live = LiveLengthBounds(Tiny(), refine_every=100)
+    assert live.bound("r", lambda: "x", 1, None, 0) == 5.0
+    assert live.bound("r", lambda: "x", 40, None, 40) == 41.0
+
+
+def test_requests_are_independent_and_forgettable() -> None:
+    p = CountingPredictor()
+    live = LiveLengthBounds(p, refine_every=10)
+    live.bound("a", lambda: "x", 1, None, 0)
+    live.bound("b", lambda: "x", 1, None, 0)
+    assert len(live) == 2 and p.calls == [0, 0]
+    entry = live.forget("a")
+    assert entry is not None and entry.initial == 100.0
+    assert live.forget("a") is None and len(live) == 1
+
+
+def test_capacity_evicts_oldest() -> None:
+    live = LiveLengthBounds(CountingPredictor(), refine_every=10, max_entries=2)
+    for rid in ("a", "b", "c"):
+        live.bound(rid, lambda: "x", 1, None, 0)
+    assert len(live) == 2 and live.forget("a") is None
+
+
+def test_prompt_text_is_decoded_once_per_request() -> None:
+    decoded = []
+
+    def text() -> str:
+        decoded.append(1)
+        return "prompt"
+
+    live = LiveLengthBounds(CountingPredictor(), refine_every=5)
+    for g in range(20):
+        live.bound("r", text, 2, None, g)
+    assert len(decoded) == 1
