@@ -7,6 +7,7 @@ middleware on SGLang's app (SLO parsing, status, metrics). Every SGLang route ke
 
 from __future__ import annotations
 
+import atexit
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,7 +22,7 @@ from server.slo_metrics import SloMetrics
 from server.slo_middleware import SloMiddleware
 from server.slo_reports import SloReportBook
 from server.slo_request import read_injected
-from server.status_channel import StatusSubscriber
+from server.status_channel import StatusSubscriber, remove_ipc_file
 
 _BOOK = SloReportBook(SloMetrics())
 
@@ -75,6 +76,7 @@ def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **k
 def launch(server_args: Any, config: SloServerConfig) -> None:
     """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
     config.to_env()  # inherited by the spawned scheduler process
+    atexit.register(remove_ipc_file, config.status_address)
     subscriber = StatusSubscriber(config.status_address)
     started = time.time()
 

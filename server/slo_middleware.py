@@ -204,7 +204,8 @@ class SloMiddleware:
             elif message["type"] == "http.response.body":
                 captured["body"].append(message.get("body", b""))
 
-        await self.app(scope, receive, capture)
+        plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
+        await self.app({**scope, "headers": plain}, receive, capture)  # uncompressed, so we can append
         ours = self.book.metrics.exposition()
         if captured["status"] == 200:
             body = b"".join(captured["body"]).rstrip(b"\n") + b"\n" + ours

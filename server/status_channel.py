@@ -18,6 +18,15 @@ def default_address(port: int) -> str:
     return f"ipc://{tempfile.gettempdir()}/sglang-slo-status-{port}-{os.getpid()}.ipc"
 
 
+def remove_ipc_file(address: str) -> None:
+    """The bound ipc:// socket file outlives the scheduler; the launcher removes it at exit."""
+    if address.startswith("ipc://"):
+        try:
+            os.unlink(address[len("ipc://") :])
+        except FileNotFoundError:
+            pass
+
+
 class StatusPublisher:
     """Runs a daemon thread in the scheduler process that publishes `snapshot()`."""
 

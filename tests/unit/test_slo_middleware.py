@@ -390,3 +390,10 @@ def test_metrics_alone_when_inner_404():
     assert resp.status == 200
     assert resp.body == book.metrics.exposition()
     assert b"Not Found" not in resp.body
+
+
+def test_metrics_asks_inner_app_for_uncompressed_text():
+    mw, inner, _ = _make(FakeApp(content_type=b"text/plain", chunks=(b"sglang_tokens 7\n",)))
+    call(mw, "GET", "/metrics", headers=[(b"accept-encoding", b"gzip"), (b"x-other", b"1")])
+    forwarded = dict(inner.calls[0]["scope"]["headers"])
+    assert b"accept-encoding" not in forwarded and forwarded[b"x-other"] == b"1"
