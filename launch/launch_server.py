@@ -28,6 +28,16 @@ CPU_DEFAULTS: list[tuple[str, str | None]] = [
     ("--sleep-on-idle", None),
 ]
 MODEL_ALIASES = ("default", "tiny")
+# Policy parameters with their own flags: flag -> constructor parameter of the policies that take it.
+POLICY_FLAGS = {
+    "--slo-alpha": ("alpha", float, "service-gain degradation exponent α (Tempo Eq. 1-3)"),
+    "--slo-reserve-share": ("reserve_share", float, "share of the batch reserved for best-effort work (Tempo)"),
+    "--slo-fairness": ("fairness", float, "fairness blend f in (1-f)·priority + f·fair (Tempo, GMAX)"),
+    "--slo-cutoff-p": ("cutoff", float, "cutoff p against the B-th priority (GMAX)"),
+    "--slo-quanta": ("quantum_steps", int, "decode steps between preemption points (Tempo, LAS)"),
+    "--slo-frame-length": ("frame_steps", int, "steps per preemption frame (GMAX)"),
+    "--slo-aging-delta": ("aging_delta", float, "priority aging δ (GMAX)"),
+}
 
 
 def _has_flag(argv: list[str], *flags: str) -> bool:
@@ -105,6 +115,13 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         metavar="KEY=VALUE",
         help="A policy parameter (JSON value), repeatable, e.g. --slo-policy-param reserve_share=0.1",
     )
+    for flag, (param, kind, text) in POLICY_FLAGS.items():
+        group.add_argument(flag, type=kind, help=f"{text}; default per policy: {_defaults_of(param)}")
+    group.add_argument(
+        "--slo-quantile",
+        type=float,
+        help="quantile of the length predictor's upper bound (with --slo-length-predictor; default: as trained)",
+    )
     group.add_argument(
         "--slo-length-predictor",
         metavar="PATH",
@@ -119,6 +136,35 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         choices=[c.value for c in SloClass],
         help="Class for requests with no SLO (default: inferred; best_effort when no target is set).",
     )
+
+
+def _defaults_of(param: str) -> str:
+    import inspect
+
+    from scheduler.core.policies import POLICIES
+
+    found = []
+    for name, factory in sorted(POLICIES.items()):
+        p = inspect.signature(factory).parameters.get(param)
+        if p is not None and p.default is not inspect.Parameter.empty:
+            found.append(f"{name}: {p.default}")
+    return ", ".join(found)
+
+
+def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
+    """Policy parameters given through their own flags; a flag the policy lacks is an error."""
+    from scheduler.core.policies import accepted_params
+
+    accepted = accepted_params(args.slo_policy)
+    params: dict[str, Any] = {}
+    for flag, (param, _, _) in POLICY_FLAGS.items():
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is None:
+            continue
+        if param not in accepted:
+            raise SystemExit(f"{flag} does not apply to --slo-policy {args.slo_policy}")
+        params[param] = value
+    return params
 
 
 def _policy_params(items: list[str]) -> dict[str, Any]:
@@ -181,7 +227,7 @@ def main(argv: list[str] | None = None) -> None:
         datefmt="%Y-%m-%d %H:%M:%S",
         force=True,
     )
-    params = _policy_params(args.slo_policy_param)
+    params = {**_flag_params(args), **_policy_params(args.slo_policy_param)}
     try:
         make_policy(args.slo_policy, **params)
     except TypeError as e:
@@ -192,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
             parse_slo(default_slo, prefix="--slo-default-")
         except SloValidationError as e:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
+        raise SystemExit("--slo-quantile must be in (0, 1) and needs --slo-length-predictor")
     if args.slo_length_predictor:
         from scheduler.core.analyzer.base import load_predictor
 
@@ -208,6 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         default_slo=default_slo,
         status_address=default_address(server_args.port),
         length_predictor=args.slo_length_predictor,
+        predictor_quantile=args.slo_quantile,
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(

@@ -24,6 +24,7 @@ class SloServerConfig:
     status_address: str = ""  # ZMQ address the scheduler publishes its status on
     status_interval_s: float = 0.2
     length_predictor: str | None = None  # saved analyzer artifact, loaded by the scheduler
+    predictor_quantile: float | None = None  # overrides the artifact's bound quantile (QRF)
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -24,8 +24,10 @@ from sglang.srt.managers.io_struct import AbortReq
 
 from scheduler.config import SloServerConfig
 from scheduler.core.analyzer.base import load_predictor
-from scheduler.core.analyzer.online import LiveLengthBounds
+from scheduler.core.analyzer.online import BoundAccuracy, LiveLengthBounds
+from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
+from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.policies import make_policy
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
@@ -80,20 +82,42 @@ def _stamping_streamer_class(base: type) -> type:
     return _STAMPING_CLASSES[base]
 
 
+def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
+    """(prefill tokens, decoding requests, KV tokens) of a forward batch, for the perf model."""
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None or not batch.reqs:
+        return None
+    kv = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
+    if mode.is_decode():
+        return 0, len(batch.reqs), kv
+    if mode.is_extend():
+        tokens = batch.extend_num_tokens or sum(getattr(r, "extend_input_len", 0) for r in batch.reqs)
+        return int(tokens), 0, kv
+    return None
+
+
 class SloScheduler(_BaseScheduler):
     """SGLang's Scheduler with an SLO policy deciding order and admission."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slo_config = SloServerConfig.from_env()
         self.slo_clock = WallClock()
-        self.slo_policy = make_policy(self.slo_config.policy, **self.slo_config.policy_params)
+        self.slo_perf = OnlinePerfModel()
+        self.slo_policy = make_policy(self.slo_config.policy, self.slo_perf, **self.slo_config.policy_params)
+        self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
+        self.slo_batch_cap: int | None = None
+        self.slo_best_effort_waiting = 0
+        self.slo_accuracy = BoundAccuracy()
         self.slo_programs = ProgramTracker()
         self.slo_step = 0
         self.slo_dropped = 0
         self.slo_plan_errors = 0
         self._slo_views: dict[str, tuple[SloSpec, float]] = {}
-        self.slo_lengths = self._load_length_predictor(self.slo_config.length_predictor)
+        self.slo_lengths = self._load_length_predictor(
+            self.slo_config.length_predictor, self.slo_config.predictor_quantile
+        )
         super().__init__(*args, **kwargs)
+        self.slo_startup_chunk = self.chunked_prefill_size  # a plan never exceeds it
         if self.slo_config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
             self.slo_status = StatusPublisher(
                 self.slo_config.status_address, self.slo_status_snapshot, self.slo_config.status_interval_s
@@ -107,10 +131,14 @@ class SloScheduler(_BaseScheduler):
         streamer.__class__ = _stamping_streamer_class(type(streamer))
 
     @staticmethod
-    def _load_length_predictor(path: str | None) -> LiveLengthBounds | None:
+    def _load_length_predictor(path: str | None, quantile: float | None) -> LiveLengthBounds | None:
         if not path:
             return None
         predictor = load_predictor(path)
+        if quantile is not None:
+            if not hasattr(predictor, "quantile"):
+                raise ValueError(f"predictor {predictor.name} has no quantile to set")
+            predictor.quantile = quantile
         logger.info("length predictor %s loaded from %s", predictor.name, path)
         return LiveLengthBounds(predictor)
 
@@ -177,6 +205,7 @@ class SloScheduler(_BaseScheduler):
                 for rid in expired_in_queue(view.waiting, view.now):
                     plan.drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
                 self._apply_plan(plan)
+                self._apply_knobs(plan, view, running_batch)
             except Exception:  # a policy bug must not take the engine down: keep SGLang's order
                 self.slo_plan_errors += 1
                 logger.exception("SLO policy %s failed at step %d", self.slo_config.policy, self.slo_step)
@@ -185,12 +214,64 @@ class SloScheduler(_BaseScheduler):
     def _apply_plan(self, plan: StepPlan) -> None:
         if plan.drop:
             self._drop_waiting(plan.drop)
-        if plan.order is not None:
-            rank = {rid: i for i, rid in enumerate(plan.order)}
+        if plan.order is not None or plan.best_effort:
+            # Admitted requests first in the policy's order; the best-effort tier runs on what
+            # is left of this step's budget (SLOs-Serve §4.1), so declined requests still run.
+            rank = {rid: i for i, rid in enumerate(plan.order or [])}
             last = len(rank)
-            self.waiting_queue.sort(key=lambda r: rank.get(r.rid, last))
-            if logger.isEnabledFor(logging.DEBUG) and self.waiting_queue:
-                logger.debug("step %d order: %s", self.slo_step, [r.rid for r in self.waiting_queue[:8]])
+            tier = plan.best_effort
+            self.waiting_queue.sort(key=lambda r: (r.rid in tier, rank.get(r.rid, last)))
+        self.slo_best_effort_waiting = len(plan.best_effort)
+        if logger.isEnabledFor(logging.DEBUG) and self.waiting_queue:
+            logger.debug("step %d order: %s", self.slo_step, [r.rid for r in self.waiting_queue[:8]])
+            for rid in plan.best_effort:
+                logger.debug(
+                    "step %d: %s deferred to the best-effort tier by %s", self.slo_step, rid, self.slo_config.policy
+                )
+
+    def _apply_knobs(self, plan: StepPlan, view: EngineView, running_batch: Any) -> None:
+        """Batch cap and prefill chunk: the plan's own, else derived from the perf model."""
+        if not self.slo_knobs_on:
+            return
+        cap, chunk = plan.batch_cap, plan.chunk_size
+        if (cap is None or chunk is None) and self.slo_perf.ready:
+            knobs = batch_knobs(view, self.slo_perf)
+            cap = cap if cap is not None else knobs.batch_cap
+            chunk = chunk if chunk is not None else knobs.chunk_size
+        self.slo_batch_cap = cap
+        if self.slo_startup_chunk:
+            self.chunked_prefill_size = min(chunk, self.slo_startup_chunk) if chunk else self.slo_startup_chunk
+        if cap is not None and len(running_batch.reqs) < cap:
+            running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
+        if logger.isEnabledFor(logging.DEBUG) and cap is not None and len(running_batch.reqs) >= cap:
+            logger.debug("step %d: admission held at %d running (batch cap)", self.slo_step, cap)
+
+    def get_num_allocatable_reqs(self, running_bs: int) -> int:
+        allocatable = super().get_num_allocatable_reqs(running_bs)
+        if self.slo_batch_cap is not None:
+            allocatable = min(allocatable, self.slo_batch_cap - running_bs)
+        return allocatable
+
+    # ---- measuring the engine ----------------------------------------------------------------
+    def run_batch(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """Times each forward pass for the online perf model (synchronous on CPU; with CUDA
+        overlap scheduling this measures launch, see README)."""
+        shape = _batch_shape(batch)
+        started = time.perf_counter()
+        result = super().run_batch(batch, *args, **kwargs)
+        if shape is not None:
+            self.slo_perf.observe(*shape, 0, time.perf_counter() - started)
+        return result
+
+    def process_batch_result(self, batch: Any, result: Any) -> Any:
+        out = super().process_batch_result(batch, result)
+        if self.slo_lengths is not None:
+            for req in batch.reqs:
+                if req.finished():
+                    entry = self.slo_lengths.forget(req.rid)
+                    if entry is not None:
+                        self.slo_accuracy.record(entry.initial, len(req.output_ids))
+        return out
 
     def _drop_waiting(self, reasons: dict[str, str]) -> None:
         keep = []
@@ -226,6 +307,16 @@ class SloScheduler(_BaseScheduler):
             "chunked_prefill_size": self.chunked_prefill_size,
             "steps": self.slo_step,
             "dropped_in_queue": self.slo_dropped,
+            "batch_cap": self.slo_batch_cap,
+            "chunk_size": self.chunked_prefill_size,
+            "startup_chunk_size": self.slo_startup_chunk,
+            "best_effort_waiting": self.slo_best_effort_waiting,
+            "perf_model": {
+                "ready": self.slo_perf.ready,
+                "observed_iterations": self.slo_perf.observed,
+                "recent_rel_error": self.slo_perf.recent_error(),
+            },
+            "predictor_accuracy": self.slo_accuracy.summary(),
             "plan_errors": self.slo_plan_errors,
             "length_predictor": None
             if self.slo_lengths is None

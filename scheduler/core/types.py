@@ -96,3 +96,7 @@ class PerfModel(Protocol):
         """Seconds for one forward pass with this many new prefill tokens, decoding requests,
         total KV tokens attended, and speculative tokens verified."""
         ...
+
+    def max_batch_within(self, budget_s: float, kv_tokens_per_req: float, **kwargs: int) -> int:
+        """Largest decode batch whose iteration fits `budget_s` (0 if none)."""
+        ...

@@ -7,6 +7,7 @@ next refinement checkpoint (Tempo/JITServe §4.1).
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -53,3 +54,23 @@ class LiveLengthBounds:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+class BoundAccuracy:
+    """Recent accuracy of arrival-time bounds against what requests really produced."""
+
+    def __init__(self, window: int = 256) -> None:
+        self._pairs: deque[tuple[float, int]] = deque(maxlen=window)
+
+    def record(self, predicted: float, actual: int) -> None:
+        self._pairs.append((predicted, actual))
+
+    def summary(self) -> dict[str, float | int] | None:
+        if not self._pairs:
+            return None
+        n = len(self._pairs)
+        return {
+            "requests": n,
+            "mae_tokens": round(sum(abs(p - a) for p, a in self._pairs) / n, 2),
+            "under_estimate_rate": round(sum(p < a for p, a in self._pairs) / n, 4),
+        }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +14,7 @@ from scheduler.core.policies.sarathi import SarathiPolicy
 from scheduler.core.policies.sjf import SjfPolicy
 from scheduler.core.policies.slos import SlosServePolicy
 from scheduler.core.policies.tempo import TempoPolicy
-from scheduler.core.types import Policy
+from scheduler.core.types import PerfModel, Policy
 
 POLICIES: dict[str, Callable[..., Policy]] = {
     "fcfs": FcfsPolicy,
@@ -27,10 +28,18 @@ POLICIES: dict[str, Callable[..., Policy]] = {
 }
 
 
-def make_policy(name: str, **params: Any) -> Policy:
-    """Build a policy by name; parameters it does not take are an error, not ignored."""
+def accepted_params(name: str) -> set[str]:
+    """Constructor parameters of a policy (what --slo-policy-param and the flags may set)."""
+    return set(inspect.signature(POLICIES[name]).parameters) - {"self"}
+
+
+def make_policy(name: str, perf_model: PerfModel | None = None, **params: Any) -> Policy:
+    """Build a policy by name; parameters it does not take are an error, not ignored. The
+    engine's performance model goes to the policies that predict time with one."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown SLO policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
+    if perf_model is not None and "perf_model" in accepted_params(name):
+        params = {**params, "perf_model": perf_model}
     return factory(**params)

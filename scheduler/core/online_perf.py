@@ -1,0 +1,74 @@
+"""The engine's own performance model, learned from the iterations it measures.
+
+A real engine (or a GPU we have no profile for) starts with no model; a bad prior would make
+batch caps silly, so the model is `ready` only after enough measured iterations. It refits
+SLOs-Serve's roofline from a window of recent samples and tracks drift with the roofline's
+online update between refits.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm, Sample
+
+
+def crude_prior() -> RooflinePerfModel:
+    """10 ms + 0.1 ms per new token: only so policies can rank before anything is measured."""
+    return RooflinePerfModel([RooflineTerm(k_tokens=1e-4, k_spec=0.0, k_kv=0.0, b=0.01)])
+
+
+class OnlinePerfModel:
+    def __init__(
+        self,
+        prior: RooflinePerfModel | None = None,
+        min_samples: int = 32,
+        window: int = 512,
+        refit_every: int = 64,
+        n_terms: int = 2,
+    ) -> None:
+        self.model = prior if prior is not None else crude_prior()
+        self._trusted_prior = prior is not None
+        self.samples: deque[Sample] = deque(maxlen=window)
+        self.min_samples = max(min_samples, 4 * n_terms)
+        self.refit_every = refit_every
+        self.n_terms = n_terms
+        self._since_fit = 0
+        self.observed = 0
+        self._abs_rel_err: deque[float] = deque(maxlen=256)
+
+    @property
+    def ready(self) -> bool:
+        """Trustworthy enough to cap batches: a given profile, or enough measured iterations."""
+        return self._trusted_prior or self.observed >= self.min_samples
+
+    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
+        return self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
+
+    def max_batch_within(self, budget_s: float, kv_tokens_per_req: float, **kwargs: int) -> int:
+        return self.model.max_batch_within(budget_s, kv_tokens_per_req, **kwargs)
+
+    def observe(
+        self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int, measured_s: float
+    ) -> None:
+        if measured_s <= 0 or prefill_tokens + decode_reqs + spec_tokens <= 0:
+            return
+        predicted = self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
+        self._abs_rel_err.append(abs(predicted - measured_s) / measured_s)
+        self.samples.append(Sample(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s))
+        self.observed += 1
+        self._since_fit += 1
+        self.model.observe(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s)
+        first_fit = self.observed == self.min_samples
+        if len(self.samples) >= self.min_samples and (first_fit or self._since_fit >= self.refit_every):
+            try:
+                self.model = RooflinePerfModel.fit(list(self.samples), n_terms=self.n_terms)
+                self._since_fit = 0
+            except ValueError:
+                pass  # degenerate window (e.g. all samples identical): keep the current model
+
+    def recent_error(self) -> float | None:
+        """Mean |predicted − measured| / measured over recent iterations."""
+        if not self._abs_rel_err:
+            return None
+        return sum(self._abs_rel_err) / len(self._abs_rel_err)

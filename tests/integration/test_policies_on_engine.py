@@ -1,0 +1,73 @@
+"""Every policy of the core runs inside the real SGLang scheduler (tiny model, CPU)."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from scheduler.core.policies import POLICIES
+from tests.integration.server_process import ServerProcess
+
+MIXED = [
+    *({"ttft_ms": 20_000, "tpot_ms": 2_000} for _ in range(4)),
+    *({"deadline_ms": 30_000} for _ in range(2)),
+    *({"deadline_ms": 60_000, "program_id": "prog", "stage": s} for s in range(2)),
+    *(None for _ in range(2)),
+]
+
+
+def _send(server: ServerProcess, i: int, slo: dict | None, max_new: int = 12) -> dict:
+    body = {"text": f"request {i} " * (1 + i % 5), "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}}
+    if slo is not None:
+        body["slo"] = slo
+    r = requests.post(server.url + "/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["meta_info"]
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_policy_serves_a_mixed_workload_without_losing_requests(policy: str) -> None:
+    with ServerProcess(
+        "--model-path", "tiny", "--slo-policy", policy, "--max-running-requests", "4", name=f"mix-{policy}"
+    ) as server:
+        with ThreadPoolExecutor(len(MIXED)) as pool:
+            metas = list(pool.map(lambda a: _send(server, *a), enumerate(MIXED)))
+        assert all(m["completion_tokens"] == 12 for m in metas)
+        assert all(m["slo"]["output_tokens"] == 12 and m["slo"]["attained"]["overall"] is not None for m in metas)
+        status = server.status_when(
+            lambda s: s["attainment"] and sum(c["total"] for c in s["attainment"].values()) >= 10
+        )
+        assert sum(c["total"] for c in status["attainment"].values()) == len(MIXED)
+        assert sum(c["dropped"] for c in status["attainment"].values()) == 0
+        assert status["engine"]["plan_errors"] == 0
+        assert status["engine"]["policy"] == policy
+
+
+def _burst(server: ServerProcess, slo: dict, n: int = 12) -> None:
+    barrier = threading.Barrier(n)
+
+    def one(i: int) -> None:
+        barrier.wait()
+        _send(server, i, slo, max_new=24)
+
+    with ThreadPoolExecutor(n) as pool:
+        list(pool.map(one, range(n)))
+
+
+def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
+    with ServerProcess(
+        "--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256", name="knobs"
+    ) as server:
+        for _ in range(6):  # let the online perf model measure enough iterations
+            _burst(server, {"ttft_ms": 60_000})
+        status = server.status_when(lambda s: s["engine"]["perf_model"]["ready"], timeout=10)
+        assert status["engine"]["perf_model"]["ready"], status["engine"]["perf_model"]
+        _burst(server, {"ttft_ms": 60_000, "tpot_ms": 60_000})
+        loose = server.status_when(lambda s: s["engine"]["batch_cap"] is not None)["engine"]
+        _burst(server, {"ttft_ms": 60_000, "tpot_ms": 0.5})
+        tight = server.status_when(lambda s: s["engine"]["batch_cap"] != loose["batch_cap"])["engine"]
+        assert loose["batch_cap"] > tight["batch_cap"] >= 1
+        assert tight["chunk_size"] < loose["chunk_size"] <= loose["startup_chunk_size"] == 256

@@ -1,0 +1,239 @@
+"""Policy preemption on the real engine: LAS retracts long-running requests for newcomers, and a
+retracted request resumes without losing a token.
+
+Two slots, two long requests running; once they have attained more service than the first LAS
+level allows, two short newcomers arrive. At the next quantum LAS preempts both long requests
+(scheduler/sglang_preemption.py retracts them the way SGLang's own retraction does), the
+newcomers run, then the long requests resume from their generated tokens. Greedy decoding makes
+the outcome checkable: each long request's output must be token-identical to an un-preempted
+run of the same prompt, exactly max_new_tokens long, and SGLang must report the retraction.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import requests
+
+from tests.integration.server_process import ServerProcess
+
+LONG_TOKENS = 240
+SHORT_TOKENS = 8
+LEVEL = 48  # attained service (prompt + generated tokens) where the second LAS level starts
+LONG_PROMPTS = ("the long request number one", "the long request number two")
+SHORT_PROMPTS = ("short a", "short b")
+
+
+def _params(max_new_tokens: int) -> dict:
+    return {"max_new_tokens": max_new_tokens, "ignore_eos": True, "temperature": 0}
+
+
+@pytest.fixture(scope="module", params=["overlap", "no-overlap"])
+def las_two_slots(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
+    """LAS with two slots, first level ending at LEVEL, a quantum every step, no starvation
+    promotion; with SGLang's overlap scheduler (the CPU default) and without it."""
+    extra = ["--disable-overlap-schedule"] if request.param == "no-overlap" else []
+    with ServerProcess(
+        "--model-path",
+        "tiny",
+        "--slo-policy",
+        "las",
+        "--slo-policy-param",
+        f"level_thresholds=[{LEVEL}]",
+        "--slo-policy-param",
+        "quantum_steps=1",
+        "--slo-policy-param",
+        "starvation_s=null",
+        "--max-running-requests",
+        "2",
+        *extra,
+        name=f"las-preempt-{request.param}",
+    ) as server:
+        yield server
+
+
+def _generate(server: ServerProcess, text: str, max_new_tokens: int) -> dict:
+    r = requests.post(
+        server.url + "/generate", json={"text": text, "sampling_params": _params(max_new_tokens)}, timeout=300
+    )
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def _stream(server: ServerProcess, text: str, max_new_tokens: int, progressed: threading.Event, after: int) -> dict:
+    """Generate with streaming; set `progressed` once `after` tokens have come out. Returns the
+    last chunk (cumulative text, output_ids and meta_info)."""
+    body = {"text": text, "sampling_params": _params(max_new_tokens), "stream": True}
+    last: dict = {}
+    with requests.post(server.url + "/generate", json=body, stream=True, timeout=300) as resp:
+        assert resp.status_code == 200, resp.text
+        for line in resp.iter_lines():
+            if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
+                continue
+            last = json.loads(line[len(b"data:") :])
+            if last["meta_info"]["completion_tokens"] >= after:
+                progressed.set()
+    progressed.set()
+    return last
+
+
+def test_preempted_request_resumes_token_identical(las_two_slots: ServerProcess) -> None:
+    server = las_two_slots
+    reference = {p: _generate(server, p, LONG_TOKENS) for p in LONG_PROMPTS}
+    for out in reference.values():
+        assert out["meta_info"]["completion_tokens"] == LONG_TOKENS
+        assert out["meta_info"].get("num_retractions", 0) == 0, "the reference run must not be preempted"
+
+    results: dict[str, dict] = {}
+    finished_at: dict[str, float] = {}
+    events = [threading.Event() for _ in LONG_PROMPTS]
+
+    def run_long(prompt: str, progressed: threading.Event) -> None:
+        results[prompt] = _stream(server, prompt, LONG_TOKENS, progressed, after=2 * LEVEL)
+        finished_at[prompt] = time.monotonic()
+
+    def run_short(prompt: str) -> None:
+        results[prompt] = _generate(server, prompt, SHORT_TOKENS)
+        finished_at[prompt] = time.monotonic()
+
+    threads = [threading.Thread(target=run_long, args=(p, e)) for p, e in zip(LONG_PROMPTS, events, strict=True)]
+    for t in threads:
+        t.start()
+    for e in events:
+        assert e.wait(timeout=120), "the long requests never got past the first LAS level"
+    for p in SHORT_PROMPTS:
+        threads.append(threading.Thread(target=run_short, args=(p,)))
+        threads[-1].start()
+    for t in threads:
+        t.join(timeout=300)
+    assert set(results) == set(LONG_PROMPTS) | set(SHORT_PROMPTS), "a request did not finish"
+
+    for p in LONG_PROMPTS:
+        out, ref = results[p], reference[p]
+        meta = out["meta_info"]
+        assert meta["finish_reason"]["type"] == "length", meta["finish_reason"]
+        assert meta["completion_tokens"] == LONG_TOKENS, "tokens were lost or duplicated across the retraction"
+        assert meta["num_retractions"] >= 1, "LAS should have preempted the long request"
+        if "output_ids" in ref and "output_ids" in out:
+            assert out["output_ids"] == ref["output_ids"]
+        assert out["text"] == ref["text"], "the resumed request diverged from the un-preempted run"
+    for p in SHORT_PROMPTS:
+        assert results[p]["meta_info"]["completion_tokens"] == SHORT_TOKENS
+        assert results[p]["meta_info"].get("num_retractions", 0) == 0
+    # The newcomers overtook the long requests they preempted.
+    assert max(finished_at[p] for p in SHORT_PROMPTS) < min(finished_at[p] for p in LONG_PROMPTS)
+
+    status = server.status_when(lambda s: s["engine"].get("preempted", 0) >= 2)
+    assert status["engine"]["preempted"] >= 2
+
+
+def test_no_preemption_without_contention(las_two_slots: ServerProcess) -> None:
+    """With free slots LAS has nobody to preempt for: outputs are untouched."""
+    out = _generate(las_two_slots, LONG_PROMPTS[0], 64)
+    assert out["meta_info"]["completion_tokens"] == 64
+    assert out["meta_info"].get("num_retractions", 0) == 0
+
+
+# ---- which requests retract_requests takes (SGLang's objects stubbed) ----------------------------
+
+
+class _Mode:
+    def __init__(self, extend: bool) -> None:
+        self.extend = extend
+
+    def is_extend(self) -> bool:
+        return self.extend
+
+
+class _Req:
+    def __init__(self, rid: str, generated: int = 3, finished: bool = False) -> None:
+        self.rid = rid
+        self.origin_input_ids = [1, 2]
+        self.output_ids = list(range(generated))
+        self._finished = finished
+        self.is_retracted = False
+        self.req_pool_idx = 0
+
+    def finished(self) -> bool:
+        return self._finished
+
+
+class _Batch:
+    def __init__(self, reqs: list[_Req], extend: bool = False) -> None:
+        self.reqs = reqs
+        self.forward_mode = _Mode(extend)
+        self.batch_is_full = True
+        self.released: list[str] = []
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def release_req(self, idx: int, remaining: int, server_args: object) -> None:
+        req = self.reqs[idx]
+        self.released.append(req.rid)
+        req.req_pool_idx = None
+        req.is_retracted = True
+
+    def filter_batch(self, keep_indices: list[int]) -> None:
+        self.reqs = [self.reqs[i] for i in keep_indices]
+
+
+class _Allocator:
+    def available_size(self) -> int:
+        return 0
+
+
+class _Scheduler:
+    def __init__(self, overlap: bool, last_batch: _Batch | None, chunked: _Req | None) -> None:
+        from sglang.srt.disaggregation.utils import DisaggregationMode
+
+        self.enable_overlap = overlap
+        self.last_batch = last_batch
+        self.chunked_req = chunked
+        self.disaggregation_mode = DisaggregationMode.NULL
+        self.dllm_config = None
+        self.server_args = None
+        self.token_to_kv_pool_allocator = _Allocator()
+        self.queued: list[tuple[str, bool]] = []
+
+    def _add_request_to_queue(self, req: _Req, is_retracted: bool = False) -> None:
+        self.queued.append((req.rid, is_retracted))
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_only_decoding_requests_are_retracted(overlap: bool) -> None:
+    from scheduler.sglang_preemption import retract_requests
+
+    decoding, chunked, fresh, done = _Req("decoding"), _Req("chunked"), _Req("fresh", 0), _Req("done", finished=True)
+    just_prefilled, other = _Req("just-prefilled", 1), _Req("other")
+    batch = _Batch([decoding, chunked, fresh, done, just_prefilled, other])
+    in_flight_prefill = _Batch([just_prefilled], extend=True)
+    sched = _Scheduler(overlap, in_flight_prefill, chunked)
+    wanted = {"decoding", "chunked", "fresh", "done", "just-prefilled", "unknown"}
+
+    got = retract_requests(sched, batch, wanted)
+
+    # Under overlap the last prefill batch is still in flight: its requests are not decoding yet.
+    expect = ["decoding"] if overlap else ["decoding", "just-prefilled"]
+    assert [r.rid for r in got] == expect
+    assert batch.released == expect
+    assert sched.queued == [(rid, True) for rid in expect]
+    assert [r.rid for r in batch.reqs] == [
+        r for r in ("decoding", "chunked", "fresh", "done", "just-prefilled", "other") if r not in expect
+    ]
+    assert not batch.batch_is_full
+    assert all(r.output_ids for r in got), "generated tokens are kept"
+
+
+def test_nothing_to_retract_leaves_the_batch_alone() -> None:
+    from scheduler.sglang_preemption import retract_requests
+
+    batch = _Batch([_Req("a"), _Req("b", 0)])
+    sched = _Scheduler(False, None, None)
+    assert retract_requests(sched, batch, {"b", "zzz"}) == []
+    assert retract_requests(sched, batch, set()) == []
+    assert [r.rid for r in batch.reqs] == ["a", "b"] and batch.batch_is_full and not sched.queued

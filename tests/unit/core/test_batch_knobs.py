@@ -1,0 +1,109 @@
+"""Dynamic batch cap and prefill chunk from the perf model, and the online perf model."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.core.analyzer.online import BoundAccuracy
+from scheduler.core.batch_limits import MIN_CHUNK, batch_knobs, tightest_tpot
+from scheduler.core.online_perf import OnlinePerfModel
+from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
+from scheduler.core.slo import SloClass, SloSpec
+from scheduler.core.types import EngineView, RequestView
+
+PERF = RooflinePerfModel([RooflineTerm(k_tokens=1e-3, k_spec=0.0, k_kv=0.0, b=0.01)])  # 10 ms + 1 ms/token
+
+
+def _req(
+    rid: str, tpot_ms: float | None = None, ttft_ms: float | None = 10_000.0, prompt: int = 100, **kw
+) -> RequestView:
+    if tpot_ms is None and ttft_ms is None:
+        slo = SloSpec()
+    else:
+        slo = SloSpec(ttft_ms=ttft_ms, tpot_ms=tpot_ms, slo_class=SloClass.LATENCY)
+    return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=prompt, **kw)
+
+
+def _view(running, waiting=(), chunk=512, max_running=256, now=0.0) -> EngineView:
+    return EngineView(
+        now=now,
+        waiting=list(waiting),
+        running=list(running),
+        max_running_requests=max_running,
+        chunk_size=chunk,
+        free_kv_tokens=10**6,
+        total_kv_tokens=10**6,
+    )
+
+
+def test_no_tpot_target_leaves_everything_to_sglang() -> None:
+    knobs = batch_knobs(_view([_req("a", ttft_ms=None)], [_req("b", ttft_ms=None)]), PERF)
+    assert knobs.batch_cap is None and knobs.chunk_size is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(tpot_ms=st.floats(min_value=12, max_value=400), running=st.integers(min_value=0, max_value=40))
+def test_cap_is_the_largest_batch_meeting_the_tightest_tpot(tpot_ms: float, running: int) -> None:
+    view = _view([_req(f"r{i}", tpot_ms=1000.0) for i in range(running)], [_req("w", tpot_ms=tpot_ms)])
+    cap = batch_knobs(view, PERF).batch_cap
+    assert cap is not None and cap >= 1
+    tpot = tpot_ms / 1000
+    assert tightest_tpot(view) == pytest.approx(tpot)
+    if cap > 1:
+        assert PERF.step_time(0, cap, 0) <= tpot
+    if cap < view.max_running_requests:
+        assert PERF.step_time(0, cap + 1, 0) > tpot
+
+
+def test_tighter_tpot_gives_a_smaller_cap_and_chunk() -> None:
+    running = [_req(f"r{i}", tpot_ms=1000.0) for i in range(4)]
+    loose = batch_knobs(_view(running, [_req("w", tpot_ms=200.0)]), PERF)
+    tight = batch_knobs(_view(running, [_req("w", tpot_ms=30.0)]), PERF)
+    assert tight.batch_cap < loose.batch_cap
+    assert tight.chunk_size < loose.chunk_size
+    assert loose.chunk_size <= 512
+
+
+def test_chunk_never_exceeds_startup_and_has_a_floor() -> None:
+    running = [_req(f"r{i}", tpot_ms=11.0) for i in range(50)]  # decodes alone overrun the TPOT
+    knobs = batch_knobs(_view(running, chunk=256), PERF)
+    assert knobs.chunk_size == MIN_CHUNK
+    knobs = batch_knobs(_view([_req("r", tpot_ms=10_000.0)], chunk=256), PERF)
+    assert knobs.chunk_size == 256
+
+
+def test_urgent_ttft_raises_the_chunk_above_the_decode_budget() -> None:
+    running = [_req(f"r{i}", tpot_ms=40.0) for i in range(4)]
+    calm = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=60_000.0, prompt=2000)]), PERF)
+    urgent = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=50.0, prompt=2000)]), PERF)
+    assert urgent.chunk_size > calm.chunk_size
+    assert urgent.chunk_size == 512
+
+
+def test_online_model_is_not_ready_until_it_has_measured_enough() -> None:
+    model = OnlinePerfModel(min_samples=32)
+    assert not model.ready and model.step_time(10, 0, 0) > 0  # the crude prior still predicts
+    for i in range(40):
+        decodes = 1 + i % 16
+        model.observe(0, decodes, 100 * decodes, 0, 0.02 + 0.002 * decodes)
+    assert model.ready
+    assert model.step_time(0, 8, 800) == pytest.approx(0.036, rel=0.05)
+    assert model.recent_error() is not None
+
+
+def test_online_model_ignores_empty_or_nonpositive_iterations() -> None:
+    model = OnlinePerfModel()
+    model.observe(0, 0, 0, 0, 0.01)
+    model.observe(0, 4, 10, 0, 0.0)
+    assert model.observed == 0
+
+
+def test_bound_accuracy_summary() -> None:
+    acc = BoundAccuracy(window=3)
+    assert acc.summary() is None
+    for predicted, actual in ((10, 12), (20, 10), (30, 30), (40, 50)):
+        acc.record(predicted, actual)
+    s = acc.summary()
+    assert s == {"requests": 3, "mae_tokens": pytest.approx((10 + 0 + 10) / 3, abs=0.01), "under_estimate_rate": 0.3333}
