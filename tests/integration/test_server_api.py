@@ -129,6 +129,32 @@ def test_frontend_program_carries_its_slo(tiny_server: ServerProcess) -> None:
     assert state.get_meta_info("answer")["slo"]["spec"]["ttft_ms"] == 2500.0
 
 
+def test_frontend_program_runs_become_one_compound_program_each(tiny_server: ServerProcess) -> None:
+    import sglang as sgl
+
+    from server.frontend import SloRuntimeEndpoint
+
+    fork_reports: list[dict] = []
+
+    @sgl.function
+    def fan_out(s, topic):  # noqa: ANN001
+        s += topic
+        forks = s.fork(2)
+        for f in forks:
+            f += sgl.gen("idea", max_tokens=3, temperature=0)
+        forks.join()
+        fork_reports.extend(f.get_meta_info("idea")["slo"] for f in forks)
+        s += sgl.gen("summary", max_tokens=3, temperature=0)
+
+    backend = SloRuntimeEndpoint(tiny_server.url, slo={"deadline_ms": 30000})
+    first = fan_out.run(topic="rivers", backend=backend).get_meta_info("summary")["slo"]["spec"]
+    second = fan_out.run(topic="lakes", backend=backend).get_meta_info("summary")["slo"]["spec"]
+    assert first["class"] == second["class"] == "compound"
+    assert first["program_id"] != second["program_id"]
+    assert {r["spec"]["program_id"] for r in fork_reports[:2]} == {first["program_id"]}
+    assert {r["spec"]["program_id"] for r in fork_reports[2:]} == {second["program_id"]}
+
+
 def test_status_and_metrics_count_outcomes(tiny_server: ServerProcess) -> None:
     before = requests.get(tiny_server.url + "/slo/status", timeout=10).json()
     latency_before = before["attainment"].get("latency", {}).get("total", 0)
