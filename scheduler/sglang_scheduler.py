@@ -29,6 +29,7 @@ from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.policies import make_policy
+from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.slo import SloSpec, SloValidationError
@@ -38,6 +39,8 @@ from server.slo_request import read_injected
 from server.status_channel import StatusPublisher
 
 logger = logging.getLogger("sglang_slo.scheduler")
+
+ORACLE_HINT_PARAM = "slo_oracle_output_len"  # benchmark hint, read only for *_oracle policies
 
 _BaseScheduler = sglang_scheduler_module.Scheduler
 
@@ -105,6 +108,7 @@ class SloScheduler(_BaseScheduler):
         self.slo_perf = OnlinePerfModel()
         self.slo_policy = make_policy(self.slo_config.policy, self.slo_perf, **self.slo_config.policy_params)
         self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
+        self.slo_oracle = self.slo_config.policy.endswith(ORACLE_SUFFIX)  # benchmarks only
         self.slo_batch_cap: int | None = None
         self.slo_best_effort_waiting = 0
         self.slo_accuracy = BoundAccuracy()
@@ -141,6 +145,11 @@ class SloScheduler(_BaseScheduler):
             predictor.quantile = quantile
         logger.info("length predictor %s loaded from %s", predictor.name, path)
         return LiveLengthBounds(predictor)
+
+    @staticmethod
+    def _oracle_hint(req: Any) -> int | None:
+        value = (getattr(req.sampling_params, "custom_params", None) or {}).get(ORACLE_HINT_PARAM)
+        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     def _prompt_text(self, req: Any) -> str:
         tokenizer = getattr(self, "tokenizer", None)
@@ -181,6 +190,7 @@ class SloScheduler(_BaseScheduler):
             prefix_cached=len(req.prefix_indices) if getattr(req, "prefix_indices", None) is not None else 0,
             program_arrival=program_arrival,
             best_effort_tier=spec.is_best_effort,
+            oracle_output_len=self._oracle_hint(req) if self.slo_oracle else None,
         )
 
     def slo_engine_view(self, running_batch: Any) -> EngineView:

@@ -29,6 +29,7 @@ class RequestView:
     stage_deadline: float | None = None  # compound: absolute sub-deadline φ(s)·D, if known
     attained_service: float = 0.0  # LAS: tokens (prefill+decode) served to its program so far
     best_effort_tier: bool = False  # declined by admission, runs on leftover budget
+    oracle_output_len: int | None = None  # true length: filled only for *_oracle policies
 
     @property
     def started(self) -> bool:

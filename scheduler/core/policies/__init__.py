@@ -10,6 +10,7 @@ from scheduler.core.policies.edf import EdfPolicy
 from scheduler.core.policies.fcfs import FcfsPolicy
 from scheduler.core.policies.gmax import GmaxPolicy
 from scheduler.core.policies.las import LasPolicy
+from scheduler.core.policies.oracle import oracle_of
 from scheduler.core.policies.sarathi import SarathiPolicy
 from scheduler.core.policies.sjf import SjfPolicy
 from scheduler.core.policies.slos import SlosServePolicy
@@ -25,6 +26,9 @@ POLICIES: dict[str, Callable[..., Policy]] = {
     "tempo": TempoPolicy,
     "gmax": GmaxPolicy,
     "slos": SlosServePolicy,
+    # Benchmarks only: plan with the true output length (see oracle.py).
+    "tempo_oracle": oracle_of(TempoPolicy, "tempo"),
+    "gmax_oracle": oracle_of(GmaxPolicy, "gmax"),
 }
 
 

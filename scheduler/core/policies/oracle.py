@@ -1,0 +1,42 @@
+"""Oracle variants (benchmarks only): a policy that plans with the true output length.
+
+They bound what better length prediction could buy. The true length reaches a request only
+through a benchmark hint (`custom_params.slo_oracle_output_len`), and the adapter passes it
+on only to policies whose name ends in `_oracle`; every other policy never sees it.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from scheduler.core.types import EngineView, Policy, RequestView, StepPlan
+
+ORACLE_SUFFIX = "_oracle"
+
+
+def _with_truth(r: RequestView) -> RequestView:
+    if r.oracle_output_len is None:
+        return r
+    return replace(r, predicted_output_len=float(max(r.oracle_output_len, r.generated + 1)))
+
+
+class OracleVariant:
+    def __init__(self, base: Policy, name: str) -> None:
+        self.base = base
+        self.name = name
+
+    def plan(self, view: EngineView) -> StepPlan:
+        waiting = [_with_truth(r) for r in view.waiting]
+        running = [_with_truth(r) for r in view.running]
+        return self.base.plan(replace(view, waiting=waiting, running=running))
+
+
+def oracle_of(factory: Callable[..., Policy], base_name: str) -> Callable[..., Policy]:
+    def make(**params: Any) -> Policy:
+        return OracleVariant(factory(**params), base_name + ORACLE_SUFFIX)
+
+    make.__signature__ = inspect.signature(factory)  # type: ignore[attr-defined]
+    return make
