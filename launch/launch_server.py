@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from server.cpu_support import activate
@@ -128,6 +129,12 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="Saved output-length predictor (scheduler.core.analyzer.train_cli --out) loaded at start; "
         "fills each request's predicted length bound, refined every N generated tokens.",
     )
+    group.add_argument(
+        "--slo-program-patterns",
+        metavar="PATH",
+        help="Seed patterns for compound stage sub-deadlines (JITServe deep-research JSON format); "
+        "the server also learns from the programs it serves.",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -238,6 +245,8 @@ def main(argv: list[str] | None = None) -> None:
             parse_slo(default_slo, prefix="--slo-default-")
         except SloValidationError as e:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
+        raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
         raise SystemExit("--slo-quantile must be in (0, 1) and needs --slo-length-predictor")
     if args.slo_length_predictor:
@@ -257,6 +266,7 @@ def main(argv: list[str] | None = None) -> None:
         status_address=default_address(server_args.port),
         length_predictor=args.slo_length_predictor,
         predictor_quantile=args.slo_quantile,
+        program_patterns=args.slo_program_patterns,
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(

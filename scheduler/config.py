@@ -25,6 +25,7 @@ class SloServerConfig:
     status_interval_s: float = 0.2
     length_predictor: str | None = None  # saved analyzer artifact, loaded by the scheduler
     predictor_quantile: float | None = None  # overrides the artifact's bound quantile (QRF)
+    program_patterns: str | None = None  # seed pattern library for compound sub-deadlines
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from http import HTTPStatus
+from pathlib import Path
 from typing import Any
 
 from server.cpu_support import activate_if_requested
@@ -24,9 +25,11 @@ from sglang.srt.managers.io_struct import AbortReq
 
 from scheduler.config import SloServerConfig
 from scheduler.core.analyzer.base import load_predictor
+from scheduler.core.analyzer.graph import PatternLibrary, load_deepresearch
 from scheduler.core.analyzer.online import BoundAccuracy, LiveLengthBounds
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
+from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
@@ -34,6 +37,7 @@ from scheduler.core.programs import ProgramTracker
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.types import EngineView, RequestView, StepPlan
+from scheduler.sglang_preemption import retract_requests
 from server.slo_reports import TOKEN_TS_KEY
 from server.slo_request import read_injected
 from server.status_channel import StatusPublisher
@@ -85,6 +89,16 @@ def _stamping_streamer_class(base: type) -> type:
     return _STAMPING_CLASSES[base]
 
 
+def _pattern_library(path: str | None) -> PatternLibrary:
+    """Seed patterns (deep-research JSON format) plus whatever the server learns online."""
+    library = PatternLibrary()
+    if path:
+        for graph in load_deepresearch(Path(path)):
+            library.add(graph)
+        logger.info("%d program patterns loaded from %s", len(library), path)
+    return library
+
+
 def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
     """(prefill tokens, decoding requests, KV tokens) of a forward batch, for the perf model."""
     mode = getattr(batch, "forward_mode", None)
@@ -112,10 +126,14 @@ class SloScheduler(_BaseScheduler):
         self.slo_batch_cap: int | None = None
         self.slo_best_effort_waiting = 0
         self.slo_accuracy = BoundAccuracy()
+        self.slo_compound = CompoundDeadlines(_pattern_library(self.slo_config.program_patterns))
+        self._slo_stage_deadlines: dict[str, float | None] = {}
         self.slo_programs = ProgramTracker()
         self.slo_step = 0
         self.slo_dropped = 0
         self.slo_plan_errors = 0
+        self.slo_pending_preempt: set[str] = set()  # running rids this pass's plan retracts
+        self.slo_preempted = 0
         self._slo_views: dict[str, tuple[SloSpec, float]] = {}
         self.slo_lengths = self._load_length_predictor(
             self.slo_config.length_predictor, self.slo_config.predictor_quantile
@@ -164,15 +182,26 @@ class SloScheduler(_BaseScheduler):
             if len(self._slo_views) > 4 * (len(self.waiting_queue) + 1024):
                 live = {r.rid for r in self.waiting_queue} | {r.rid for r in self.running_batch.reqs}
                 self._slo_views = {k: v for k, v in self._slo_views.items() if k in live}
+                self._slo_stage_deadlines = {k: v for k, v in self._slo_stage_deadlines.items() if k in live}
             self._slo_views[req.rid] = cached
         return cached
+
+    def _stage_deadline(self, rid: str, spec: SloSpec, program_arrival: float) -> float | None:
+        """Fixed when a stage's request is first seen: D_s = φ(s)·D from matched patterns."""
+        if rid not in self._slo_stage_deadlines:
+            self._slo_stage_deadlines[rid] = self.slo_compound.stage_deadline(
+                spec.program_id, spec.stage, program_arrival, spec.deadline_ms / 1000.0, self.slo_clock.now()
+            )
+        return self._slo_stage_deadlines[rid]
 
     def _request_view(self, req: Any) -> RequestView:
         spec, arrival = self._slo_of(req)
         stamps = (req.customized_info or {}).get(TOKEN_TS_KEY) or []
-        program_arrival = None
+        program_arrival = stage_deadline = None
         if spec.program_id is not None:
             program_arrival = self.slo_programs.arrival(spec.program_id, arrival)
+            if spec.deadline_ms is not None:
+                stage_deadline = self._stage_deadline(req.rid, spec, program_arrival)
         predicted = None
         if self.slo_lengths is not None:
             predicted = self.slo_lengths.bound(
@@ -189,6 +218,8 @@ class SloScheduler(_BaseScheduler):
             first_token_time=stamps[0] if stamps else None,
             prefix_cached=len(req.prefix_indices) if getattr(req, "prefix_indices", None) is not None else 0,
             program_arrival=program_arrival,
+            attained_service=float(len(req.origin_input_ids) + len(req.output_ids)),
+            stage_deadline=stage_deadline,
             best_effort_tier=spec.is_best_effort,
             oracle_output_len=self._oracle_hint(req) if self.slo_oracle else None,
         )
@@ -208,6 +239,7 @@ class SloScheduler(_BaseScheduler):
     # ---- applying the plan ---------------------------------------------------------------
     def get_new_batch_prefill(self, running_batch: Any) -> Any:
         self.slo_step += 1
+        self.slo_pending_preempt = set()  # a plan's preemptions hold for its own pass only
         if self.waiting_queue:
             try:
                 view = self.slo_engine_view(running_batch)
@@ -222,6 +254,8 @@ class SloScheduler(_BaseScheduler):
         return super().get_new_batch_prefill(running_batch)
 
     def _apply_plan(self, plan: StepPlan) -> None:
+        if plan.preempt:
+            self.slo_pending_preempt = set(plan.preempt)
         if plan.drop:
             self._drop_waiting(plan.drop)
         if plan.order is not None or plan.best_effort:
@@ -256,6 +290,18 @@ class SloScheduler(_BaseScheduler):
         if logger.isEnabledFor(logging.DEBUG) and cap is not None and len(running_batch.reqs) >= cap:
             logger.debug("step %d: admission held at %d running (batch cap)", self.slo_step, cap)
 
+    def update_running_batch(self, batch: Any) -> Any:
+        """Retract the running requests this pass's plan preempted, then SGLang's decode step.
+
+        SGLang calls this after the pass's prefill decision and only when no prefill batch runs,
+        where it does its own (memory) retraction: a retracted request cannot be re-admitted
+        before an in-flight (overlap) result for it is processed. Retracted requests wait in the
+        queue and resume from their generated tokens (KV recomputed) when the policy admits them."""
+        pending, self.slo_pending_preempt = self.slo_pending_preempt, set()
+        if pending:
+            self.slo_preempted += len(retract_requests(self, batch, pending))
+        return super().update_running_batch(batch)
+
     def get_num_allocatable_reqs(self, running_bs: int) -> int:
         allocatable = super().get_num_allocatable_reqs(running_bs)
         if self.slo_batch_cap is not None:
@@ -275,12 +321,21 @@ class SloScheduler(_BaseScheduler):
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
         out = super().process_batch_result(batch, result)
-        if self.slo_lengths is not None:
-            for req in batch.reqs:
-                if req.finished():
-                    entry = self.slo_lengths.forget(req.rid)
-                    if entry is not None:
-                        self.slo_accuracy.record(entry.initial, len(req.output_ids))
+        now = self.slo_clock.now()
+        for req in batch.reqs:
+            if not req.finished():
+                continue
+            if self.slo_lengths is not None:
+                entry = self.slo_lengths.forget(req.rid)
+                if entry is not None:
+                    self.slo_accuracy.record(entry.initial, len(req.output_ids))
+            spec = self._slo_views.get(req.rid, (None, None))[0]
+            if spec is not None and spec.program_id is not None:
+                self.slo_compound.on_finish(
+                    spec.program_id, spec.stage, len(req.origin_input_ids), len(req.output_ids), now
+                )
+        if self.slo_step % 256 == 0:
+            self.slo_compound.expire(now)
         return out
 
     def _drop_waiting(self, reasons: dict[str, str]) -> None:
@@ -327,7 +382,13 @@ class SloScheduler(_BaseScheduler):
                 "recent_rel_error": self.slo_perf.recent_error(),
             },
             "predictor_accuracy": self.slo_accuracy.summary(),
+            "compound": {
+                "open_programs": len(self.slo_compound),
+                "patterns": len(self.slo_compound.library),
+                "stage_deadlines_matched": self.slo_compound.matched,
+            },
             "plan_errors": self.slo_plan_errors,
+            "preempted": self.slo_preempted,
             "length_predictor": None
             if self.slo_lengths is None
             else {"name": self.slo_lengths.predictor.name, "predictions": self.slo_lengths.predictions},

@@ -1,4 +1,5 @@
-"""A saved length predictor loads at server start and bounds live requests."""
+"""Analyzer artifacts load at server start: a saved length predictor bounds live requests, and
+seed program patterns give compound stages their sub-deadlines."""
 
 from __future__ import annotations
 
@@ -18,10 +19,21 @@ def _history_artifact(path: Path) -> Path:
     return path
 
 
+PATTERNS = Path(__file__).resolve().parents[2].parent / "shared/data/jitserve-deepresearch/deepresearch_training.json"
+
+
 def test_server_loads_predictor_and_uses_it(tmp_path: Path) -> None:
     artifact = _history_artifact(tmp_path / "history.pkl")
+    patterns = ["--slo-program-patterns", str(PATTERNS)] if PATTERNS.is_file() else []
     with ServerProcess(
-        "--model-path", "tiny", "--slo-policy", "sjf", "--slo-length-predictor", str(artifact), name="sjf-pred"
+        "--model-path",
+        "tiny",
+        "--slo-policy",
+        "sjf",
+        "--slo-length-predictor",
+        str(artifact),
+        *patterns,
+        name="sjf-pred",
     ) as server:
         for i in range(3):
             r = requests.post(
@@ -36,6 +48,23 @@ def test_server_loads_predictor_and_uses_it(tmp_path: Path) -> None:
         assert engine["length_predictor"]["name"] == "history"
         assert engine["length_predictor"]["predictions"] >= 3
         assert engine["plan_errors"] == 0
+        if patterns:
+            for stage in range(2):
+                r = requests.post(
+                    server.url + "/generate",
+                    json={
+                        "text": f"stage {stage}",
+                        "sampling_params": {"max_new_tokens": 4},
+                        "slo": {"deadline_ms": 60000, "program_id": "research-1", "stage": stage},
+                    },
+                    timeout=60,
+                )
+                assert r.status_code == 200, r.text
+            compound = server.status_when(lambda s: s["engine"]["compound"]["stage_deadlines_matched"] >= 2)["engine"][
+                "compound"
+            ]
+            assert compound["patterns"] >= 300  # the deep-research seed (394 jobs)
+            assert compound["stage_deadlines_matched"] >= 2
 
 
 def test_unreadable_predictor_stops_start_up(tmp_path: Path) -> None:
