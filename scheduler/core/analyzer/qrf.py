@@ -71,7 +71,7 @@ class QrfPredictor(LengthPredictor):
         calibration_frac: float = 0.2,
         min_calibration: int = 40,
         calibration: str = "log",
-        max_samples_leaf: int | None = None,
+        max_samples_leaf: int | None = 200,
         seed: int = 0,
     ) -> None:
         if not 0.0 < quantile < 1.0:
@@ -99,7 +99,7 @@ class QrfPredictor(LengthPredictor):
             min_samples_leaf=min_samples_leaf,
             max_depth=max_depth,
             max_features=max_features,
-            max_samples_leaf=max_samples_leaf,  # None keeps every leaf sample; a cap subsamples
+            max_samples_leaf=max_samples_leaf,  # cap: the dense leaf table is padded to the largest leaf
             random_state=seed,
             n_jobs=1,
         )

@@ -43,7 +43,8 @@ REFINE_AT = (100, 200, 400)
 def refinement(model: LengthPredictor, test: Sequence[LengthSample]) -> dict[str, float]:
     """Score the bound among requests still running after g tokens (what the scheduler knows:
     the request has not finished), refined vs. the start-of-request bound clamped to g+1.
-    Selecting by fractions of the true length would leak the answer into the test."""
+    Selecting by fractions of the true length would leak the answer into the test. "count_only"
+    is the call the live server makes (`LiveLengthBounds`): generated count, no generated text."""
     out: dict[str, float] = {}
     for g in REFINE_AT:
         running = [s for s in test if s.output_len > g]
@@ -51,11 +52,14 @@ def refinement(model: LengthPredictor, test: Sequence[LengthSample]) -> dict[str
             continue
         truth = np.array([s.output_len for s in running], float)
         static = [max(b, g + 1) for b in model.predict_many(running)]
+        blind = [model.predict(s.prompt_text, s.prompt_len, s.app_id, generated=g) for s in running]
         out[f"n@{g}"] = float(len(running))
         for k, v in score(model.predict_many(running, [g] * len(running)), truth).items():
             out[f"{k}@{g}"] = v
         for k, v in score(static, truth).items():
             out[f"static_{k}@{g}"] = v
+        for k, v in score(blind, truth).items():
+            out[f"count_only_{k}@{g}"] = v
     return out
 
 
@@ -115,26 +119,28 @@ def main(argv: Sequence[str] | None = None) -> dict:
         model.fit(train)
         fit_s = time.perf_counter() - t0
         res = {"fit_s": fit_s, **score(model.predict_many(test), truth), **latency_ms(model, test)}
-        if name.startswith("qrf"):
+        if name.startswith(("qrf", "history")):
             res.update(refinement(model, test))
-        results[name] = res
         save_predictor(model, args.out / f"{name}.pkl")
+        res["artifact_mb"] = (args.out / f"{name}.pkl").stat().st_size / 1e6
+        results[name] = res
     const = np.quantile([s.output_len for s in train], args.quantile)
     results[f"constant_q{args.quantile:g}"] = score([const] * len(test), truth)
 
-    print(f"\n{'predictor':16s} {'MAE':>8s} {'under%':>7s} {'lat ms':>7s} {'p99 ms':>7s} {'fit s':>6s}")
+    print(f"\n{'predictor':16s} {'MAE':>8s} {'under%':>7s} {'lat ms':>7s} {'p99 ms':>7s} {'fit s':>6s} {'MB':>6s}")
     for name, r in results.items():
         print(
             f"{name:16s} {r['mae']:8.1f} {100 * r['under_rate']:7.1f} {r.get('lat_mean_ms', 0):7.2f} "
-            f"{r.get('lat_p99_ms', 0):7.2f} {r.get('fit_s', 0):6.1f}"
+            f"{r.get('lat_p99_ms', 0):7.2f} {r.get('fit_s', 0):6.1f} {r.get('artifact_mb', 0):6.2f}"
         )
     for name, r in results.items():
         for g in REFINE_AT:
             if f"mae@{g}" in r:
                 print(
                     f"{name} after {g} tokens ({int(r[f'n@{g}'])} still running): refined MAE {r[f'mae@{g}']:.1f} "
-                    f"under {100 * r[f'under_rate@{g}']:.1f}% | initial bound MAE {r[f'static_mae@{g}']:.1f} "
-                    f"under {100 * r[f'static_under_rate@{g}']:.1f}%"
+                    f"under {100 * r[f'under_rate@{g}']:.1f}% | count only MAE {r[f'count_only_mae@{g}']:.1f} "
+                    f"under {100 * r[f'count_only_under_rate@{g}']:.1f}% | initial bound MAE "
+                    f"{r[f'static_mae@{g}']:.1f} under {100 * r[f'static_under_rate@{g}']:.1f}%"
                 )
     meta = {
         "tokenizer": str(tokenizer) if tokenizer else None,
