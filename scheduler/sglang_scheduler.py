@@ -169,9 +169,9 @@ class SloScheduler(_BaseScheduler):
         value = (getattr(req.sampling_params, "custom_params", None) or {}).get(ORACLE_HINT_PARAM)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
-    def _prompt_text(self, req: Any) -> str:
+    def _decode(self, token_ids: list[int]) -> str:
         tokenizer = getattr(self, "tokenizer", None)
-        return tokenizer.decode(req.origin_input_ids) if tokenizer is not None else ""
+        return tokenizer.decode(token_ids) if tokenizer is not None else ""
 
     # ---- the core's view of SGLang's state ---------------------------------------------
     def _slo_of(self, req: Any) -> tuple[SloSpec, float]:
@@ -205,7 +205,12 @@ class SloScheduler(_BaseScheduler):
         predicted = None
         if self.slo_lengths is not None:
             predicted = self.slo_lengths.bound(
-                req.rid, lambda: self._prompt_text(req), len(req.origin_input_ids), spec.program_id, len(req.output_ids)
+                req.rid,
+                lambda: self._decode(req.origin_input_ids),
+                len(req.origin_input_ids),
+                spec.program_id,
+                len(req.output_ids),
+                lambda n: self._decode(req.output_ids[:n]),
             )
         return RequestView(
             rid=req.rid,

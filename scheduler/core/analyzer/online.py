@@ -31,14 +31,22 @@ class LiveLengthBounds:
         self.predictions = 0
 
     def bound(
-        self, rid: str, prompt_text: Callable[[], str], prompt_len: int, app_id: str | None, generated: int
+        self,
+        rid: str,
+        prompt_text: Callable[[], str],
+        prompt_len: int,
+        app_id: str | None,
+        generated: int,
+        generated_text: Callable[[int], str] | None = None,
     ) -> float:
-        """`prompt_text` is called once per request (decoding a prompt is not free)."""
+        """`prompt_text` is called once per request (decoding a prompt is not free);
+        `generated_text(n)` gives the first n generated tokens as text at each refinement."""
         checkpoint = (max(generated, 0) // self.refine_every) * self.refine_every
         entry = self._entries.get(rid)
         if entry is None or entry.checkpoint != checkpoint:
             text = entry.prompt_text if entry is not None else prompt_text()
-            value = self.predictor.predict(text, prompt_len, app_id, generated=checkpoint)
+            so_far = generated_text(checkpoint) if generated_text is not None and checkpoint > 0 else ""
+            value = self.predictor.predict(text, prompt_len, app_id, generated=checkpoint, generated_text=so_far)
             self.predictions += 1
             if entry is None:
                 if len(self._entries) >= self._max:

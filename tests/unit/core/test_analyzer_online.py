@@ -14,6 +14,7 @@ class CountingPredictor(LengthPredictor):
 
     def predict(self, prompt_text, prompt_len, app_id=None, generated=0, generated_text=""):  # noqa: ANN001
         self.calls.append(generated)
+        self.texts = [*getattr(self, "texts", []), generated_text]
         return 100.0 + generated  # grows as generation proceeds
 
 
@@ -65,3 +66,18 @@ def test_prompt_text_is_decoded_once_per_request() -> None:
     for g in range(20):
         live.bound("r", text, 2, None, g)
     assert len(decoded) == 1
+
+
+def test_refinement_sees_the_generated_prefix_at_its_checkpoint() -> None:
+    p = CountingPredictor()
+    live = LiveLengthBounds(p, refine_every=10)
+    asked: list[int] = []
+
+    def so_far(n: int) -> str:
+        asked.append(n)
+        return "tok " * n
+
+    for g in range(0, 21):
+        live.bound("r", lambda: "x", 1, None, g, so_far)
+    assert asked == [10, 20]  # never decoded at arrival, once per checkpoint after
+    assert p.texts == ["", "tok " * 10, "tok " * 20]
