@@ -135,6 +135,12 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="Seed patterns for compound stage sub-deadlines (JITServe deep-research JSON format); "
         "the server also learns from the programs it serves.",
     )
+    group.add_argument(
+        "--slo-perf-profile",
+        metavar="PATH",
+        help="GPU+model performance profile (scheduler/profiles/*.json format) used as is for batch caps "
+        "and chunk sizes; without it the server learns a model from the iterations it measures.",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -245,6 +251,13 @@ def main(argv: list[str] | None = None) -> None:
             parse_slo(default_slo, prefix="--slo-default-")
         except SloValidationError as e:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.slo_perf_profile:
+        from scheduler.core.perf_model import load_perf_model
+
+        try:
+            load_perf_model(args.slo_perf_profile, kind="roofline")
+        except Exception as e:  # noqa: BLE001 - an unreadable profile stops start-up clearly
+            raise SystemExit(f"--slo-perf-profile: cannot load {args.slo_perf_profile}: {e}") from None
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
@@ -267,6 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         length_predictor=args.slo_length_predictor,
         predictor_quantile=args.slo_quantile,
         program_patterns=args.slo_program_patterns,
+        perf_profile=args.slo_perf_profile,
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(

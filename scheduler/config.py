@@ -26,6 +26,7 @@ class SloServerConfig:
     length_predictor: str | None = None  # saved analyzer artifact, loaded by the scheduler
     predictor_quantile: float | None = None  # overrides the artifact's bound quantile (QRF)
     program_patterns: str | None = None  # seed pattern library for compound sub-deadlines
+    perf_profile: str | None = None  # GPU+model profile used as is (else learned online)
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -31,6 +31,7 @@ from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.online_perf import OnlinePerfModel
+from scheduler.core.perf_model import load_perf_model
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.programs import ProgramTracker
@@ -119,7 +120,8 @@ class SloScheduler(_BaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slo_config = SloServerConfig.from_env()
         self.slo_clock = WallClock()
-        self.slo_perf = OnlinePerfModel()
+        profile = self.slo_config.perf_profile
+        self.slo_perf = OnlinePerfModel(load_perf_model(profile, kind="roofline") if profile else None)
         self.slo_policy = make_policy(self.slo_config.policy, self.slo_perf, **self.slo_config.policy_params)
         self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
         self.slo_oracle = self.slo_config.policy.endswith(ORACLE_SUFFIX)  # benchmarks only
@@ -385,6 +387,9 @@ class SloScheduler(_BaseScheduler):
                 "ready": self.slo_perf.ready,
                 "observed_iterations": self.slo_perf.observed,
                 "recent_rel_error": self.slo_perf.recent_error(),
+                "predicted_decode_ms": {
+                    str(n): round(1000 * self.slo_perf.step_time(0, n, 128 * n), 3) for n in (1, 8, 32)
+                },
             },
             "predictor_accuracy": self.slo_accuracy.summary(),
             "compound": {

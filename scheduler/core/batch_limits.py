@@ -6,6 +6,7 @@
 - Prefill chunk (PolyServe §4.7, continuous chunked-prefill prediction): the largest chunk that,
   mixed with the current decodes, keeps that iteration within the tightest TPOT; but at least
   what the most urgent waiting request needs to make its TTFT, and never above the start-up size.
+- A target no batch can meet (not even one request) sets no knobs: capping would only starve.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def batch_knobs(view: EngineView, perf: PerfModel) -> BatchKnobs:
     decodes = len(view.running)
     kv = sum(r.prompt_len + r.generated for r in view.running)
     per_req_kv = kv / decodes if decodes else float(sum(r.prompt_len for r in view.waiting) / max(len(view.waiting), 1))
+    if perf.step_time(0, 1, int(per_req_kv)) > tpot:
+        # Not even one request can meet the tightest target: throttling everyone else would
+        # not save it, so leave batch and chunk to SGLang.
+        return BatchKnobs(None, None, tpot)
     cap = perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests)
     chunk = None
     if view.chunk_size > 0:

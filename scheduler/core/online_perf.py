@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm, Sample
+from scheduler.core.types import PerfModel
 
 
 def crude_prior() -> RooflinePerfModel:
@@ -21,14 +22,16 @@ def crude_prior() -> RooflinePerfModel:
 class OnlinePerfModel:
     def __init__(
         self,
-        prior: RooflinePerfModel | None = None,
+        prior: PerfModel | None = None,
         min_samples: int = 32,
         window: int = 512,
         refit_every: int = 64,
         n_terms: int = 2,
+        max_error: float = 1.0,
     ) -> None:
+        self.max_error = max_error
         self.model = prior if prior is not None else crude_prior()
-        self._trusted_prior = prior is not None
+        self._trusted_prior = prior is not None  # a given profile: used as is, never refitted
         self.samples: deque[Sample] = deque(maxlen=window)
         self.min_samples = max(min_samples, 4 * n_terms)
         self.refit_every = refit_every
@@ -39,8 +42,12 @@ class OnlinePerfModel:
 
     @property
     def ready(self) -> bool:
-        """Trustworthy enough to cap batches: a given profile, or enough measured iterations."""
-        return self._trusted_prior or self.observed >= self.min_samples
+        """Trustworthy enough to cap batches: a given profile, or enough measured iterations
+        predicted within `max_error` (a noisy host's mispredictions would throttle for nothing)."""
+        if self._trusted_prior:
+            return True
+        error = self.recent_error()
+        return self.observed >= self.min_samples and error is not None and error <= self.max_error
 
     def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
         return self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
@@ -55,8 +62,10 @@ class OnlinePerfModel:
             return
         predicted = self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
         self._abs_rel_err.append(abs(predicted - measured_s) / measured_s)
-        self.samples.append(Sample(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s))
         self.observed += 1
+        if self._trusted_prior:
+            return  # measure the error against the profile, but keep it
+        self.samples.append(Sample(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s))
         self._since_fit += 1
         self.model.observe(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s)
         first_fit = self.observed == self.min_samples

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import requests
@@ -58,16 +59,18 @@ def _burst(server: ServerProcess, slo: dict, n: int = 12) -> None:
 
 
 def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
-    with ServerProcess(
-        "--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256", name="knobs"
-    ) as server:
-        for _ in range(6):  # let the online perf model measure enough iterations
-            _burst(server, {"ttft_ms": 60_000})
-        status = server.status_when(lambda s: s["engine"]["perf_model"]["ready"], timeout=10)
+    """With a given profile (the H100 one: deterministic predictions, unlike this CPU's timing)."""
+    profile = Path(__file__).resolve().parents[2] / "scheduler/profiles/h100-llama3-8b.json"
+    args = ["--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256"]
+    with ServerProcess(*args, "--slo-perf-profile", str(profile), name="knobs") as server:
+        status = server.status_when(lambda s: "perf_model" in s["engine"], timeout=10)
         assert status["engine"]["perf_model"]["ready"], status["engine"]["perf_model"]
+        decode_ms = status["engine"]["perf_model"]["predicted_decode_ms"]
+        assert decode_ms["32"] > decode_ms["1"]
+        tight_ms = (decode_ms["1"] + decode_ms["32"]) / 2  # one request meets it, 32 do not
         _burst(server, {"ttft_ms": 60_000, "tpot_ms": 60_000})
         loose = server.status_when(lambda s: s["engine"]["batch_cap"] is not None)["engine"]
-        _burst(server, {"ttft_ms": 60_000, "tpot_ms": 0.5})
+        _burst(server, {"ttft_ms": 60_000, "tpot_ms": tight_ms})
         tight = server.status_when(lambda s: s["engine"]["batch_cap"] != loose["batch_cap"])["engine"]
-        assert loose["batch_cap"] > tight["batch_cap"] >= 1
+        assert loose["batch_cap"] > tight["batch_cap"] >= 1, (decode_ms, loose, tight)
         assert tight["chunk_size"] < loose["chunk_size"] <= loose["startup_chunk_size"] == 256

@@ -107,3 +107,26 @@ def test_bound_accuracy_summary() -> None:
         acc.record(predicted, actual)
     s = acc.summary()
     assert s == {"requests": 3, "mae_tokens": pytest.approx((10 + 0 + 10) / 3, abs=0.01), "under_estimate_rate": 0.3333}
+
+
+def test_an_unmeetable_target_sets_no_knobs() -> None:
+    running = [_req(f"r{i}", tpot_ms=1000.0) for i in range(8)]
+    knobs = batch_knobs(_view(running, [_req("w", tpot_ms=5.0)]), PERF)  # one decode alone takes 11 ms
+    assert knobs.batch_cap is None and knobs.chunk_size is None and knobs.tightest_tpot_s == 0.005
+
+
+def test_online_model_with_large_recent_error_is_not_ready() -> None:
+    model = OnlinePerfModel(min_samples=32)
+    for i in range(64):  # the same shape measured at wildly different times: unpredictable host
+        model.observe(0, 4, 400, 0, 0.01 if i % 2 else 0.5)
+    assert model.observed == 64 and model.recent_error() > model.max_error
+    assert not model.ready
+
+
+def test_a_given_profile_is_ready_at_once_and_never_refitted() -> None:
+    model = OnlinePerfModel(prior=PERF, min_samples=8)
+    assert model.ready
+    for _ in range(40):
+        model.observe(0, 4, 400, 0, 1.0)  # a far slower host than the profile
+    assert model.ready and model.step_time(0, 4, 400) == pytest.approx(PERF.step_time(0, 4, 400))
+    assert model.recent_error() > 0.9  # the mismatch is still measured and reported
