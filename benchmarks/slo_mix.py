@@ -55,6 +55,7 @@ from typing import Any
 
 import aiohttp
 import numpy as np
+import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import ROOT, BenchServer, install_signal_handlers, resolve_model, stop_all  # noqa: E402
@@ -192,8 +193,18 @@ class Result:
     error: str | None = None
 
     @property
-    def lost(self) -> bool:
+    def unfinished(self) -> bool:
         return self.finish is None
+
+    @property
+    def cut(self) -> bool:
+        """Cancelled by the client at --drain-timeout (overload), not lost by the server."""
+        return self.unfinished and "cut" in (self.error or "")
+
+    @property
+    def lost(self) -> bool:
+        """No final chunk for a reason other than the client's drain timeout: must be 0."""
+        return self.unfinished and not self.cut
 
 
 async def stream_call(
@@ -235,7 +246,7 @@ async def stream_call(
                     res.finish_reason = reason.get("type") if isinstance(reason, dict) else str(reason)
                     res.server_report = meta.get("slo")
     except asyncio.CancelledError:
-        res.error = res.error or "cancelled (drain timeout)"
+        res.error = res.error or "cut at the drain timeout"
         raise
     except Exception as e:  # noqa: BLE001 - any transport failure is a lost request
         res.error = f"{type(e).__name__}: {e}"
@@ -251,8 +262,8 @@ async def run_unit(
     program_start = time.perf_counter() if unit.cls == "compound" else None
     for call in unit.calls:
         res = await stream_call(session, url, call, send_slo, program_start, results)
-        if res.lost:
-            break  # later stages are never sent: they are counted as lost below
+        if res.unfinished:
+            break  # later stages are never sent: they are counted below
 
 
 async def run_workload(url: str, units: list[Unit], send_slo: bool, drain_timeout: float) -> tuple[list[Result], float]:
@@ -271,13 +282,14 @@ async def run_workload(url: str, units: list[Unit], send_slo: bool, drain_timeou
             if task.exception() is not None:
                 raise task.exception()  # a bug in the client, not a lost request
     # Stages never sent because an earlier call was lost are lost too.
-    sent = {r.key for r in results}
+    by_key = {r.key: r for r in results}
     for u in units:
+        why = "never sent"
         for c in u.calls:
-            if c.key not in sent:
-                results.append(
-                    Result(c.key, c.cls, c.slo, len(c.prompt_ids), c.max_new, math.nan, None, error="never sent")
-                )
+            if c.key in by_key:
+                why = "never sent (an earlier stage was " + ("cut" if by_key[c.key].cut else "lost") + ")"
+            else:
+                results.append(Result(c.key, c.cls, c.slo, len(c.prompt_ids), c.max_new, math.nan, None, error=why))
     return results, t0
 
 
@@ -287,7 +299,7 @@ async def sequential(url: str, calls: list[Call], send_slo: bool) -> list[Result
         for call in calls:
             await stream_call(session, url, call, send_slo, None, results)
     for r in results:
-        if r.lost:
+        if r.unfinished:
             raise RuntimeError(f"warm-up/calibration request failed: {r.error}")
     return results
 
@@ -298,16 +310,14 @@ def warmup(server: BenchServer, prompts: PromptSource, send_slo: bool) -> None:
     asyncio.run(sequential(server.url, calls, send_slo))
 
 
-def calibrate(args: argparse.Namespace, prompts: PromptSource, prompt_len: int) -> Calibration:
+def calibrate(server: BenchServer, args: argparse.Namespace, prompts: PromptSource, prompt_len: int) -> Calibration:
+    """Zero-load TTFT and per-token time on an idle, warmed-up fcfs server."""
     rng = random.Random(args.seed + 1)
-    with BenchServer(args.model_path, server_args(args, "fcfs"), name="calibrate") as server:
-        print(f"  calibration server up in {server.startup_s:.0f} s", flush=True)
-        warmup(server, prompts, True)
-        calls = [
-            Call(f"cal{i}", "latency", prompts.window(rng, prompt_len), 32, {"ttft_ms": 600_000})
-            for i in range(args.calib_requests)
-        ]
-        results = asyncio.run(sequential(server.url, calls, True))
+    calls = [
+        Call(f"cal{i}", "latency", prompts.window(rng, prompt_len), 32, {"ttft_ms": 600_000})
+        for i in range(args.calib_requests)
+    ]
+    results = asyncio.run(sequential(server.url, calls, True))
     samples = [
         {
             "ttft_ms": (r.token_times[0] - r.arrival) * 1000.0,
@@ -338,7 +348,7 @@ def score(results: list[Result], units: list[Unit], t0: float) -> dict[str, Any]
     out_tokens = 0
     for r in results:
         spec = parse_slo(r.slo)
-        finished = not r.lost and r.finish_reason != "abort"
+        finished = not r.unfinished and r.finish_reason != "abort"
         arrival = r.arrival if not math.isnan(r.arrival) else t0
         finish = r.finish if r.finish is not None else (r.token_times[-1] if r.token_times else arrival)
         deadline_abs = None
@@ -366,6 +376,7 @@ def score(results: list[Result], units: list[Unit], t0: float) -> dict[str, Any]
         "requests": n,
         "lost": len(lost),
         "lost_errors": sorted({r.error or "" for r in lost})[:5],
+        "cut_at_drain_timeout": sum(r.cut for r in results),
         "dropped": sum(1 for r in results if r.finish_reason == "abort"),
         "attained": summary.attained,
         "attainment": summary.attained / n if n else 1.0,
@@ -394,23 +405,41 @@ def server_args(args: argparse.Namespace, policy: str) -> list[str]:
     return ["--slo-policy", policy, "--max-running-requests", str(args.max_running_requests), *args.server_arg]
 
 
-def run_one(name: str, args: argparse.Namespace, units: list[Unit], prompts: PromptSource) -> dict[str, Any]:
+def start_server(name: str, args: argparse.Namespace, prompts: PromptSource) -> BenchServer:
     stock = name == "stock"
     sargs = ["--max-running-requests", str(args.max_running_requests)] if stock else server_args(args, name)
-    with BenchServer(args.model_path, sargs, stock=stock, name=name) as server:
+    for attempt in range(args.start_attempts):
+        try:
+            server = BenchServer(args.model_path, sargs, stock=stock, name=name).start()
+            break
+        except RuntimeError as e:  # e.g. the CPU KV-cache sizing fails while others hold memory
+            if attempt + 1 == args.start_attempts:
+                raise
+            print(f"   {name}: server failed to start ({str(e).splitlines()[0]}); retrying", flush=True)
+            time.sleep(5)
+    try:
         warmup(server, prompts, not stock)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def run_one(name: str, server: BenchServer, args: argparse.Namespace, units: list[Unit]) -> dict[str, Any]:
+    stock = server.stock
+    try:
         started = time.monotonic()
         results, t0 = asyncio.run(run_workload(server.url, units, not stock, args.drain_timeout))
         wall = time.monotonic() - started
         status = None
         if not stock:
             try:
-                import requests
-
                 status = requests.get(server.url + "/slo/status", timeout=5).json()
             except Exception as e:  # noqa: BLE001 - the status is informative only
                 status = {"error": str(e)}
         startup = server.startup_s
+    finally:
+        server.stop()
     row = score(results, units, t0)
     row.update({"policy": name, "startup_s": startup, "wall_s": wall, "slo_status": status})
     return row
@@ -425,7 +454,7 @@ def ratio(a: float | None, b: float | None) -> str:
 def print_table(rows: list[dict[str, Any]], base_name: str) -> str:
     base = next((r for r in rows if r["policy"] == base_name), rows[0])
     head = (
-        f"{'policy':<8} {'reqs':>4} {'lost':>4} {'attain':>6} {'good/s':>6} {'DSLOt/s':>7} {'gain':>5} "
+        f"{'policy':<8} {'reqs':>4} {'lost':>4} {'cut':>4} {'attain':>6} {'good/s':>6} {'DSLOt/s':>7} {'gain':>5} "
         f"{'lat':>5} {'ddl':>5} {'cmp':>5} {'TTFTp50':>7} {'TTFTp99':>7} {'tok/s':>6} "
         f"{'xgood':>5} {'xDSLO':>5} {'xgain':>5} {'xtok/s':>6}"
     )
@@ -437,7 +466,8 @@ def print_table(rows: list[dict[str, Any]], base_name: str) -> str:
     for r in rows:
         by = r["attainment_by_class"]
         lines.append(
-            f"{r['policy']:<8} {r['requests']:>4} {r['lost']:>4} {pct(r['attainment']):>6} {r['goodput_rps']:>6.2f} "
+            f"{r['policy']:<8} {r['requests']:>4} {r['lost']:>4} {r['cut_at_drain_timeout']:>4} "
+            f"{pct(r['attainment']):>6} {r['goodput_rps']:>6.2f} "
             f"{r['dslo_tokens_per_s']:>7.1f} {pct(r['gain_ratio']):>5} {pct(by['latency']):>5} "
             f"{pct(by['deadline']):>5} {pct(by['compound']):>5} {r['ttft_p50_s'] or 0:>7.2f} "
             f"{r['ttft_p99_s'] or 0:>7.2f} {r['throughput_tok_s']:>6.1f} "
@@ -464,10 +494,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mix", default="3:1:1", help="latency:deadline:compound arrival weights")
     p.add_argument("--slo-scale", type=float, default=4.0, help="SLOs = this x zero-load (default 4)")
-    p.add_argument("--length-scale", type=float, default=0.25, help="trace lengths times this")
-    p.add_argument("--max-prompt", type=int, default=512)
-    p.add_argument("--max-output", type=int, default=96)
+    p.add_argument("--length-scale", type=float, default=0.1, help="trace lengths times this (default 0.1)")
+    p.add_argument("--max-prompt", type=int, default=256)
+    p.add_argument("--max-output", type=int, default=64)
     p.add_argument("--calib-requests", type=int, default=5)
+    p.add_argument("--start-attempts", type=int, default=3, help="tries per server start-up")
     p.add_argument("--calib-ttft-ms", type=float, help="skip calibration: zero-load TTFT (with --calib-tpot-ms)")
     p.add_argument("--calib-tpot-ms", type=float, help="skip calibration: zero-load per-token time")
     p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable, use =)")
@@ -481,17 +512,24 @@ def main(argv: list[str] | None = None) -> None:
     install_signal_handlers()
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     names = (["stock"] if args.stock else []) + policies
+    if "fcfs" in names:  # fcfs first: its server also does the calibration
+        names.remove("fcfs")
+        names.insert(0, "fcfs")
     trace = load_trace(args.trace)
     model_dir = resolve_model(args.model_path)
     prompts = PromptSource(model_dir)
     prompt_len = int(statistics.median(scaled_lengths(r, args)[0] for r in trace))
     begun = time.monotonic()
     try:
+        servers: dict[str, BenchServer] = {}
         if args.calib_ttft_ms and args.calib_tpot_ms:
             cal = Calibration(args.calib_ttft_ms, args.calib_tpot_ms, prompt_len)
         else:
             print(f"calibrating on fcfs ({args.calib_requests} sequential requests, {prompt_len}-token prompt)")
-            cal = calibrate(args, prompts, prompt_len)
+            servers["fcfs"] = start_server("fcfs", args, prompts)
+            cal = calibrate(servers["fcfs"], args, prompts, prompt_len)
+            if "fcfs" not in names:
+                servers.pop("fcfs").stop()
         targets = slo_targets(cal, args)
         units = build_workload(args, trace, prompts, targets)
         calls = sum(len(u.calls) for u in units)
@@ -504,9 +542,11 @@ def main(argv: list[str] | None = None) -> None:
         rows = []
         for name in names:
             print(f"== {name}", flush=True)
-            row = run_one(name, args, units, prompts)
+            server = servers.pop(name, None) or start_server(name, args, prompts)
+            row = run_one(name, server, args, units)
             print(
-                f"   {row['requests']} requests, lost {row['lost']}, attained {row['attainment']:.0%} "
+                f"   {row['requests']} requests, lost {row['lost']}, cut {row['cut_at_drain_timeout']}, "
+                f"attained {row['attainment']:.0%} "
                 f"(server says {row['server_attained']}), {row['throughput_tok_s']:.1f} tok/s, "
                 f"wall {row['wall_s']:.0f} s (+{row['startup_s']:.0f} s start-up)",
                 flush=True,
@@ -514,25 +554,45 @@ def main(argv: list[str] | None = None) -> None:
             if row["lost"]:
                 print(f"   LOST: {row['lost_errors']}", flush=True)
             rows.append(row)
+            write_json(args, cal, targets, units, rows, names)
     finally:
         stop_all()
-    base = "fcfs" if "fcfs" in names else names[0]
-    print(f"\nratios (x...) vs {base}; {time.monotonic() - begun:.0f} s total")
-    table = print_table(rows, base)
-    if args.json:
-        out = {
-            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
-            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-            "calibration": asdict(cal),
-            "slo_targets": targets,
-            "arrivals": len(units),
-            "requests": sum(len(u.calls) for u in units),
-            "baseline": base,
-            "rows": rows,
-            "table": table,
-        }
-        args.json.write_text(json.dumps(out, indent=2))
+    print(f"\nratios (x...) vs {baseline(names)}; {time.monotonic() - begun:.0f} s total")
+    table = print_table(rows, baseline(names))
+    write_json(args, cal, targets, units, rows, names, table)
+
+
+def baseline(names: list[str]) -> str:
+    return "fcfs" if "fcfs" in names else names[0]
+
+
+def write_json(
+    args: argparse.Namespace,
+    cal: Calibration,
+    targets: dict[str, float],
+    units: list[Unit],
+    rows: list[dict[str, Any]],
+    names: list[str],
+    table: str | None = None,
+) -> None:
+    """Written after every policy (a later failure keeps the rows so far) and at the end."""
+    if not args.json:
+        return
+    out = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{platform.node()} {platform.machine()} {platform.processor()}".strip(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "calibration": asdict(cal),
+        "slo_targets": targets,
+        "arrivals": len(units),
+        "requests": sum(len(u.calls) for u in units),
+        "baseline": baseline(names),
+        "complete": table is not None,
+        "rows": rows,
+        "table": table,
+    }
+    args.json.write_text(json.dumps(out, indent=2))
+    if table is not None:
         print(f"wrote {args.json}")
 
 
