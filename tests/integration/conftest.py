@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ from pathlib import Path
 import requests
 
 from scheduler.core.analyzer.base import LengthSample, make_predictor, save_predictor
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 
 def _history_artifact(path: Path) -> Path:

@@ -10,7 +10,7 @@ import pytest
 import requests
 
 from scheduler.core.policies import POLICIES
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 MIXED = [
     *({"ttft_ms": 20_000, "tpot_ms": 2_000} for _ in range(4)),

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 LONG_TOKENS = 240
 SHORT_TOKENS = 8

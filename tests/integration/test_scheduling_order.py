@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 import requests
 
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 QUEUED = 4
 

@@ -8,7 +8,7 @@ import openai
 import pytest
 import requests
 
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 
 def _generate(server: ServerProcess, **body: object) -> requests.Response:

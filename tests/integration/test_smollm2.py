@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import openai
 
-from tests.integration.server_process import ServerProcess
+from server.process import ServerProcess
 
 
 def test_default_model_answers_with_an_slo_report() -> None:

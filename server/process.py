@@ -1,7 +1,8 @@
-"""Start a real `python -m launch_server` for a test and always stop it by PID.
+"""Start a real server on 127.0.0.1 as a subprocess and always stop it by PID.
 
-The server runs in its own process group, so stopping the group also ends SGLang's scheduler
-and detokenizer children; any survivor found through psutil is killed too.
+Used by the integration tests and the benchmarks. The server runs in its own process group,
+so stopping the group also ends SGLang's scheduler and detokenizer children; any survivor
+found through psutil is killed too.
 """
 
 from __future__ import annotations
@@ -29,9 +30,19 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, *args: str, name: str = "server") -> None:
+    def __init__(
+        self,
+        *args: str,
+        name: str = "server",
+        module: str = "launch_server",
+        env: dict[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
         self.port = free_port()
         self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.module = module
+        self.env = env
+        self.cwd = cwd
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix=f"sglang-slo-{name}-", suffix=".log")[1])
         self.proc: subprocess.Popen | None = None
@@ -41,10 +52,12 @@ class ServerProcess:
         started = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "launch_server", *self.args],
+                [sys.executable, "-m", self.module, *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=self.env,
+                cwd=self.cwd,
             )
         try:
             self._wait_ready()
