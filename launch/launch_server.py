@@ -119,6 +119,15 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
     for flag, (param, kind, text) in POLICY_FLAGS.items():
         group.add_argument(flag, type=kind, help=f"{text}; default per policy: {_defaults_of(param)}")
     group.add_argument(
+        "--slo-batching",
+        choices=("mixed", "separate"),
+        default="mixed",
+        help="SLO policies only: 'mixed' (default) puts prefill chunks into the decode batch "
+        "(SGLang's --enable-mixed-chunk; the papers' batch model, and what the per-step chunk knob "
+        "needs); 'separate' keeps SGLang's prefill-only steps, where decodes wait for each prefill "
+        "and the chunk knob is off. Speculative decoding always runs separate.",
+    )
+    group.add_argument(
         "--slo-quantile",
         type=float,
         help="quantile of the length predictor's upper bound (with --slo-length-predictor; default: as trained)",
@@ -271,6 +280,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--slo-length-predictor: cannot load {args.slo_length_predictor}: {e}") from None
     if args.slo_policy != "fcfs":
         args.schedule_policy = "fcfs"  # keep the SLO policy's order: SGLang must not re-sort
+        if args.slo_batching == "mixed" and not args.speculative_algorithm:
+            args.enable_mixed_chunk = True
     server_args = ServerArgs.from_cli_args(args)
     config = SloServerConfig(
         policy=args.slo_policy,

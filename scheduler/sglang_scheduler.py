@@ -39,7 +39,7 @@ from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.types import EngineView, RequestView, StepPlan
 from scheduler.sglang_preemption import retract_requests
-from server.slo_reports import TOKEN_TS_KEY
+from server.slo_reports import TIER_KEY, TOKEN_TS_KEY
 from server.slo_request import read_injected
 from server.status_channel import StatusPublisher
 
@@ -60,8 +60,12 @@ def request_slo(req: Any) -> tuple[SloSpec, float | None]:
     return injected if injected is not None else (SloSpec(), None)
 
 
+DECLINED_ATTR = "slo_declined"  # set on SGLang's Req by each plan while it waits
+
+
 def stamp_token_times(reqs: list) -> None:
-    """Record when each new output token leaves the scheduler (one stamp per output id)."""
+    """Record when each new output token leaves the scheduler (one stamp per output id), and
+    the request's admission tier with it (SGLang slices customized_info per token)."""
     now = time.time()
     for req in reqs:
         if req.customized_info is None:
@@ -70,6 +74,12 @@ def stamp_token_times(reqs: list) -> None:
         missing = len(req.output_ids) - len(stamps)
         if missing > 0:
             stamps.extend([now] * missing)
+            req.customized_info.setdefault(TIER_KEY, []).extend([int(is_declined(req))] * missing)
+
+
+def is_declined(req: Any) -> bool:
+    """Whether the policy's last plan put this request in the best-effort tier."""
+    return getattr(req, DECLINED_ATTR, False)
 
 
 _STAMPING_CLASSES: dict[type, type] = {}
@@ -227,7 +237,7 @@ class SloScheduler(_BaseScheduler):
             program_arrival=program_arrival,
             attained_service=float(len(req.origin_input_ids) + len(req.output_ids)),
             stage_deadline=stage_deadline,
-            best_effort_tier=spec.is_best_effort,
+            best_effort_tier=spec.is_best_effort or is_declined(req),
             oracle_output_len=self._oracle_hint(req) if self.slo_oracle else None,
         )
 
@@ -272,6 +282,8 @@ class SloScheduler(_BaseScheduler):
             last = len(rank)
             tier = plan.best_effort
             self.waiting_queue.sort(key=lambda r: (r.rid in tier, rank.get(r.rid, last)))
+        for r in self.waiting_queue:  # the tier a request starts in is the one it runs in
+            setattr(r, DECLINED_ATTR, r.rid in plan.best_effort)
         self.slo_best_effort_waiting = len(plan.best_effort)
         if logger.isEnabledFor(logging.DEBUG) and self.waiting_queue:
             logger.debug("step %d order: %s", self.slo_step, [r.rid for r in self.waiting_queue[:8]])
@@ -290,7 +302,9 @@ class SloScheduler(_BaseScheduler):
             cap = cap if cap is not None else knobs.batch_cap
             chunk = chunk if chunk is not None else knobs.chunk_size
         self.slo_batch_cap = cap
-        if self.slo_startup_chunk:
+        # Without mixed batches every prefill step stalls all decodes, so a smaller chunk only
+        # adds steps: the chunk knob applies to mixed batching alone.
+        if self.slo_startup_chunk and self.is_mixed_chunk:
             self.chunked_prefill_size = min(chunk, self.slo_startup_chunk) if chunk else self.slo_startup_chunk
         if cap is not None and len(running_batch.reqs) < cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
@@ -382,6 +396,7 @@ class SloScheduler(_BaseScheduler):
             "batch_cap": self.slo_batch_cap,
             "chunk_size": self.chunked_prefill_size,
             "startup_chunk_size": self.slo_startup_chunk,
+            "mixed_batching": bool(self.is_mixed_chunk),
             "best_effort_waiting": self.slo_best_effort_waiting,
             "perf_model": {
                 "ready": self.slo_perf.ready,

@@ -90,6 +90,7 @@ def launch(server_args: Any, config: SloServerConfig) -> None:
             "engine": engine,
             "queue": {"waiting": engine.get("waiting"), "running": engine.get("running")},
             "attainment": _BOOK.metrics.attainment(),
+            "tiers": _BOOK.metrics.tiers(),
         }
 
     http_server.app.add_middleware(SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status)

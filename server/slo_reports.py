@@ -14,6 +14,7 @@ from scheduler.core.slo import SloSpec
 from server.slo_metrics import SloMetrics
 
 TOKEN_TS_KEY = "slo_token_ts"
+TIER_KEY = "slo_best_effort"  # per token: 1 when the policy had declined the request (best-effort tier)
 REPORT_KEY = "slo"
 
 
@@ -22,6 +23,7 @@ class _Tracked:
     slo: SloSpec
     arrival: float
     token_times: list[float] = field(default_factory=list)
+    best_effort: bool | None = None  # tier when its first token came out
 
 
 class SloReportBook:
@@ -46,8 +48,11 @@ class SloReportBook:
         rid = meta_info.get("id")
         tracked = self._live.get(rid) if rid is not None else None
         stamps = meta_info.pop(TOKEN_TS_KEY, None)
+        tiers = meta_info.pop(TIER_KEY, None)
         if tracked is None:
             return
+        if tiers and tracked.best_effort is None:
+            tracked.best_effort = bool(tiers[0])
         if stamps:
             n_out = meta_info.get("completion_tokens")
             if n_out is not None and len(stamps) == n_out:
@@ -77,8 +82,9 @@ class SloReportBook:
             finished=finished,
             deadline_abs=deadline_abs,
         )
-        self.metrics.record(outcome)
-        report = outcome.to_dict()
+        tier = "best_effort" if tracked.best_effort else "admitted"
+        self.metrics.record(outcome, tier)
+        report = {**outcome.to_dict(), "tier": tier}
         self._reports[rid] = report
         while len(self._reports) > self._keep:
             self._reports.popitem(last=False)

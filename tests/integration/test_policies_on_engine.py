@@ -45,6 +45,7 @@ def test_policy_serves_a_mixed_workload_without_losing_requests(policy: str) -> 
         assert sum(c["dropped"] for c in status["attainment"].values()) == 0
         assert status["engine"]["plan_errors"] == 0
         assert status["engine"]["policy"] == policy
+        assert status["engine"]["mixed_batching"] is (policy != "fcfs")  # fcfs stays stock SGLang
 
 
 def _burst(server: ServerProcess, slo: dict, n: int = 12) -> None:

@@ -91,9 +91,15 @@ class TierBudget:
     def _shape(self, counts: Counts) -> BatchShape:
         decoders = sum(counts)
         t0 = next((t for t, n in zip(self.tiers, counts[:-1], strict=True) if n > 0), None)
-        if t0 is None:  # no TPOT to keep: full chunks (or an idle-length batch)
+        if t0 is None:  # no TPOT to keep: full chunks, or idle-length batches when those are shorter
             if self.cap is not None:
-                return BatchShape(self.perf.step_time(self.cap, decoders, self.kv), decoders, float(self.cap))
+                full = BatchShape(self.perf.step_time(self.cap, decoders, self.kv), decoders, float(self.cap))
+                if full.batch_time <= self.idle:
+                    return full
+                # A full chunk outlasting a short prefill deadline would count as no budget at
+                # all (only whole batches fit an interval): plan in idle-length slices instead.
+                short = min(prefill_capacity(self.perf, self.idle, decoders, self.kv), float(self.cap))
+                return BatchShape(self.idle, decoders, short) if short >= 1 else full
             t0 = self.idle
         steps = 0
         batch_time = t0

@@ -171,6 +171,10 @@ def _check_feasible(items, base, tiers, perf, now, chunk_cap, kv=0, idle=0.05, m
             assert per_batch >= 0, "decodes overrun the tightest TPOT"
             if chunk_cap is not None:
                 per_batch = min(per_batch, chunk_cap)
+        elif chunk_cap is not None and perf.step_time(chunk_cap, decoders, kv) <= idle:
+            batch_time, per_batch = perf.step_time(chunk_cap, decoders, kv), chunk_cap
+        elif chunk_cap is not None and _max_prefill(perf, idle, decoders, kv) >= 1:
+            batch_time, per_batch = idle, min(chunk_cap, _max_prefill(perf, idle, decoders, kv))
         elif chunk_cap is not None:
             batch_time, per_batch = perf.step_time(chunk_cap, decoders, kv), chunk_cap
         else:
@@ -335,3 +339,15 @@ def test_a_lost_deadline_does_not_set_everyones_batch_time():
     plan = make_policy("slos", perf_model=perf).plan(view)
     assert plan.batch_cap == 256 and plan.chunk_size == 389  # the 50 ms tier sets the batch
     assert plan.best_effort == set()
+
+
+def test_a_short_prefill_deadline_is_admitted_when_a_full_chunk_is_slow():
+    """A slow engine (CPU) where a full 8192-token chunk outlasts the prefill deadline: the
+    DP plans idle-length slices instead, so a 10-token prompt still fits and the burst beyond
+    the decoder cap goes to the best-effort tier."""
+    perf = LinearPerfModel(base_s=0.004, per_token_s=8e-4)
+    spec = SloSpec(deadline_ms=546, slo_class=SloClass.DEADLINE)
+    waiting = [RequestView(f"r{i}", spec, 100.0, 10, max_new_tokens=24) for i in range(12)]
+    plan = make_policy("slos", perf_model=perf).plan(EngineView(100.0, waiting, [], 2, 8192, 16000, 16384))
+    assert len(plan.best_effort) == 10
+    assert plan.order is not None and not set(plan.order[:2]) & plan.best_effort
