@@ -150,6 +150,19 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="GPU+model performance profile (scheduler/profiles/*.json format) used as is for batch caps "
         "and chunk sizes; without it the server learns a model from the iterations it measures.",
     )
+    emulation = parser.add_argument_group(
+        "GPU emulation", "run on CPU with the tiny model, every forward pass paced to a GPU+model profile"
+    )
+    emulation.add_argument(
+        "--emulate-gpu",
+        metavar="GPU",
+        help="h100, a100, a40 (scheduler/profiles) or a profile .json of your own; sets the KV-cache "
+        "capacity to the card's (--max-total-tokens), the model to tiny and the policies' perf model "
+        "to the profile unless given; /slo/status reports late steps when the host cannot keep up",
+    )
+    emulation.add_argument(
+        "--emulate-model", metavar="MODEL", default="llama3-8b", help="model of the profile (default llama3-8b)"
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -213,6 +226,18 @@ def _default_slo(args: argparse.Namespace) -> dict[str, Any] | None:
     return spec or None
 
 
+def _emulation(argv: list[str]) -> Any:
+    gpu = _flag_value(argv, "--emulate-gpu")
+    if gpu is None:
+        return None
+    from server.emulation import DEFAULT_MODEL, resolve
+
+    try:
+        return resolve(gpu, _flag_value(argv, "--emulate-model") or DEFAULT_MODEL)
+    except ValueError as e:
+        raise SystemExit(f"--emulate-gpu: {e}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     from sglang.srt.server_args import ServerArgs
 
@@ -228,6 +253,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_help = _has_flag(argv, "-h", "--help")
+    emulation = None if wants_help else _emulation(argv)
+    if emulation is not None:
+        from server.emulation import startup_flags
+
+        argv += startup_flags(emulation, lambda *flags: _has_flag(argv, *flags))
     if _wants_cpu(argv):
         activate()
         if not wants_help:
@@ -291,7 +321,9 @@ def main(argv: list[str] | None = None) -> None:
         length_predictor=args.slo_length_predictor,
         predictor_quantile=args.slo_quantile,
         program_patterns=args.slo_program_patterns,
-        perf_profile=args.slo_perf_profile,
+        perf_profile=args.slo_perf_profile or (str(emulation.profile) if emulation else None),
+        emulate_profile=str(emulation.profile) if emulation else None,
+        emulate_name=emulation.name if emulation else None,
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(
@@ -300,6 +332,12 @@ def main(argv: list[str] | None = None) -> None:
         f"  {base}/v1/chat/completions (OpenAI, 'slo' object or x-slo-* headers); status: {base}/slo/status",
         flush=True,
     )
+    if emulation is not None:
+        print(
+            f"  emulating {emulation.name} ({emulation.profile}): every forward pass paced to the profile, "
+            f"KV cache {server_args.max_total_tokens} tokens",
+            flush=True,
+        )
     from server.sglang_http import launch
 
     launch(server_args, config)

@@ -27,6 +27,8 @@ class SloServerConfig:
     predictor_quantile: float | None = None  # overrides the artifact's bound quantile (QRF)
     program_patterns: str | None = None  # seed pattern library for compound sub-deadlines
     perf_profile: str | None = None  # GPU+model profile used as is (else learned online)
+    emulate_profile: str | None = None  # pace every forward pass to this GPU+model profile
+    emulate_name: str | None = None  # e.g. "h100/llama3-8b", for status and logs
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -31,6 +31,7 @@ from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.online_perf import OnlinePerfModel
+from scheduler.core.pacing import Pacer
 from scheduler.core.perf_model import load_perf_model
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
@@ -111,16 +112,26 @@ def _pattern_library(path: str | None) -> PatternLibrary:
 
 
 def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
-    """(prefill tokens, decoding requests, KV tokens) of a forward batch, for the perf model."""
+    """(prefill tokens, decoding requests, KV tokens attended) of a forward batch: what the
+    perf model and the emulated GPU's pacing are keyed on."""
     mode = getattr(batch, "forward_mode", None)
     if mode is None or not batch.reqs:
         return None
-    kv = sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
     if mode.is_decode():
-        return 0, len(batch.reqs), kv
-    if mode.is_extend():
-        tokens = batch.extend_num_tokens or sum(getattr(r, "extend_input_len", 0) for r in batch.reqs)
-        return int(tokens), 0, kv
+        return 0, len(batch.reqs), sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
+    if mode.is_extend():  # prefill chunks, plus the decodes riding along in a mixed batch
+        decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or ())}
+        prefill = kv = decodes = 0
+        for r in batch.reqs:
+            if id(r) in decoding:
+                decodes += 1
+                kv += len(r.origin_input_ids) + len(r.output_ids)
+            else:
+                chunk = int(getattr(r, "extend_input_len", 0) or 0)
+                prefill += chunk
+                prefix = getattr(r, "prefix_indices", None)  # a tensor in SGLang
+                kv += (0 if prefix is None else len(prefix)) + chunk
+        return prefill, decodes, kv
     return None
 
 
@@ -132,6 +143,9 @@ class SloScheduler(_BaseScheduler):
         self.slo_clock = WallClock()
         profile = self.slo_config.perf_profile
         self.slo_perf = OnlinePerfModel(load_perf_model(profile, kind="roofline") if profile else None)
+        emulate = self.slo_config.emulate_profile
+        self.slo_pacer = Pacer(load_perf_model(emulate, kind="table")) if emulate else None
+        self._slo_distortion_logged = 0.0
         self.slo_policy = make_policy(self.slo_config.policy, self.slo_perf, **self.slo_config.policy_params)
         self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
         self.slo_oracle = self.slo_config.policy.endswith(ORACLE_SUFFIX)  # benchmarks only
@@ -147,6 +161,7 @@ class SloScheduler(_BaseScheduler):
         self.slo_pending_preempt: set[str] = set()  # running rids this pass's plan retracts
         self.slo_preempted = 0
         self._slo_views: dict[str, tuple[SloSpec, float]] = {}
+        self._slo_client_caps: dict[str, int | None] = {}  # emulation: caps the hint lowered
         self.slo_lengths = self._load_length_predictor(
             self.slo_config.length_predictor, self.slo_config.predictor_quantile
         )
@@ -181,6 +196,18 @@ class SloScheduler(_BaseScheduler):
         value = (getattr(req.sampling_params, "custom_params", None) or {}).get(ORACLE_HINT_PARAM)
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
+    def handle_generate_request(self, recv_req: Any) -> Any:
+        """Emulation: a benchmark's true output length (the hidden hint) ends the request there,
+        like the real model's EOS would. Policies keep seeing the client's own cap."""
+        hint = self._oracle_hint(recv_req) if self.slo_pacer is not None else None
+        if hint is not None:
+            params = recv_req.sampling_params
+            cap = params.max_new_tokens
+            self._slo_client_caps[recv_req.rid] = cap
+            params.max_new_tokens = hint if cap is None else min(cap, hint)
+            params.ignore_eos = True
+        return super().handle_generate_request(recv_req)
+
     def _decode(self, token_ids: list[int]) -> str:
         tokenizer = getattr(self, "tokenizer", None)
         return tokenizer.decode(token_ids) if tokenizer is not None else ""
@@ -195,6 +222,7 @@ class SloScheduler(_BaseScheduler):
                 live = {r.rid for r in self.waiting_queue} | {r.rid for r in self.running_batch.reqs}
                 self._slo_views = {k: v for k, v in self._slo_views.items() if k in live}
                 self._slo_stage_deadlines = {k: v for k, v in self._slo_stage_deadlines.items() if k in live}
+                self._slo_client_caps = {k: v for k, v in self._slo_client_caps.items() if k in live}
             self._slo_views[req.rid] = cached
         return cached
 
@@ -230,7 +258,7 @@ class SloScheduler(_BaseScheduler):
             arrival=arrival,
             prompt_len=len(req.origin_input_ids),
             generated=len(req.output_ids),
-            max_new_tokens=req.sampling_params.max_new_tokens,
+            max_new_tokens=self._slo_client_caps.get(req.rid, req.sampling_params.max_new_tokens),
             predicted_output_len=predicted,
             first_token_time=stamps[0] if stamps else None,
             prefix_cached=len(req.prefix_indices) if getattr(req, "prefix_indices", None) is not None else 0,
@@ -336,9 +364,29 @@ class SloScheduler(_BaseScheduler):
         shape = _batch_shape(batch)
         started = time.perf_counter()
         result = super().run_batch(batch, *args, **kwargs)
-        if shape is not None:
-            self.slo_perf.observe(*shape, 0, time.perf_counter() - started)
+        if shape is None:
+            return result
+        if self.slo_pacer is not None:  # emulated GPU: the step lasts what the profile says
+            measured = self.slo_pacer.finish(started, self.slo_pacer.target_s(*shape))
+            self._log_distortion()
+        else:
+            measured = time.perf_counter() - started
+        self.slo_perf.observe(*shape, 0, measured)
         return result
+
+    def _log_distortion(self) -> None:
+        """Warn (at most every 30 s) when the host cannot keep up with the emulated GPU."""
+        report = self.slo_pacer.report()
+        now = time.monotonic()
+        if report.steps >= 100 and report.late_share > 0.05 and now - self._slo_distortion_logged > 30:
+            self._slo_distortion_logged = now
+            logger.warning(
+                "emulation of %s distorted: %.1f%% of %d steps late by %.2f ms on average (host too slow)",
+                self.slo_config.emulate_name,
+                100 * report.late_share,
+                report.steps,
+                report.mean_overrun_ms,
+            )
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
         out = super().process_batch_result(batch, result)
@@ -346,6 +394,7 @@ class SloScheduler(_BaseScheduler):
         for req in batch.reqs:
             if not req.finished():
                 continue
+            self._slo_client_caps.pop(req.rid, None)
             if self.slo_lengths is not None:
                 entry = self.slo_lengths.forget(req.rid)
                 if entry is not None:
@@ -414,6 +463,13 @@ class SloScheduler(_BaseScheduler):
             },
             "plan_errors": self.slo_plan_errors,
             "preempted": self.slo_preempted,
+            "emulation": None
+            if self.slo_pacer is None
+            else {
+                "gpu_model": self.slo_config.emulate_name,
+                "kv_token_capacity": int(self.max_total_num_tokens),
+                **self.slo_pacer.report().to_dict(),
+            },
             "length_predictor": None
             if self.slo_lengths is None
             else {"name": self.slo_lengths.predictor.name, "predictions": self.slo_lengths.predictions},

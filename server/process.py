@@ -37,8 +37,9 @@ class ServerProcess:
         module: str = "launch_server",
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
+        port: int | None = None,
     ) -> None:
-        self.port = free_port()
+        self.port = port or free_port()
         self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
         self.module = module
         self.env = env

@@ -1,0 +1,96 @@
+"""Pacing each forward pass to an emulated GPU's iteration time, and measuring how well it works.
+
+The emulating server runs the tiny model on CPU. Each step then waits until the profile's
+predicted time for that exact batch has passed since the step began, so policies meet GPU
+time scales and GPU batching curves. When the CPU step alone takes longer than the target,
+the step is late: that distortion is counted and reported, never hidden.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from scheduler.core.types import PerfModel
+
+SPIN_S = 3e-4  # finish the wait spinning: time.sleep overshoots by ~0.1 ms, a lot at 7 ms steps
+
+
+@dataclass(frozen=True)
+class PacingReport:
+    steps: int
+    late_steps: int
+    late_share: float  # steps whose CPU work alone overran the target
+    mean_overrun_ms: float  # mean (observed − target) over late steps
+    median_abs_error: float | None  # |observed − target| / target over recent steps
+    p95_abs_error: float | None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        def r(x: float | None) -> float | None:
+            return None if x is None else round(x, 4)
+
+        return {
+            "steps": self.steps,
+            "late_steps": self.late_steps,
+            "late_share": r(self.late_share),
+            "mean_overrun_ms": r(self.mean_overrun_ms),
+            "median_abs_error": r(self.median_abs_error),
+            "p95_abs_error": r(self.p95_abs_error),
+        }
+
+
+class Pacer:
+    def __init__(
+        self,
+        model: PerfModel,
+        clock: Callable[[], float] = time.perf_counter,
+        sleep: Callable[[float], None] = time.sleep,
+        window: int = 4096,
+    ) -> None:
+        self.model = model
+        self.clock = clock
+        self.sleep = sleep
+        self.steps = 0
+        self.late = 0
+        self._overrun_s = 0.0
+        self._errors: deque[float] = deque(maxlen=window)
+
+    def target_s(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
+        return self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
+
+    def finish(self, started: float, target_s: float) -> float:
+        """Wait out the rest of the step's target; return the step's observed duration."""
+        deadline = started + target_s
+        worked = self.clock() - started
+        late = worked > target_s
+        if not late:
+            rest = deadline - self.clock()
+            if rest > SPIN_S:
+                self.sleep(rest - SPIN_S)
+            while self.clock() < deadline:
+                pass
+        observed = self.clock() - started
+        self.steps += 1
+        if late:
+            self.late += 1
+            self._overrun_s += observed - target_s
+        if target_s > 0:
+            self._errors.append(abs(observed - target_s) / target_s)
+        return observed
+
+    def report(self) -> PacingReport:
+        errors = sorted(self._errors)
+
+        def quantile(q: float) -> float | None:
+            return errors[min(len(errors) - 1, int(q * len(errors)))] if errors else None
+
+        return PacingReport(
+            steps=self.steps,
+            late_steps=self.late,
+            late_share=self.late / self.steps if self.steps else 0.0,
+            mean_overrun_ms=1000.0 * self._overrun_s / self.late if self.late else 0.0,
+            median_abs_error=quantile(0.5),
+            p95_abs_error=quantile(0.95),
+        )

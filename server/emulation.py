@@ -1,0 +1,59 @@
+"""`--emulate-gpu GPU --emulate-model MODEL`: which profile paces the server, and the SGLang
+flags that make the tiny CPU model behave like that card (its KV-cache capacity, context).
+
+The pacing itself happens in the scheduler adapter (scheduler/core/pacing.py does the timing);
+this module only turns the two flags into a profile and start-up flags, before SGLang parses.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from scheduler.core.perf_model import PROFILE_DIR, load_profile, profile_path
+
+DEFAULT_MODEL = "llama3-8b"
+CONTEXT_LEN = 8192  # Llama-3-8B's; the tiny model's 4096 positions are stretched to it
+LONGER_CONTEXT_ENV = "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN"
+
+
+@dataclass(frozen=True)
+class Emulation:
+    name: str  # "h100/llama3-8b"
+    profile: Path
+    kv_token_capacity: int
+
+
+def available() -> list[str]:
+    """GPU/model pairs with a shipped profile."""
+    return sorted(p.stem.replace("-", "/", 1) for p in PROFILE_DIR.glob("*.json"))
+
+
+def resolve(gpu: str, model: str = DEFAULT_MODEL) -> Emulation:
+    """A shipped GPU name (h100, a100, a40) or a path to a profile file of your own."""
+    path = Path(gpu) if gpu.endswith(".json") else profile_path(gpu, model)
+    if not path.is_file():
+        raise ValueError(f"no profile for {gpu!r} with model {model!r} (have: {', '.join(available())})")
+    profile = load_profile(path)
+    if "table" not in profile:
+        raise ValueError(f"{path}: pacing needs the profile's 'table' section")
+    capacity = profile.get("kv_token_capacity")
+    if not isinstance(capacity, int) or capacity <= 0:
+        raise ValueError(f"{path}: needs a positive integer 'kv_token_capacity'")
+    name = f"{profile.get('gpu', path.stem)}/{profile.get('model', model)}"
+    return Emulation(name=name, profile=path, kv_token_capacity=capacity)
+
+
+def startup_flags(emulation: Emulation, has_flag: Callable[..., bool]) -> list[str]:
+    """SGLang flags the emulated card implies, for those the user did not set."""
+    extra: list[str] = []
+    if not has_flag("--model-path", "--model"):
+        extra += ["--model-path", "tiny"]
+    if not has_flag("--max-total-tokens"):
+        extra += ["--max-total-tokens", str(emulation.kv_token_capacity)]
+    if not has_flag("--context-length"):
+        extra += ["--context-length", str(CONTEXT_LEN)]
+        os.environ.setdefault(LONGER_CONTEXT_ENV, "1")
+    return extra

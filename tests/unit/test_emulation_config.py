@@ -1,0 +1,66 @@
+"""Emulation flags and the cluster file: profiles resolve, bad input is refused naming the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launch_cluster import ClusterConfigError, load_cluster, parse_cluster
+from server.emulation import available, resolve, startup_flags
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_profiles_resolve_with_their_cards_kv_capacity() -> None:
+    assert {"h100/llama3-8b", "a100/llama3-8b", "a40/llama3-8b"} <= set(available())
+    h100, a40 = resolve("h100"), resolve("a40")
+    assert h100.name == "h100/llama3-8b" and h100.profile.is_file()
+    assert h100.kv_token_capacity > a40.kv_token_capacity > 100_000  # 80 GB vs 48 GB minus 16 GB of weights
+
+
+def test_an_unknown_gpu_names_what_exists() -> None:
+    with pytest.raises(ValueError, match="h100/llama3-8b"):
+        resolve("tpu9")
+
+
+def test_startup_flags_fill_only_what_the_user_left_out() -> None:
+    emu = resolve("a100")
+    given: set[str] = {"--max-total-tokens"}
+    flags = startup_flags(emu, lambda *names: any(n in given for n in names))
+    assert flags[:2] == ["--model-path", "tiny"]
+    assert "--max-total-tokens" not in flags and "--context-length" in flags
+
+
+def test_the_example_cluster_file_parses() -> None:
+    specs = load_cluster(ROOT / "examples" / "cluster-h100-a40.yaml")
+    assert [s.gpu for s in specs] == ["h100", "a40"]
+    assert [s.port for s in specs] == [31000, 31001]
+    assert specs[0].argv()[:4] == ["--emulate-gpu", "h100", "--emulate-model", "llama3-8b"]
+    assert "--slo-policy" in specs[1].argv()
+
+
+def test_counts_expand_and_ports_skip_explicit_ones() -> None:
+    specs = parse_cluster(
+        {"base_port": 100, "workers": [{"gpu": "a40", "port": 101}, {"gpu": "h100", "count": 2, "args": ["-x", 1]}]}
+    )
+    assert [(s.gpu, s.port) for s in specs] == [("a40", 101), ("h100", 100), ("h100", 102)]
+    assert specs[1].args == ["-x", "1"]
+
+
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ({"workers": [{"gpu": "h100", "cnt": 2}]}, "cnt"),
+        ({"workers": [{"gpu": "tpu9"}]}, "workers[0].gpu"),
+        ({"workers": [{"gpu": "h100", "count": 0}]}, "workers[0].count"),
+        ({"workers": [{"gpu": "h100", "count": 2, "port": 5}]}, "workers[0].port"),
+        ({"workers": [{"gpu": "h100", "args": "--x"}]}, "workers[0].args"),
+        ({"workers": []}, "workers"),
+        ({"worker": []}, "worker"),
+        ({"workers": [{"gpu": "h100", "port": 7}, {"gpu": "a40", "port": 7}]}, "share a port"),
+    ],
+)
+def test_bad_cluster_files_are_refused_naming_the_key(data: dict, names: str) -> None:
+    with pytest.raises(ClusterConfigError, match=names.replace("[", r"\[").replace("]", r"\]")):
+        parse_cluster(data)
