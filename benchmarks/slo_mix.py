@@ -481,29 +481,34 @@ def print_table(rows: list[dict[str, Any]], base_name: str) -> str:
     return table
 
 
+def add_server_and_trace_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared with throughput.py: which engine, and how trace lengths are scaled."""
+    p.add_argument("--model-path", default="default", help="default (SmolLM2), tiny, or an HF folder")
+    p.add_argument("--max-running-requests", type=int, default=8, help="server batch cap M (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--length-scale", type=float, default=0.1, help="trace lengths times this (default 0.1)")
+    p.add_argument("--max-prompt", type=int, default=256)
+    p.add_argument("--max-output", type=int, default=64)
+    p.add_argument("--start-attempts", type=int, default=3, help="tries per server start-up")
+    p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable, use =)")
+    p.add_argument("--trace", type=Path, default=TRACE)
+    p.add_argument("--json", type=Path, help="write every row and the set-up here")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model-path", default="default", help="default (SmolLM2), tiny, or an HF folder")
+    add_server_and_trace_args(p)
     p.add_argument("--policies", default=POLICIES, help=f"comma-separated (default {POLICIES})")
     p.add_argument("--stock", action="store_true", help="also run stock `python -m sglang.launch_server` first")
-    p.add_argument("--max-running-requests", type=int, default=8, help="server batch cap M (default 8)")
     p.add_argument("--rate", type=float, default=1.0, help="arrivals (requests or programs) per second")
     p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--max-requests", type=int, default=2000, help="cap on arrivals")
     p.add_argument("--drain-timeout", type=float, default=240.0, help="seconds after the last arrival")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mix", default="3:1:1", help="latency:deadline:compound arrival weights")
     p.add_argument("--slo-scale", type=float, default=4.0, help="SLOs = this x zero-load (default 4)")
-    p.add_argument("--length-scale", type=float, default=0.1, help="trace lengths times this (default 0.1)")
-    p.add_argument("--max-prompt", type=int, default=256)
-    p.add_argument("--max-output", type=int, default=64)
     p.add_argument("--calib-requests", type=int, default=5)
-    p.add_argument("--start-attempts", type=int, default=3, help="tries per server start-up")
     p.add_argument("--calib-ttft-ms", type=float, help="skip calibration: zero-load TTFT (with --calib-tpot-ms)")
     p.add_argument("--calib-tpot-ms", type=float, help="skip calibration: zero-load per-token time")
-    p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable, use =)")
-    p.add_argument("--trace", type=Path, default=TRACE)
-    p.add_argument("--json", type=Path, help="write every row and the set-up here")
     return p.parse_args(argv)
 
 

@@ -38,7 +38,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import install_signal_handlers, resolve_model, stop_all  # noqa: E402
-from slo_mix import TRACE, PromptSource, load_trace, scaled_lengths, start_server  # noqa: E402
+from slo_mix import PromptSource, add_server_and_trace_args, load_trace, scaled_lengths, start_server  # noqa: E402
 
 MODES = "stock,fcfs,edf,slos,tempo"
 LOOSE_SLOS = (
@@ -142,20 +142,11 @@ def summarize(rows: list[dict[str, Any]], modes: list[str]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--model-path", default="default", help="default (SmolLM2), tiny, or an HF folder")
+    add_server_and_trace_args(p)
     p.add_argument("--modes", default=MODES, help=f"comma-separated; 'stock' = stock SGLang (default {MODES})")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--duration", type=float, default=60.0, help="seconds of measured closed-loop load per mode")
-    p.add_argument("--max-running-requests", type=int, default=8, help="server batch cap M (default 8)")
     p.add_argument("--concurrency", type=int, help="closed-loop clients (default: M)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--length-scale", type=float, default=0.1, help="trace lengths times this (default 0.1)")
-    p.add_argument("--max-prompt", type=int, default=256)
-    p.add_argument("--max-output", type=int, default=64)
-    p.add_argument("--start-attempts", type=int, default=3, help="tries per server start-up")
-    p.add_argument("--server-arg", action="append", default=[], help="extra flag for our servers (use =)")
-    p.add_argument("--trace", type=Path, default=TRACE)
-    p.add_argument("--json", type=Path, help="write every row and the set-up here")
     args = p.parse_args(argv)
     args.concurrency = args.concurrency or args.max_running_requests
     return args

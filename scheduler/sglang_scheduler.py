@@ -11,6 +11,7 @@ leaves the scheduler into `Req.customized_info`, which SGLang carries to the HTT
 from __future__ import annotations
 
 import logging
+import math
 import time
 from http import HTTPStatus
 from pathlib import Path
@@ -145,7 +146,7 @@ class SloScheduler(_BaseScheduler):
         self.slo_perf = OnlinePerfModel(load_perf_model(profile, kind="roofline") if profile else None)
         emulate = self.slo_config.emulate_profile
         self.slo_pacer = Pacer(load_perf_model(emulate, kind="table")) if emulate else None
-        self._slo_distortion_logged = 0.0
+        self._slo_distortion_logged = -math.inf
         self.slo_policy = make_policy(self.slo_config.policy, self.slo_perf, **self.slo_config.policy_params)
         self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
         self.slo_oracle = self.slo_config.policy.endswith(ORACLE_SUFFIX)  # benchmarks only

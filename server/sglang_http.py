@@ -46,6 +46,7 @@ class SloTokenizerManager(TokenizerManager):
     """Scores every finished request against its SLO and puts the report in meta_info."""
 
     async def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[Any]:
+        _check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
         injected = read_injected(_first_custom_params(obj))
         started: set[str] = set()
 
@@ -67,6 +68,18 @@ class SloTokenizerManager(TokenizerManager):
                 track(rid)
                 _BOOK.on_abort(rid)
             raise
+
+
+def _check_token_ids(input_ids: Any, vocab_size: int) -> None:
+    """SGLang would pass an id outside the vocabulary to the model, whose embedding lookup then
+    takes the whole scheduler down: refuse it here as a 400 naming the field."""
+    if not input_ids:
+        return
+    rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
+    for row in rows:
+        bad = next((t for t in row if not isinstance(t, int) or not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"input_ids: token id {bad!r} is outside the model's vocabulary [0, {vocab_size})")
 
 
 def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **kwargs: Any) -> Any:

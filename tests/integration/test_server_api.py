@@ -219,3 +219,18 @@ def test_bad_header_and_openai_body_are_400s(tiny_server: ServerProcess) -> None
     r = _generate(tiny_server, sampling_params={"max_new_tokens": 2, "custom_params": {"slo": {"ttft_ms": 0}}})
     assert r.status_code == 400 and r.json()["error"]["param"] == "sampling_params.custom_params.slo.ttft_ms"
     assert requests.get(tiny_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_a_token_id_outside_the_vocabulary_is_a_400_not_a_crash(tiny_server: ServerProcess) -> None:
+    for ids in ([5, 6, 100_000], [[5, 6], [7, -1]]):
+        r = requests.post(
+            tiny_server.url + "/generate",
+            json={"input_ids": ids, "sampling_params": {"max_new_tokens": 2}},
+            timeout=30,
+        )
+        assert r.status_code == 400, r.text
+        assert "input_ids" in r.text
+    r = requests.post(
+        tiny_server.url + "/generate", json={"input_ids": [5, 6], "sampling_params": {"max_new_tokens": 2}}, timeout=60
+    )
+    assert r.status_code == 200 and r.json()["meta_info"]["completion_tokens"] == 2

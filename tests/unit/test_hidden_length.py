@@ -50,8 +50,12 @@ def handled(monkeypatch: pytest.MonkeyPatch) -> list:
 
 def _view_of(s: SloScheduler, recv: SimpleNamespace):
     req = SimpleNamespace(
-        rid=recv.rid, sampling_params=recv.sampling_params, origin_input_ids=[1, 2, 3], output_ids=[5],
-        customized_info=None, prefix_indices=None,
+        rid=recv.rid,
+        sampling_params=recv.sampling_params,
+        origin_input_ids=[1, 2, 3],
+        output_ids=[5],
+        customized_info=None,
+        prefix_indices=None,
     )
     return s._request_view(req)
 

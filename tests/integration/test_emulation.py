@@ -1,0 +1,73 @@
+"""The emulated GPU on the real server (tiny model, CPU): steps paced to the profile, the card's
+KV capacity, requests ending at their hidden true length, and distortion reported when the
+host cannot keep up. Bounds here are generous; benchmarks/emulation.py holds the real targets.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import requests
+
+from scheduler.core.perf_model import load_perf_model, load_profile, profile_path
+from scheduler.sglang_scheduler import ORACLE_HINT_PARAM
+from server.emulation import resolve
+from server.process import ServerProcess
+
+PROMPT = [5 + i % 500 for i in range(200)]  # ids inside the tiny model's 512-token vocabulary
+
+
+def _generate(server: ServerProcess, hidden_len: int, cap: int = 300) -> tuple[dict, float]:
+    body = {
+        "input_ids": PROMPT,
+        "sampling_params": {"max_new_tokens": cap, "custom_params": {ORACLE_HINT_PARAM: hidden_len}},
+    }
+    started = time.perf_counter()
+    r = requests.post(server.url + "/generate", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    return r.json()["meta_info"], time.perf_counter() - started
+
+
+def _predicted_s(profile: Path, prompt: int, output: int) -> float:
+    """Prefill, then one decode step per further token, as the profile times them."""
+    model = load_perf_model(profile, kind="table")
+    return model.step_time(prompt, 0, prompt) + sum(model.step_time(0, 1, prompt + i) for i in range(1, output))
+
+
+def test_an_emulated_h100_keeps_the_profiles_time_and_the_cards_memory() -> None:
+    with ServerProcess("--emulate-gpu", "h100", "--slo-policy", "edf", name="emu-h100") as server:
+        _generate(server, 4)  # warm-up
+        meta, elapsed = _generate(server, 60)
+        assert meta["completion_tokens"] == 60  # the hidden true length ended it, not the cap of 300
+        predicted = _predicted_s(profile_path("h100"), len(PROMPT), 60)
+        assert 0.9 * predicted <= elapsed <= 2.0 * predicted, (elapsed, predicted)
+
+        with ThreadPoolExecutor(4) as pool:
+            metas = [m for m, _ in pool.map(lambda n: _generate(server, n), (10, 20, 30, 40))]
+        assert [m["completion_tokens"] for m in metas] == [10, 20, 30, 40]
+
+        emulation = server.status_when(lambda s: (s["engine"].get("emulation") or {}).get("steps", 0) >= 100)
+        emulation = emulation["engine"]["emulation"]
+        assert emulation["gpu_model"] == "h100/llama3-8b"
+        assert emulation["kv_token_capacity"] == resolve("h100").kv_token_capacity
+        assert emulation["steps"] >= 100 and emulation["median_abs_error"] <= 0.25, emulation
+
+
+def test_a_profile_faster_than_the_host_is_reported_as_distortion(tmp_path: Path) -> None:
+    profile = load_profile(profile_path("a40"))
+    profile["table"]["time_s"] = [[t * 1e-4 for t in row] for row in profile["table"]["time_s"]]
+    profile["kv_token_capacity"] = 50_000
+    path = tmp_path / "impossible-gpu.json"
+    path.write_text(json.dumps(profile))
+    with ServerProcess("--emulate-gpu", str(path), "--slo-policy", "fcfs", name="emu-fast") as server:
+        for _ in range(3):
+            meta, _ = _generate(server, 50)
+            assert meta["completion_tokens"] == 50
+        status = server.status_when(lambda s: (s["engine"].get("emulation") or {}).get("steps", 0) >= 150)
+        emulation = status["engine"]["emulation"]
+        assert emulation["kv_token_capacity"] == 50_000
+        assert emulation["late_share"] > 0.5 and emulation["mean_overrun_ms"] > 0, emulation
+        assert "emulation of a40/llama3-8b distorted" in server.log_path.read_text(errors="replace")
