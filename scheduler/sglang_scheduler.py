@@ -168,6 +168,15 @@ class SloScheduler(_BaseScheduler):
         )
         super().__init__(*args, **kwargs)
         self.slo_startup_chunk = self.chunked_prefill_size  # a plan never exceeds it
+        # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
+        # its wall time is not the iteration's, so it must not train the perf model.
+        self.slo_timing_ok = not (self.enable_overlap and self.device != "cpu")
+        if not self.slo_timing_ok and not self.slo_config.perf_profile:
+            logger.warning(
+                "overlap scheduling on %s: forward passes cannot be timed here, so batch caps and chunk "
+                "sizes need --slo-perf-profile (or --disable-overlap-schedule)",
+                self.device,
+            )
         if self.slo_config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
             self.slo_status = StatusPublisher(
                 self.slo_config.status_address, self.slo_status_snapshot, self.slo_config.status_interval_s
@@ -370,8 +379,10 @@ class SloScheduler(_BaseScheduler):
         if self.slo_pacer is not None:  # emulated GPU: the step lasts what the profile says
             measured = self.slo_pacer.finish(started, self.slo_pacer.target_s(*shape))
             self._log_distortion()
-        else:
+        elif self.slo_timing_ok:
             measured = time.perf_counter() - started
+        else:
+            return result
         self.slo_perf.observe(*shape, 0, measured)
         return result
 

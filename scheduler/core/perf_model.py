@@ -96,20 +96,24 @@ class _InverseMixin:
 
 # Feature scales: the online update works in units where every feature is O(1), so one step
 # size suits tokens (~1e3), draft steps (~1), KV tokens (~1e5) and the constant alike.
-_FEATURE_SCALE = np.array([1024.0, 4.0, 65536.0, 1.0])
+_FEATURE_SCALE = np.array([1024.0, 4.0, 65536.0, 1.0, 64.0])
 
 
 @dataclass(frozen=True)
 class RooflineTerm:
-    """One bottleneck: seconds per new token, per draft step, per KV token, plus a constant."""
+    """One bottleneck: seconds per new token, per draft step, per KV token, plus a constant;
+    and, beyond SLOs-Serve's form, seconds per decoding sequence (`k_seqs`, default 0): engines
+    with per-sequence work (CPU attention loops, per-request sampling) cost more for 8 decodes
+    than for 8 prefill tokens, which a tokens-only roofline cannot tell apart in mixed batches."""
 
     k_tokens: float
     k_spec: float
     k_kv: float
     b: float
+    k_seqs: float = 0.0
 
     def as_array(self) -> np.ndarray:
-        return np.array([self.k_tokens, self.k_spec, self.k_kv, self.b], dtype=float)
+        return np.array([self.k_tokens, self.k_spec, self.k_kv, self.b, self.k_seqs], dtype=float)
 
 
 def _features(prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int) -> np.ndarray:
@@ -119,6 +123,7 @@ def _features(prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens
             spec_steps(decode_reqs, spec_tokens),
             kv_tokens,
             1.0,
+            decode_reqs,
         ],
         dtype=float,
     )
@@ -144,14 +149,14 @@ def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 class RooflinePerfModel(_InverseMixin):
-    """T = max over terms of (k_tokens·#tokens + k_spec·#spec + k_kv·#kv + b), clamped ≥ 0."""
+    """T = max over terms of (k_tokens·#tokens + k_spec·#spec + k_kv·#kv + b + k_seqs·#decodes), ≥ 0."""
 
     def __init__(self, terms: Sequence[RooflineTerm], step_size: float = 0.5) -> None:
         if not terms:
             raise ValueError("a roofline model needs at least one term")
         if not 0 < step_size < 2:
             raise ValueError("step_size must lie in (0, 2) for the online update to converge")
-        self._theta = np.stack([t.as_array() for t in terms])  # (L, 4), natural units
+        self._theta = np.stack([t.as_array() for t in terms])  # (L, 5), natural units
         self.step_size = step_size
 
     @property
@@ -194,7 +199,7 @@ class RooflinePerfModel(_InverseMixin):
         groups = np.empty(len(y), dtype=int)
         for g, idx in enumerate(np.array_split(order, n_terms)):
             groups[idx] = g
-        theta = np.zeros((n_terms, 4))
+        theta = np.zeros((n_terms, len(_FEATURE_SCALE)))
         for _ in range(iterations):
             for g in range(n_terms):
                 mask = groups == g
