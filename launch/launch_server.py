@@ -120,12 +120,13 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, type=kind, help=f"{text}; default per policy: {_defaults_of(param)}")
     group.add_argument(
         "--slo-batching",
-        choices=("mixed", "separate"),
-        default="mixed",
-        help="SLO policies only: 'mixed' (default) puts prefill chunks into the decode batch "
-        "(SGLang's --enable-mixed-chunk; the papers' batch model, and what the per-step chunk knob "
-        "needs); 'separate' keeps SGLang's prefill-only steps, where decodes wait for each prefill "
-        "and the chunk knob is off. Speculative decoding always runs separate.",
+        choices=("auto", "mixed", "separate"),
+        default="auto",
+        help="SLO policies only: 'mixed' puts prefill chunks into the decode batch (SGLang's "
+        "--enable-mixed-chunk; the papers' batch model, and what the per-step chunk knob needs); "
+        "'separate' keeps SGLang's prefill-only steps, where decodes wait for each prefill and the "
+        "chunk knob is off. 'auto' (default): mixed on a GPU or an emulated one, separate on CPU, where "
+        "mixed steps measured half the throughput (benchmarks/README.md). Speculative decoding runs separate.",
     )
     group.add_argument(
         "--slo-quantile",
@@ -253,12 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     wants_help = _has_flag(argv, "-h", "--help")
+    on_cpu = _wants_cpu(argv)
     emulation = None if wants_help else _emulation(argv)
     if emulation is not None:
         from server.emulation import startup_flags
 
         argv += startup_flags(emulation, lambda *flags: _has_flag(argv, *flags))
-    if _wants_cpu(argv):
+    if on_cpu:
         activate()
         if not wants_help:
             argv = _with_cpu_defaults(argv)
@@ -310,7 +312,9 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"--slo-length-predictor: cannot load {args.slo_length_predictor}: {e}") from None
     if args.slo_policy != "fcfs":
         args.schedule_policy = "fcfs"  # keep the SLO policy's order: SGLang must not re-sort
-        if args.slo_batching == "mixed" and not args.speculative_algorithm:
+        # auto: mixed where forward passes run at GPU cost (a GPU, or an emulated one)
+        mixed = args.slo_batching == "mixed" or (args.slo_batching == "auto" and (not on_cpu or emulation))
+        if mixed and not args.speculative_algorithm:
             args.enable_mixed_chunk = True
     server_args = ServerArgs.from_cli_args(args)
     config = SloServerConfig(

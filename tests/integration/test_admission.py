@@ -66,5 +66,5 @@ def test_a_burst_beyond_capacity_keeps_the_admitted_within_slo(tmp_path: Path) -
         assert status["tiers"]["best_effort"]["total"] == len(declined)
         assert status["tiers"]["admitted"]["missed"] == 0
         assert sum(t["dropped"] for t in status["tiers"].values()) == 0
-        assert status["engine"]["mixed_batching"] is True
+        assert status["engine"]["mixed_batching"] is False  # CPU default; the DP still plans per step
         assert status["engine"]["plan_errors"] == 0

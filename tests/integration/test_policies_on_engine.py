@@ -45,7 +45,7 @@ def test_policy_serves_a_mixed_workload_without_losing_requests(policy: str) -> 
         assert sum(c["dropped"] for c in status["attainment"].values()) == 0
         assert status["engine"]["plan_errors"] == 0
         assert status["engine"]["policy"] == policy
-        assert status["engine"]["mixed_batching"] is (policy != "fcfs")  # fcfs stays stock SGLang
+        assert status["engine"]["mixed_batching"] is False  # --slo-batching auto: separate on CPU
 
 
 def _burst(server: ServerProcess, slo: dict, n: int = 12) -> None:
@@ -62,7 +62,7 @@ def _burst(server: ServerProcess, slo: dict, n: int = 12) -> None:
 def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
     """With a given profile (the H100 one: deterministic predictions, unlike this CPU's timing)."""
     profile = Path(__file__).resolve().parents[2] / "scheduler/profiles/h100-llama3-8b.json"
-    args = ["--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256"]
+    args = ["--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256", "--slo-batching", "mixed"]
     with ServerProcess(*args, "--slo-perf-profile", str(profile), name="knobs") as server:
         status = server.status_when(lambda s: "perf_model" in s["engine"], timeout=10)
         assert status["engine"]["perf_model"]["ready"], status["engine"]["perf_model"]

@@ -1,0 +1,43 @@
+"""Workloads for the goodput benchmark harness: public traces read into one request type, and shaping."""
+
+from benchmarks.workloads.traces import (
+    DATA_ENV,
+    DEFAULT_DATA_DIR,
+    TRACES,
+    TraceLoad,
+    TraceRequest,
+    available_traces,
+    limit,
+    load,
+    load_azure,
+    load_deepresearch,
+    load_mooncake,
+    load_tracelab_rounds,
+    load_tracelab_sessions,
+    poisson_arrivals,
+    programs,
+    resolve_data_dir,
+    scale_rate,
+    window,
+)
+
+__all__ = [
+    "DATA_ENV",
+    "DEFAULT_DATA_DIR",
+    "TRACES",
+    "TraceLoad",
+    "TraceRequest",
+    "available_traces",
+    "limit",
+    "load",
+    "load_azure",
+    "load_deepresearch",
+    "load_mooncake",
+    "load_tracelab_rounds",
+    "load_tracelab_sessions",
+    "poisson_arrivals",
+    "programs",
+    "resolve_data_dir",
+    "scale_rate",
+    "window",
+]
