@@ -5,10 +5,11 @@ does `--slo-policy fcfs` stay within noise of stock SGLang, and does an SLO poli
 least 95 % of fcfs throughput when no SLO is under pressure?
 
 Closed loop: `--concurrency` clients (default = the batch cap M, so the engine stays full)
-each send the next request of one seeded sequence as soon as their previous one returns, for
-`--duration` seconds; throughput counts the output tokens of requests that completed inside
-that window. Prompt/output lengths come from the Azure LLM 2023 conversation trace exactly as
-in slo_mix.py (same scaling and clamps), prompts are real-text token windows sent as
+each send the next request of one seeded sequence as soon as their previous one returns,
+until `--requests` have been sent; throughput is their output tokens over the makespan (no
+request is cut at a window edge, so every mode serves exactly the same requests).
+Prompt/output lengths come from the Azure LLM 2023 conversation trace exactly as in
+slo_mix.py (same scaling and clamps), prompts are real-text token windows sent as
 input_ids, outputs use ignore_eos. Our servers get SLOs of Tempo's 3:1:1 mix that are
 100-1000x looser than anything this engine needs (TTFT 10 min, TPOT 1 min, deadline 1 h), so
 every policy's code runs every step but nothing is urgent; stock SGLang gets no SLO field.
@@ -16,8 +17,8 @@ every policy's code runs every step but nothing is urgent; stock SGLang gets no 
 Modes run round-robin (`--rounds`), each in a fresh server, so slow drifts of a noisy host
 hit every mode alike; ratios are taken against fcfs of the same round.
 
-  .venv/bin/python benchmarks/throughput.py --model-path tiny --duration 20 --rounds 1   # smoke
-  .venv/bin/python benchmarks/throughput.py --duration 75 --rounds 2 --json out.json     # SmolLM2
+  .venv/bin/python benchmarks/throughput.py --model-path tiny --requests 40 --rounds 1   # smoke
+  .venv/bin/python benchmarks/throughput.py --requests 80 --rounds 2 --json out.json     # SmolLM2
 """
 
 from __future__ import annotations
@@ -62,19 +63,20 @@ def request_sequence(args: argparse.Namespace, prompts: PromptSource, n: int = 5
 
 
 async def closed_loop(
-    url: str, sequence: list[tuple[list[int], int]], concurrency: int, duration: float, send_slo: bool
+    url: str, sequence: list[tuple[list[int], int]], concurrency: int, n_requests: int, send_slo: bool
 ) -> dict[str, Any]:
+    """The first n_requests of the sequence through `concurrency` clients; throughput is their
+    output tokens over the makespan, so no request is cut at a window edge."""
     next_index = 0
     done_tokens = done_requests = errors = 0
     latencies: list[float] = []
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=timeout) as session:
         t0 = time.perf_counter()
-        end = t0 + duration
 
         async def client() -> None:
             nonlocal next_index, done_tokens, done_requests, errors
-            while time.perf_counter() < end:
+            while next_index < n_requests:
                 i, next_index = next_index, next_index + 1
                 ids, max_new = sequence[i % len(sequence)]
                 body: dict[str, Any] = {
@@ -89,18 +91,19 @@ async def closed_loop(
                         payload = await resp.json() if resp.status == 200 else None
                 except aiohttp.ClientError:
                     payload = None
-                finished = time.perf_counter()
                 if payload is None:
                     errors += 1
-                elif finished <= end:
+                else:
                     done_tokens += payload["meta_info"]["completion_tokens"]
                     done_requests += 1
-                    latencies.append(finished - sent)
+                    latencies.append(time.perf_counter() - sent)
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
+        makespan = time.perf_counter() - t0
     return {
-        "output_tok_s": done_tokens / duration,
-        "req_s": done_requests / duration,
+        "output_tok_s": done_tokens / makespan,
+        "req_s": done_requests / makespan,
+        "makespan_s": makespan,
         "requests": done_requests,
         "errors": errors,
         "latency_p50_s": statistics.median(latencies) if latencies else None,
@@ -110,7 +113,7 @@ async def closed_loop(
 def run_mode(mode: str, args: argparse.Namespace, prompts: PromptSource, sequence: list) -> dict[str, Any]:
     server = start_server(mode, args, prompts)
     try:
-        row = asyncio.run(closed_loop(server.url, sequence, args.concurrency, args.duration, mode != "stock"))
+        row = asyncio.run(closed_loop(server.url, sequence, args.concurrency, args.requests, mode != "stock"))
         row["startup_s"] = server.startup_s
     finally:
         server.stop()
@@ -145,7 +148,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_server_and_trace_args(p)
     p.add_argument("--modes", default=MODES, help=f"comma-separated; 'stock' = stock SGLang (default {MODES})")
     p.add_argument("--rounds", type=int, default=2)
-    p.add_argument("--duration", type=float, default=60.0, help="seconds of measured closed-loop load per mode")
+    p.add_argument("--requests", type=int, default=100, help="requests per mode (the same ones for every mode)")
     p.add_argument("--concurrency", type=int, help="closed-loop clients (default: M)")
     args = p.parse_args(argv)
     args.concurrency = args.concurrency or args.max_running_requests
