@@ -15,6 +15,9 @@ on CPU, every forward pass paced to the profile) fed real Azure LLM 2023 convers
    measured makespan ratio is compared with the ratio the simulator predicts from the two
    profiles for the same batch (scheduler.core.sim, fcfs, same M and chunk size).
 
+`--slowdown K` runs every worker in dilated time (`--emulate-slowdown K`): steps last K
+times the card's; throughputs and makespans are reported in the card's own time (×K, ÷K).
+
 True output lengths go to the server only through the hidden hint (custom_params
 `slo_oracle_output_len`), which ends the request there and which no policy can read.
 
@@ -113,7 +116,8 @@ def emulation_status(server: BenchServer) -> dict:
 
 
 def start(gpu: str, args: argparse.Namespace, name: str) -> BenchServer:
-    flags = ["--emulate-gpu", gpu, "--slo-policy", "fcfs", "--max-running-requests", str(args.max_running)]
+    flags = ["--emulate-gpu", gpu, "--emulate-slowdown", str(args.slowdown), "--slo-policy", "fcfs"]
+    flags += ["--max-running-requests", str(args.max_running)]
     flags += ["--chunked-prefill-size", str(args.chunk)]
     return BenchServer("tiny", flags, name=name).start()
 
@@ -131,6 +135,7 @@ def accuracy(args: argparse.Namespace, reqs: list[tuple[int, int]]) -> list[dict
             emu = emulation_status(server)
         finally:
             server.stop()
+        load["gpu_time_output_tok_s"] = load["output_tok_s"] * args.slowdown  # in the card's own time
         rows.append({"gpu": gpu, **load, **emu})
         print(f"   {gpu}: {json.dumps(rows[-1])}", flush=True)
     return rows
@@ -181,7 +186,7 @@ def throughput_ratio(args: argparse.Namespace, reqs: list[tuple[int, int]]) -> d
         server = start(gpu, args, f"emu-batch-{gpu}")
         try:
             asyncio.run(batch_makespan(server.url, reqs[:4], args.seed))  # warm-up
-            measured[gpu] = asyncio.run(batch_makespan(server.url, reqs, args.seed))
+            measured[gpu] = asyncio.run(batch_makespan(server.url, reqs, args.seed)) / args.slowdown
             emu = emulation_status(server)
         finally:
             server.stop()
@@ -203,6 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpus", default="h100,a100,a40", type=lambda s: s.split(","))
     p.add_argument("--duration", type=float, default=45.0, help="closed-loop seconds per measurement")
     p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--slowdown", type=float, default=1.0, help="--emulate-slowdown of every worker (dilated time)")
     p.add_argument("--max-running", type=int, default=32)
     p.add_argument("--chunk", type=int, default=2048, help="--chunked-prefill-size of every worker")
     p.add_argument("--max-output", type=int, default=512, help="cap on the trace's output lengths")

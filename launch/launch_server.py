@@ -164,6 +164,14 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
     emulation.add_argument(
         "--emulate-model", metavar="MODEL", default="llama3-8b", help="model of the profile (default llama3-8b)"
     )
+    emulation.add_argument(
+        "--emulate-slowdown",
+        type=float,
+        default=1.0,
+        metavar="K",
+        help="run the emulated card K times slower (dilated time) when the host cannot keep up with it; "
+        "clients scale their SLOs by K (default 1: the card's own speed)",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -292,6 +300,8 @@ def main(argv: list[str] | None = None) -> None:
             parse_slo(default_slo, prefix="--slo-default-")
         except SloValidationError as e:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.emulate_slowdown < 1.0:
+        raise SystemExit("--emulate-slowdown: must be >= 1")
     if args.slo_perf_profile:
         from scheduler.core.perf_model import load_perf_model
 
@@ -328,6 +338,7 @@ def main(argv: list[str] | None = None) -> None:
         perf_profile=args.slo_perf_profile or (str(emulation.profile) if emulation else None),
         emulate_profile=str(emulation.profile) if emulation else None,
         emulate_name=emulation.name if emulation else None,
+        emulate_slowdown=args.emulate_slowdown,
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(
@@ -338,7 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     if emulation is not None:
         print(
-            f"  emulating {emulation.name} ({emulation.profile}): every forward pass paced to the profile, "
+            f"  emulating {emulation.name} ({emulation.profile}): every forward pass paced to the profile"
+            f"{f' x{args.emulate_slowdown:g} (dilated time)' if args.emulate_slowdown != 1 else ''}, "
             f"KV cache {server_args.max_total_tokens} tokens",
             flush=True,
         )

@@ -29,6 +29,7 @@ class SloServerConfig:
     perf_profile: str | None = None  # GPU+model profile used as is (else learned online)
     emulate_profile: str | None = None  # pace every forward pass to this GPU+model profile
     emulate_name: str | None = None  # e.g. "h100/llama3-8b", for status and logs
+    emulate_slowdown: float = 1.0  # emulated steps (and the policies' perf model) this many times longer
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

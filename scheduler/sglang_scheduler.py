@@ -32,7 +32,7 @@ from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.online_perf import OnlinePerfModel
-from scheduler.core.pacing import Pacer
+from scheduler.core.pacing import Pacer, SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
@@ -142,10 +142,11 @@ class SloScheduler(_BaseScheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.slo_config = SloServerConfig.from_env()
         self.slo_clock = WallClock()
-        profile = self.slo_config.perf_profile
-        self.slo_perf = OnlinePerfModel(load_perf_model(profile, kind="roofline") if profile else None)
-        emulate = self.slo_config.emulate_profile
-        self.slo_pacer = Pacer(load_perf_model(emulate, kind="table")) if emulate else None
+        profile, emulate = self.slo_config.perf_profile, self.slo_config.emulate_profile
+        slowdown = self.slo_config.emulate_slowdown if emulate else 1.0
+        prior = SlowedPerfModel(load_perf_model(profile, kind="roofline"), slowdown) if profile else None
+        self.slo_perf = OnlinePerfModel(prior)
+        self.slo_pacer = Pacer(SlowedPerfModel(load_perf_model(emulate, kind="table"), slowdown)) if emulate else None
         self._slo_distortion_logged = -math.inf
         self.slo_policy = make_policy(self.slo_config.policy, self.slo_perf, **self.slo_config.policy_params)
         self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
@@ -479,6 +480,7 @@ class SloScheduler(_BaseScheduler):
             if self.slo_pacer is None
             else {
                 "gpu_model": self.slo_config.emulate_name,
+                "slowdown": self.slo_config.emulate_slowdown,
                 "kv_token_capacity": int(self.max_total_num_tokens),
                 **self.slo_pacer.report().to_dict(),
             },

@@ -18,6 +18,26 @@ from scheduler.core.types import PerfModel
 SPIN_S = 3e-4  # finish the wait spinning: time.sleep overshoots by ~0.1 ms, a lot at 7 ms steps
 
 
+class SlowedPerfModel:
+    """Another model's times, `factor` times longer: the emulated GPU in dilated time.
+
+    A 2-core host cannot run SGLang's scheduler plus a forward pass in an H100's 7 ms, so the
+    emulation can run every step `factor` times slower than the card. Ratios between cards,
+    batch shapes and policies are kept; clients scale their SLOs by the same factor."""
+
+    def __init__(self, base: PerfModel, factor: float) -> None:
+        if not factor >= 1.0:
+            raise ValueError("the slowdown factor must be >= 1")
+        self.base = base
+        self.factor = factor
+
+    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
+        return self.factor * self.base.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
+
+    def max_batch_within(self, budget_s: float, kv_tokens_per_req: float, **kwargs: int) -> int:
+        return self.base.max_batch_within(budget_s / self.factor, kv_tokens_per_req, **kwargs)
+
+
 @dataclass(frozen=True)
 class PacingReport:
     steps: int

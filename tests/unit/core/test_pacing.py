@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.pacing import Pacer
+from scheduler.core.pacing import Pacer, SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model, profile_path
 
 
@@ -64,3 +64,13 @@ def test_bigger_batches_and_slower_gpus_get_longer_targets() -> None:
     assert h100.target_s(0, 64, 64 * 1000) > h100.target_s(0, 1, 1000)
     assert h100.target_s(2048, 0, 2048) > h100.target_s(128, 0, 128)
     assert a40.target_s(0, 32, 32000) > h100.target_s(0, 32, 32000)
+
+
+def test_a_slowed_card_keeps_its_shape_in_dilated_time() -> None:
+    base = load_perf_model(profile_path("h100"), kind="table")
+    slowed = SlowedPerfModel(base, 3.0)
+    assert slowed.step_time(0, 16, 16_000) == pytest.approx(3.0 * base.step_time(0, 16, 16_000))
+    budget = 3.0 * base.step_time(0, 40, 40 * 1000)
+    assert slowed.max_batch_within(budget, 1000) == base.max_batch_within(budget / 3.0, 1000) >= 40
+    with pytest.raises(ValueError):
+        SlowedPerfModel(base, 0.5)
