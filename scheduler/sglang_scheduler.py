@@ -128,12 +128,22 @@ def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
                 decodes += 1
                 kv += len(r.origin_input_ids) + len(r.output_ids)
             else:
-                chunk = int(getattr(r, "extend_input_len", 0) or 0)
+                chunk, context = _extend_of(r)
                 prefill += chunk
-                prefix = getattr(r, "prefix_indices", None)  # a tensor in SGLang
-                kv += (0 if prefix is None else len(prefix)) + chunk
+                kv += context
         return prefill, decodes, kv
     return None
+
+
+def _extend_of(req: Any) -> tuple[int, int]:
+    """(tokens this extend step computes, context length after it) for one prefilling request:
+    SGLang 0.5.17 keeps the step's token range in `extend_range`."""
+    span = getattr(req, "extend_range", None)
+    if span is not None:
+        return int(span.end - span.start), int(span.end)
+    chunk = int(getattr(req, "extend_input_len", 0) or 0)  # older SGLang
+    prefix = getattr(req, "prefix_indices", None)  # a tensor
+    return chunk, (0 if prefix is None else len(prefix)) + chunk
 
 
 class SloScheduler(_BaseScheduler):

@@ -41,6 +41,7 @@ class SlowedPerfModel:
 @dataclass(frozen=True)
 class PacingReport:
     steps: int
+    unpaced_steps: int  # steps the model gave no time (an unknown batch shape): never hidden
     late_steps: int
     late_share: float  # steps whose CPU work alone overran the target
     mean_overrun_ms: float  # mean (observed − target) over late steps
@@ -53,6 +54,7 @@ class PacingReport:
 
         return {
             "steps": self.steps,
+            "unpaced_steps": self.unpaced_steps,
             "late_steps": self.late_steps,
             "late_share": r(self.late_share),
             "mean_overrun_ms": r(self.mean_overrun_ms),
@@ -73,6 +75,7 @@ class Pacer:
         self.clock = clock
         self.sleep = sleep
         self.steps = 0
+        self.unpaced = 0
         self.late = 0
         self._overrun_s = 0.0
         self._errors: deque[float] = deque(maxlen=window)
@@ -82,6 +85,9 @@ class Pacer:
 
     def finish(self, started: float, target_s: float) -> float:
         """Wait out the rest of the step's target; return the step's observed duration."""
+        if target_s <= 0:
+            self.unpaced += 1
+            return self.clock() - started
         deadline = started + target_s
         worked = self.clock() - started
         late = worked > target_s
@@ -96,8 +102,7 @@ class Pacer:
         if late:
             self.late += 1
             self._overrun_s += observed - target_s
-        if target_s > 0:
-            self._errors.append(abs(observed - target_s) / target_s)
+        self._errors.append(abs(observed - target_s) / target_s)
         return observed
 
     def report(self) -> PacingReport:
@@ -108,6 +113,7 @@ class Pacer:
 
         return PacingReport(
             steps=self.steps,
+            unpaced_steps=self.unpaced,
             late_steps=self.late,
             late_share=self.late / self.steps if self.steps else 0.0,
             mean_overrun_ms=1000.0 * self._overrun_s / self.late if self.late else 0.0,

@@ -56,6 +56,7 @@ def test_an_emulated_h100_keeps_the_profiles_time_and_the_cards_memory() -> None
         assert emulation["gpu_model"] == "h100/llama3-8b"
         assert emulation["kv_token_capacity"] == resolve("h100").kv_token_capacity
         assert emulation["steps"] >= 100 and emulation["median_abs_error"] <= 0.25, emulation
+        assert emulation["unpaced_steps"] == 0, emulation  # every batch shape (prefills too) was paced
 
 
 def test_a_profile_faster_than_the_host_is_reported_as_distortion(tmp_path: Path) -> None:

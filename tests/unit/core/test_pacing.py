@@ -74,3 +74,11 @@ def test_a_slowed_card_keeps_its_shape_in_dilated_time() -> None:
     assert slowed.max_batch_within(budget, 1000) == base.max_batch_within(budget / 3.0, 1000) >= 40
     with pytest.raises(ValueError):
         SlowedPerfModel(base, 0.5)
+
+
+def test_a_step_without_a_target_is_counted_as_unpaced() -> None:
+    clock = TickingClock()
+    pacer = _pacer(clock)
+    pacer.finish(clock.work(0.003), 0.0)
+    report = pacer.report()
+    assert report.steps == 0 and report.unpaced_steps == 1 and report.late_steps == 0
