@@ -67,7 +67,7 @@ def body(prompt: int, output: int, rng: random.Random) -> dict[str, Any]:
     return {
         "input_ids": [rng.randrange(3, TINY_VOCAB) for _ in range(prompt)],
         "sampling_params": {
-            "max_new_tokens": 4096,  # the client's cap; the true length travels hidden
+            "max_new_tokens": MAX_CONTEXT - prompt,  # the client's cap; the true length travels hidden
             "temperature": 0,
             "custom_params": {ORACLE_HINT_PARAM: output},
         },
@@ -77,7 +77,9 @@ def body(prompt: int, output: int, rng: random.Random) -> dict[str, Any]:
 async def _post(session: aiohttp.ClientSession, url: str, payload: dict) -> int:
     async with session.post(url + "/generate", json=payload) as resp:
         data = await resp.json()
-        return data["meta_info"]["completion_tokens"] if resp.status == 200 else 0
+        if resp.status != 200:
+            raise RuntimeError(f"request refused: HTTP {resp.status} {str(data)[:200]}")
+        return data["meta_info"]["completion_tokens"]
 
 
 async def closed_loop(url: str, reqs: list[tuple[int, int]], clients: int, duration: float, seed: int) -> dict:
