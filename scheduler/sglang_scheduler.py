@@ -42,12 +42,11 @@ from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.types import EngineView, RequestView, StepPlan
 from scheduler.sglang_preemption import retract_requests
 from server.slo_reports import TIER_KEY, TOKEN_TS_KEY
-from server.slo_request import read_injected
+from server.slo_request import ORACLE_HINT_PARAM, read_injected
 from server.status_channel import StatusPublisher
 
 logger = logging.getLogger("sglang_slo.scheduler")
 
-ORACLE_HINT_PARAM = "slo_oracle_output_len"  # benchmark hint, read only for *_oracle policies
 
 _BaseScheduler = sglang_scheduler_module.Scheduler
 
@@ -138,12 +137,8 @@ def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
 def _extend_of(req: Any) -> tuple[int, int]:
     """(tokens this extend step computes, context length after it) for one prefilling request:
     SGLang 0.5.17 keeps the step's token range in `extend_range`."""
-    span = getattr(req, "extend_range", None)
-    if span is not None:
-        return int(span.end - span.start), int(span.end)
-    chunk = int(getattr(req, "extend_input_len", 0) or 0)  # older SGLang
-    prefix = getattr(req, "prefix_indices", None)  # a tensor
-    return chunk, (0 if prefix is None else len(prefix)) + chunk
+    span = req.extend_range
+    return int(span.end - span.start), int(span.end)
 
 
 class SloScheduler(_BaseScheduler):

@@ -17,6 +17,7 @@ from scheduler.core.slo import SloSpec, SloValidationError, merge_defaults, pars
 
 SLO_PARAM = "slo"
 ARRIVAL_PARAM = "slo_arrival"
+ORACLE_HINT_PARAM = "slo_oracle_output_len"  # a benchmark's true output length: never in a policy view
 HEADER_FIELDS = {
     "x-slo-ttft-ms": "ttft_ms",
     "x-slo-tpot-ms": "tpot_ms",

@@ -15,8 +15,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from scheduler import sglang_scheduler
 from scheduler.core.clock import WallClock
 from scheduler.core.programs import ProgramTracker
-from scheduler.sglang_scheduler import ORACLE_HINT_PARAM, SloScheduler
-from server.slo_request import ARRIVAL_PARAM, SLO_PARAM
+from scheduler.sglang_scheduler import SloScheduler
+from server.slo_request import ARRIVAL_PARAM, ORACLE_HINT_PARAM, SLO_PARAM
 
 CLIENT_CAP, TRUE_LEN = 512, 37
 
