@@ -168,7 +168,7 @@ class SloScheduler(_BaseScheduler):
         self.slo_pending_preempt: set[str] = set()  # running rids this pass's plan retracts
         self.slo_preempted = 0
         self._slo_views: dict[str, tuple[SloSpec, float]] = {}
-        self._slo_client_caps: dict[str, int | None] = {}  # emulation: caps the hint lowered
+        self._slo_client_caps: dict[str, int | None] = {}  # client caps the hidden hint lowered
         self.slo_lengths = self._load_length_predictor(
             self.slo_config.length_predictor, self.slo_config.predictor_quantile
         )
@@ -213,9 +213,10 @@ class SloScheduler(_BaseScheduler):
         return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
     def handle_generate_request(self, recv_req: Any) -> Any:
-        """Emulation: a benchmark's true output length (the hidden hint) ends the request there,
-        like the real model's EOS would. Policies keep seeing the client's own cap."""
-        hint = self._oracle_hint(recv_req) if self.slo_pacer is not None else None
+        """A benchmark's true output length (the hidden hint) ends the request there, like the
+        model's EOS would (the tiny model and an emulated card have no meaningful EOS). Policies
+        keep seeing the client's own cap."""
+        hint = self._oracle_hint(recv_req)
         if hint is not None:
             params = recv_req.sampling_params
             cap = params.max_new_tokens

@@ -1,4 +1,4 @@
-"""In emulation a benchmark's true output length ends the request, but no policy can read it.
+"""A benchmark's true output length (the hidden hint) ends the request, but no policy can read it.
 
 The adapter is exercised on its own: SGLang's request handling underneath is replaced by a
 recorder, and the request is SGLang's real SamplingParams inside a minimal Req stand-in.
@@ -60,8 +60,11 @@ def _view_of(s: SloScheduler, recv: SimpleNamespace):
     return s._request_view(req)
 
 
-def test_the_engine_stops_at_the_true_length_but_the_policy_sees_the_clients_cap(handled: list) -> None:
-    s, recv = _scheduler(emulating=True), _request()
+@pytest.mark.parametrize("emulating", [True, False], ids=["emulated-gpu", "real-engine"])
+def test_the_engine_stops_at_the_true_length_but_the_policy_sees_the_clients_cap(
+    handled: list, emulating: bool
+) -> None:
+    s, recv = _scheduler(emulating=emulating), _request()
     s.handle_generate_request(recv)
     assert handled == [recv]
     assert recv.sampling_params.max_new_tokens == TRUE_LEN and recv.sampling_params.ignore_eos
@@ -72,11 +75,12 @@ def test_the_engine_stops_at_the_true_length_but_the_policy_sees_the_clients_cap
     assert TRUE_LEN not in [v for k, v in fields.items() if k != "slo"], fields
 
 
-def test_without_emulation_the_hint_changes_nothing(handled: list) -> None:
-    s, recv = _scheduler(emulating=False), _request()
+def test_without_a_hint_the_request_is_untouched(handled: list) -> None:
+    s = _scheduler(emulating=False)
+    recv = SimpleNamespace(rid="r2", sampling_params=SamplingParams(max_new_tokens=CLIENT_CAP))
     s.handle_generate_request(recv)
     assert recv.sampling_params.max_new_tokens == CLIENT_CAP and not recv.sampling_params.ignore_eos
-    assert _view_of(s, recv).max_new_tokens == CLIENT_CAP
+    assert "r2" not in s._slo_client_caps
 
 
 def test_only_an_oracle_policy_is_given_the_length(handled: list) -> None:

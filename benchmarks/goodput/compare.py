@@ -1,0 +1,316 @@
+"""Compare policies and servers side by side on the same workload.
+
+For each target (a policy of our server, stock SGLang, or a URL you started yourself) it starts
+the server on 127.0.0.1 (one at a time: these machines have 2 cores), runs the same planned
+workload at each rate (or searches the highest rate at the target attainment), and writes
+results.json, results.md and PNG plots into --out. SLOs are calibrated once, on the first
+target, and the same SLOs go to every target.
+
+  .venv/bin/python -m benchmarks.goodput --policies fcfs,edf --model-path tiny --units 40 --rates 2
+  .venv/bin/python -m benchmarks.goodput --policies fcfs,edf,tempo,slos --stock --trace azure-conv \\
+      --mix tempo --slo-scale auto --rates 0.8,1.6 --units 120 --out results/goodput-smollm2
+  .venv/bin/python -m benchmarks.goodput --url router=http://127.0.0.1:40000 --capacity
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
+from benchmarks.goodput.calibrate import calibrate
+from benchmarks.goodput.capacity import search_capacity
+from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
+from benchmarks.goodput.metrics import check_consistency, score, timeline
+from benchmarks.goodput.mixes import MIXES, Calibration, Scale
+from benchmarks.goodput.records import PlannedRequest
+from benchmarks.goodput.report import markdown_table, plot, write_results
+from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.workloads.text import PromptText
+from benchmarks.workloads.traces import TRACES
+
+STOCK = "stock"
+
+
+class Target:
+    """One server under test: started here (a policy, or stock SGLang) or reached at a URL."""
+
+    def __init__(self, label: str, url: str | None, args: argparse.Namespace) -> None:
+        self.label, self.args = label, args
+        self.url = url
+        self.server: BenchServer | None = None
+
+    @property
+    def ours(self) -> bool:
+        """Does it speak sglang-slo (SLO field, hidden length hint, /slo/status)?"""
+        if self.label == STOCK:
+            return False
+        try:
+            return requests.get(self.url + "/slo/status", timeout=5).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def __enter__(self) -> Target:
+        if self.url is None:
+            stock = self.label == STOCK
+            flags = ["--max-running-requests", str(self.args.max_running_requests)]
+            if not stock:
+                flags += ["--slo-policy", self.label]
+            flags += self.args.server_arg
+            self.server = BenchServer(self.args.model_path, flags, stock=stock, name=self.label).start()
+            self.url = self.server.url
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server, self.url = None, None
+
+
+def load_options(args: argparse.Namespace, ours: bool) -> LoadOptions:
+    control = args.length_control
+    if control == "auto":
+        control = LengthControl.HINT.value if ours else LengthControl.CLIENT.value
+    return LoadOptions(
+        length_control=LengthControl(control),
+        send_slo=ours,
+        client_max_tokens=args.client_max_tokens,
+        duration_s=args.duration,
+        drain_timeout_s=args.drain_timeout,
+        seed=args.seed,
+    )
+
+
+class Progress:
+    """A tqdm bar over finished requests (stderr), silent when --quiet."""
+
+    def __init__(self, total: int, desc: str, quiet: bool) -> None:
+        self.bar = None
+        if not quiet:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="req", leave=False, file=sys.stderr)
+
+    def tick(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def run_once(
+    target: Target, planned: list[PlannedRequest], prompt_for: PromptFor, args: argparse.Namespace, rate: float | None
+) -> dict[str, Any]:
+    ours = target.ours
+    opts = load_options(args, ours)
+    bar = Progress(len(planned), f"{target.label} @ {rate}/s", args.quiet)
+    started = time.monotonic()
+    try:
+        records = asyncio.run(LoadGenerator(target.url, prompt_for, opts, on_done=bar.tick).run(planned))
+    finally:
+        bar.close()
+    metrics = score(records)
+    status = None
+    if ours:
+        try:
+            status = requests.get(target.url + "/slo/status", timeout=5).json()
+        except requests.RequestException as e:
+            status = {"error": str(e)}
+    config = {
+        "length_control": opts.length_control.value,
+        "send_slo": opts.send_slo,
+        "wall_s": round(time.monotonic() - started, 2),
+        "slo_status": status,
+    }
+    return {
+        "label": target.label,
+        "rate": rate,
+        "config": config,
+        "metrics": metrics,
+        "timeline": timeline(records, args.bin_s or auto_bin_s(metrics.duration_s)),
+        "records": records,
+    }
+
+
+def auto_bin_s(duration_s: float | None) -> float:
+    """About 30 bins per run, at least a quarter second."""
+    return max(0.25, round((duration_s or 0.0) / 30.0, 2))
+
+
+def describe(run: dict[str, Any]) -> str:
+    m = run["metrics"]
+    bad = check_consistency(m)
+    line = (
+        f"   {run['label']} @ {run['rate']}/s: {m.requests} requests, attained {m.attainment:.0%}, "
+        f"goodput {m.goodput_rps or 0:.2f} req/s, {m.throughput_tok_s or 0:.1f} tok/s, "
+        f"lost {m.lost}, cut {m.cut}, never sent {m.never_sent}"
+    )
+    return line + (f"\n   INCONSISTENT: {bad}" if bad else "")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.goodput",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
+    t = p.add_argument_group("targets")
+    t.add_argument("--policies", default="fcfs,edf", help="our server, one run per --slo-policy (default fcfs,edf)")
+    t.add_argument("--stock", action="store_true", help="also run stock `python -m sglang.launch_server` (first)")
+    t.add_argument("--url", action="append", default=[], metavar="LABEL=URL", help="a server already running")
+    t.add_argument("--model-path", default="default", help="default (SmolLM2), tiny, or an HF folder")
+    t.add_argument("--max-running-requests", type=int, default=8)
+    t.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable, use =)")
+    w = p.add_argument_group("workload")
+    w.add_argument("--trace", default="azure-conv", choices=sorted(TRACES))
+    w.add_argument("--data-dir", help="traces folder (default $SGLANG_SLO_DATA or ../shared/data)")
+    w.add_argument("--start", type=float, default=0.0, help="trace window start, s")
+    w.add_argument("--window", type=float, help="trace window length, s (default: to the end)")
+    w.add_argument("--units", type=int, default=60, help="arrivals (lone requests or programs) per run")
+    w.add_argument("--arrivals", choices=("trace", "poisson"), default="trace")
+    w.add_argument("--rates", default="", help="comma-separated units/s (default: the trace's own timing)")
+    w.add_argument("--length-scale", type=float, default=0.1, help="trace lengths times this (CPU engines)")
+    w.add_argument("--max-prompt", type=int, default=512)
+    w.add_argument("--max-output", type=int, default=64)
+    w.add_argument("--mix", default="tempo", choices=sorted(MIXES))
+    w.add_argument("--slo-scale", default="auto", help="'auto' (calibrate), or a number times the calibration")
+    w.add_argument("--no-calibration", action="store_true", help="with a number: scale the GPU targets only")
+    w.add_argument("--seed", type=int, default=0)
+    r = p.add_argument_group("run")
+    r.add_argument(
+        "--length-control",
+        choices=("auto", *(c.value for c in LengthControl)),
+        default="auto",
+        help="how the true output length is enforced (auto: hint on sglang-slo, client on others)",
+    )
+    r.add_argument("--client-max-tokens", type=int, default=1024, help="the max_new_tokens a client sends")
+    r.add_argument("--duration", type=float, help="send nothing later than this many s into a run")
+    r.add_argument("--drain-timeout", type=float, default=120.0, help="s after the last arrival before cutting")
+    r.add_argument("--capacity", action="store_true", help="binary-search the highest rate at --target attainment")
+    r.add_argument("--target", type=float, default=0.9, help="attainment for --capacity (default 0.9)")
+    r.add_argument("--capacity-probes", type=int, default=5)
+    r.add_argument("--bin-s", type=float, help="time bin of the over-time plot (default: about 30 per run)")
+    r.add_argument("--out", type=Path, default=Path("results/goodput"))
+    r.add_argument("--no-plots", action="store_true")
+    r.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    args.rate_list = [float(x) for x in args.rates.split(",") if x.strip()] or [None]
+    args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
+    for item in args.url:
+        if "=" not in item:
+            p.error(f"--url takes LABEL=URL, got {item!r}")
+    return args
+
+
+def targets_of(args: argparse.Namespace) -> list[Target]:
+    out = [Target(STOCK, None, args)] if args.stock else []
+    out += [Target(name, None, args) for name in args.policy_list]
+    out += [Target(label, url.rstrip("/"), args) for label, url in (u.split("=", 1) for u in args.url)]
+    if not out:
+        raise SystemExit("nothing to run: give --policies, --stock or --url")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_signal_handlers()
+    spec = WorkloadSpec(
+        trace=args.trace,
+        data_dir=args.data_dir,
+        start_s=args.start,
+        window_s=args.window,
+        units=args.units,
+        arrivals=args.arrivals,
+        length_scale=args.length_scale,
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        mix=args.mix,
+        seed=args.seed,
+    )
+    text = PromptText(resolve_model(args.model_path))
+
+    def prompt_for(p: PlannedRequest, rng: random.Random) -> list[int]:
+        return text.build(p.req, rng, block_tokens=spec.block_tokens)
+
+    runs: list[dict[str, Any]] = []
+    capacities: dict[str, Any] = {}
+    calibration: Calibration | None = None
+    scale: Scale | None = None
+    header = {"workload": asdict(spec), "args": {k: str(v) for k, v in vars(args).items()}}
+    try:
+        for target in targets_of(args):
+            print(f"== {target.label}", flush=True)
+            with target:
+                if scale is None:
+                    if not args.no_calibration:
+                        calibration = calibrate(target.url, prompt_for, load_options(args, target.ours))
+                        print(f"   calibrated on {target.label}: {calibration}", flush=True)
+                    scale = Scale.from_option(args.slo_scale, calibration)
+                    header["calibration"] = None if calibration is None else asdict(calibration)
+                if args.capacity:
+                    capacities[target.label] = capacity_of(target, spec, scale, prompt_for, args, runs)
+                else:
+                    for rate in args.rate_list:
+                        runs.append(run_once(target, plan(spec, rate, scale), prompt_for, args, rate))
+                        print(describe(runs[-1]), flush=True)
+                        write_results(args.out, [header_run(r, header) for r in runs])
+    finally:
+        stop_all()
+    baseline = runs[0]["label"] if runs else None
+    path = write_results(args.out, [header_run(r, header) for r in runs], baseline_label=baseline)
+    table = markdown_table(runs, baseline_label=baseline)
+    if capacities:
+        table += "\n" + capacity_table(capacities, args.target)
+        (args.out / "results.md").write_text(table + "\n")
+    print("\n" + table)
+    if not args.no_plots:
+        for png in plot(args.out, runs):
+            print(f"plot: {png}")
+    print(f"results: {path}")
+    bad = [r for r in runs if r["metrics"].lost or check_consistency(r["metrics"])]
+    return 1 if bad else 0
+
+
+def header_run(run: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
+    return {**run, "config": {**header, **run["config"]}}
+
+
+def capacity_of(
+    target: Target,
+    spec: WorkloadSpec,
+    scale: Scale,
+    prompt_for: PromptFor,
+    args: argparse.Namespace,
+    runs: list[dict[str, Any]],
+) -> dict[str, Any]:
+    def attainment_at(rate: float) -> float:
+        runs.append(run_once(target, plan(spec, rate, scale), prompt_for, args, rate))
+        print(describe(runs[-1]), flush=True)
+        return runs[-1]["metrics"].attainment or 0.0
+
+    start = args.rate_list[0] or 1.0
+    found = search_capacity(attainment_at, start, target=args.target, max_probes=args.capacity_probes)
+    print(f"   capacity of {target.label}: {found.capacity_rate} units/s at >= {args.target:.0%}", flush=True)
+    return {"capacity_rate": found.capacity_rate, "probes": found.probes}
+
+
+def capacity_table(capacities: dict[str, Any], target: float) -> str:
+    lines = [
+        f"| target | capacity (units/s at >= {target:.0%} attained) | probes (rate: attainment) |",
+        "|---|---|---|",
+    ]
+    for label, c in capacities.items():
+        probes = ", ".join(f"{r:g}: {a:.0%}" for r, a in c["probes"])
+        lines.append(f"| {label} | {c['capacity_rate'] if c['capacity_rate'] is not None else '-'} | {probes} |")
+    return "\n".join(lines)
