@@ -1,0 +1,184 @@
+"""GoodServe routing (Alg. 1 in App. A.2, §3.4): just-enough instance selection plus periodic
+SLO-risk re-checks that migrate requests about to miss onto a stronger worker.
+
+Selection, per request r and worker g (Eq. 2):
+    T(r, g) = q_g + p_g·(L_in − H_{r,g}) + d_g·L_out
+q_g, p_g, d_g are the worker's EMA estimates (WorkerView.queue_delay_s, prefill_s_per_token,
+decode_s_per_token); Alg. 1 line 5 smooths the reported wait once more with `alpha` (default 1:
+the worker already reports an EMA, smoothing twice would only lag). H is the prefix the worker
+likely caches (leading matched blocks × `block_tokens`, from the table of what this policy sent
+where); L_out is the predicted output length (estimates.output_tokens). D_r is the time left to
+the SLO deadline (estimates.deadline_s). Among workers with T ≤ D_r the one with the largest d_g
+(slowest decode: just enough, keeping fast GPUs for urgent work) wins; the paper gives no
+tie-break, we take the larger T (least slack), then list order. With no feasible worker the one
+minimising T − D_r wins and the decision is best effort. Requests without an SLO are routed the
+conventional way (least loaded), as GoodServe §5 suggests.
+
+Migration (§3.4): every `tau`-th call to `migrations` (the router calls it once per tick, so tau
+counts router ticks rather than engine iterations) each running request is re-estimated with the
+workers' fresh EMAs: remaining = L_out − generated (estimates.remaining_tokens), no queueing on
+its current worker. If it will miss its deadline there, it moves to a worker with faster decode
+that meets it counting that worker's queue and the re-prefill of prompt + generated tokens
+(token-ID migration), again chosen just-enough. Each planned move adds its re-prefill time to the
+target's queue for the rest of that check, so one tick does not pile every rescue onto one GPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+
+from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
+from router.policies.estimates import (
+    DEFAULT_OUTPUT_TOKENS,
+    counted_tokens,
+    deadline_s,
+    output_tokens,
+    remaining_tokens,
+)
+from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
+from router.views import Decision, RouteRequest, RunningView, WorkerView
+
+DEFAULT_BLOCK_TOKENS = 64  # tokens per prefix hash block (the benchmarks' workload block size)
+
+
+class GoodServePolicy(RoutingPolicy):
+    name = "goodserve"
+
+    def __init__(
+        self,
+        tau: int = 50,
+        alpha: float = 1.0,
+        block_tokens: int = DEFAULT_BLOCK_TOKENS,
+        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS,
+    ) -> None:
+        if tau <= 0 or not 0.0 < alpha <= 1.0:
+            raise ValueError("tau must be positive and alpha in (0, 1]")
+        self.tau = tau
+        self.alpha = alpha
+        self.block_tokens = block_tokens
+        self.default_output_tokens = default_output_tokens
+        self.table = PrefixTable(max_blocks_per_worker)
+        self._q: dict[str, float] = {}  # Alg. 1 line 5: the policy's own smoothed q_g
+        self._checks = 0
+
+    # -- estimates ---------------------------------------------------------------------------
+
+    def queue_delay(self, w: WorkerView) -> float:
+        """q_g ← α·w_g + (1 − α)·q_g (Alg. 1 lines 4–5)."""
+        if self.alpha >= 1.0:
+            return w.queue_delay_s
+        prev = self._q.get(w.worker_id)
+        q = w.queue_delay_s if prev is None else self.alpha * w.queue_delay_s + (1.0 - self.alpha) * prev
+        self._q[w.worker_id] = q
+        return q
+
+    def reuse(self, req: RouteRequest) -> dict[str, int]:
+        """H_{r,g} in tokens for the workers that likely hold part of the prompt's prefix."""
+        if not req.prefix_hashes:
+            return {}
+        cap = req.prompt_tokens
+        return {wid: min(b * self.block_tokens, cap) for wid, b in self.table.matches(req.prefix_hashes).items()}
+
+    # -- routing (Alg. 1) --------------------------------------------------------------------
+
+    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
+        alive = healthy_workers(workers)
+        l_out = output_tokens(req, self.default_output_tokens)
+        due = deadline_s(req, l_out)
+        if due is None:
+            w = least_loaded(alive)
+            self.table.record(w.worker_id, req.prefix_hashes)
+            return Decision(w.worker_id, reason="no_slo_least_loaded")
+        budget = due - now
+        decode = counted_tokens(req, l_out)
+        hits = self.reuse(req)
+        feasible: tuple[float, float, WorkerView] | None = None  # (d_g, T, worker): max wins
+        fallback: tuple[float, WorkerView] | None = None  # (T − D, worker): min wins
+        for w in alive:
+            hit = hits.get(w.worker_id, 0)
+            t = self.queue_delay(w) + w.prefill_s_per_token * (req.prompt_tokens - hit) + w.decode_s_per_token * decode
+            if t <= budget:
+                key = (w.decode_s_per_token, t)
+                if feasible is None or key > feasible[:2]:
+                    feasible = (key[0], key[1], w)
+            elif fallback is None or t - budget < fallback[0]:
+                fallback = (t - budget, w)
+        if feasible is not None:
+            _, t, w = feasible
+            reason, late = "just_enough", False
+        else:
+            assert fallback is not None
+            over, w = fallback
+            t, reason, late = budget + over, "min_overshoot", True
+        self.table.record(w.worker_id, req.prefix_hashes)
+        detail = {"t_est": t, "budget": budget, "reuse_tokens": float(hits.get(w.worker_id, 0))}
+        return Decision(w.worker_id, reason=reason, best_effort=late, detail=detail)
+
+    def on_routed(self, req: RouteRequest, worker_id: str) -> None:
+        self.table.record(worker_id, req.prefix_hashes)
+
+    # -- risk re-check and migration (§3.4) --------------------------------------------------
+
+    def migrations(
+        self, running: Sequence[RunningView], workers: Sequence[WorkerView], now: float
+    ) -> list[tuple[str, str]]:
+        self._checks += 1
+        if self._checks % self.tau:
+            return []
+        ladder = sorted((w for w in workers if w.healthy), key=lambda w: w.decode_s_per_token)
+        speeds = [w.decode_s_per_token for w in ladder]
+        by_id = {w.worker_id: w for w in workers}
+        extra_q: dict[str, float] = {}
+        moves: list[tuple[str, str]] = []
+        for run in running:
+            req = run.request
+            l_out = output_tokens(req, self.default_output_tokens)
+            due = deadline_s(req, l_out)
+            cur = by_id.get(run.worker_id)
+            if due is None or cur is None:
+                continue
+            if counted_tokens(req, l_out) == 1 and run.first_token_s is not None:
+                continue  # TTFT-only SLO: already decided
+            left = remaining_tokens(req, run.generated, self.default_output_tokens)
+            stay = cur.decode_s_per_token * left
+            if run.first_token_s is None:
+                stay += cur.prefill_s_per_token * req.prompt_tokens
+            if now + stay <= due:
+                continue
+            target = self._rescue(req, run.generated, left, cur, ladder, speeds, due - now, extra_q)
+            if target is not None:
+                wid, prefill = target
+                moves.append((req.rid, wid))
+                extra_q[wid] = extra_q.get(wid, 0.0) + prefill
+        return moves
+
+    def _rescue(
+        self,
+        req: RouteRequest,
+        generated: int,
+        left: int,
+        cur: WorkerView,
+        ladder: Sequence[WorkerView],
+        speeds: Sequence[float],
+        budget: float,
+        extra_q: dict[str, float],
+    ) -> tuple[str, float] | None:
+        """Just-enough among faster-decoding workers that meet the deadline after re-prefill:
+        walk the workers from slowest to fastest decode below the current one, skipping those
+        whose decode alone overruns the budget. Returns the target and its re-prefill time."""
+        end = bisect.bisect_left(speeds, cur.decode_s_per_token)  # strictly faster only
+        end = min(end, bisect.bisect_right(speeds, budget / left))
+        hits = self.reuse(req) if end else {}
+        best: tuple[float, float, str, float] | None = None  # (d, T, worker, re-prefill)
+        for i in range(end - 1, -1, -1):
+            w = ladder[i]
+            if best is not None and w.decode_s_per_token < best[0]:
+                break  # slower-decode feasible worker found; ties on d already compared
+            prefill = w.prefill_s_per_token * (req.prompt_tokens + generated - hits.get(w.worker_id, 0))
+            q = self._q.get(w.worker_id, w.queue_delay_s)  # the smoothed q_g when alpha < 1
+            t = q + extra_q.get(w.worker_id, 0.0) + prefill + w.decode_s_per_token * left
+            if t <= budget and (best is None or t > best[1]):
+                best = (w.decode_s_per_token, t, w.worker_id, prefill)
+        return None if best is None else (best[2], best[3])

@@ -1,0 +1,54 @@
+"""SLOs-Serve multi-replica routing (§4.2): sequential admission over replicas.
+
+Each replica's scheduler decides whether it can still meet the request's SLOs (the core's
+multi-SLO DP run on that replica's virtualised state); a refused request is passed to the next
+replica, and after `limit` refusals a backup policy serves it best effort on the least loaded
+replica. The router injects `admit(req, worker) -> bool`, so this module stays a pure ordering
+rule. The order is fixed per decision: ascending load (default), or `order="round_robin"`, the
+paper's evaluation setup (a one-shot round-robin dispatcher picks the first replica, refusals go
+to the next ones in list order). Requests without an SLO skip admission (there is nothing to
+guarantee) and go to the least loaded replica.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
+from router.views import Decision, RouteRequest, WorkerView
+
+AdmitFn = Callable[[RouteRequest, WorkerView], bool]
+ORDERS = ("load", "round_robin")
+
+
+class SlosRoutingPolicy(RoutingPolicy):
+    name = "slos"
+
+    def __init__(self, admit: AdmitFn, limit: int | None = None, order: str = "load") -> None:
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if limit is not None and limit < 1:
+            raise ValueError("limit must be at least 1 (or None: ask every replica)")
+        self.admit = admit
+        self.limit = limit
+        self.order = order
+        self._next = 0
+
+    def sequence(self, alive: list[WorkerView]) -> list[WorkerView]:
+        """The replicas in the order they are asked."""
+        if self.order == "load":
+            return sorted(alive, key=lambda w: w.load)
+        start = self._next % len(alive)
+        self._next += 1
+        return alive[start:] + alive[:start]
+
+    def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
+        alive = healthy_workers(workers)
+        if req.slo.is_best_effort:
+            return Decision(least_loaded(alive).worker_id, reason="no_slo_least_loaded")
+        limit = len(alive) if self.limit is None else min(self.limit, len(alive))
+        for refusals, w in enumerate(self.sequence(alive)[:limit]):
+            if self.admit(req, w):
+                return Decision(w.worker_id, reason="admitted", detail={"refusals": float(refusals)})
+        w = least_loaded(alive)
+        return Decision(w.worker_id, reason="refused_everywhere", best_effort=True, detail={"refusals": float(limit)})

@@ -1,0 +1,122 @@
+"""GoodServe: Eq. 2 estimates, just-enough selection (Alg. 1), prefix reuse, tau-periodic migration."""
+
+from __future__ import annotations
+
+import pytest
+
+from router.policies.estimates import DEFAULT_OUTPUT_TOKENS, deadline_s, output_tokens
+from router.policies.goodserve import GoodServePolicy
+from router.views import RunningView
+from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker
+
+# T for a 1000-token prompt and 100 output tokens: fast 1.1 s, mid 5.7 s, slow 21.4 s.
+FAST = worker("fast", queue_delay_s=0.0, prefill_s_per_token=0.0001, decode_s_per_token=0.01)
+MID = worker("mid", queue_delay_s=0.5, prefill_s_per_token=0.0002, decode_s_per_token=0.05, gpu="a100")
+SLOW = worker("slow", queue_delay_s=1.0, prefill_s_per_token=0.0004, decode_s_per_token=0.2, gpu="a40")
+CLUSTER = [FAST, MID, SLOW]
+
+
+def _req(rid="r", deadline_ms=10_000.0, **kw):
+    kw.setdefault("predicted_output_tokens", 100)
+    return request(rid, prompt=1000, slo=deadline_slo(deadline_ms), **kw)
+
+
+def test_picks_the_slowest_worker_that_meets_the_deadline() -> None:
+    d = GoodServePolicy().choose(_req(), CLUSTER, now=0.0)
+    assert (d.worker_id, d.reason, d.best_effort) == ("mid", "just_enough", False)
+    assert d.detail["t_est"] == pytest.approx(5.7)
+    loose = GoodServePolicy().choose(_req(deadline_ms=30_000), CLUSTER, now=0.0)
+    assert loose.worker_id == "slow"
+
+
+def test_budget_is_measured_from_now() -> None:
+    # 10 s deadline, 5 s already gone: mid (5.7 s) no longer makes it.
+    assert GoodServePolicy().choose(_req(), CLUSTER, now=5.0).worker_id == "fast"
+
+
+def test_minimises_overshoot_when_nothing_meets_the_deadline() -> None:
+    d = GoodServePolicy().choose(_req(deadline_ms=1000), CLUSTER, now=0.0)
+    assert (d.worker_id, d.reason, d.best_effort) == ("fast", "min_overshoot", True)
+
+
+def test_tie_on_decode_speed_goes_to_the_least_slack() -> None:
+    a = worker("a", queue_delay_s=0.1, decode_s_per_token=0.05)
+    b = worker("b", queue_delay_s=2.0, decode_s_per_token=0.05)
+    assert GoodServePolicy().choose(_req(), [a, b], now=0.0).worker_id == "b"
+
+
+def test_prefix_reuse_makes_a_slower_worker_feasible() -> None:
+    cached = worker("cached", prefill_s_per_token=0.002, decode_s_per_token=0.01)  # 8 s of prefill
+    fast = worker("fast", prefill_s_per_token=0.0001, decode_s_per_token=0.005)
+    hashes = tuple(range(64))  # 64 blocks of 64 tokens cover the 4000-token prompt
+    req = request("r", prompt=4000, slo=deadline_slo(5000), predicted_output_tokens=100, prefix_hashes=hashes)
+    policy = GoodServePolicy()
+    assert policy.choose(req, [cached, fast], now=0.0).worker_id == "fast"
+    policy = GoodServePolicy()
+    policy.on_routed(req, "cached")
+    d = policy.choose(req, [cached, fast], now=0.0)
+    assert d.worker_id == "cached"
+    assert d.detail["reuse_tokens"] == 4000
+    assert d.detail["t_est"] == pytest.approx(1.0)
+
+
+def test_output_length_and_deadline_fallbacks() -> None:
+    assert output_tokens(request(predicted_output_tokens=40, max_new_tokens=90)) == 40
+    assert output_tokens(request(max_new_tokens=90)) == 90
+    assert output_tokens(request()) == DEFAULT_OUTPUT_TOKENS
+    lat = request(arrival=2.0, slo=latency_slo(1000, 50))
+    assert deadline_s(lat, 100) == pytest.approx(2.0 + 1.0 + 5.0)
+    assert deadline_s(request(arrival=1.0, slo=deadline_slo(3000)), 100) == pytest.approx(4.0)
+    assert deadline_s(request(), 100) is None
+
+
+def test_latency_slo_uses_ttft_plus_tokens_times_tpot() -> None:
+    # Due at 1 + 100·0.05 = 6 s: mid (5.7 s) is just enough.
+    req = request("r", prompt=1000, slo=latency_slo(1000, 50), predicted_output_tokens=100)
+    assert GoodServePolicy().choose(req, CLUSTER, now=0.0).worker_id == "mid"
+
+
+def test_no_slo_goes_to_least_loaded() -> None:
+    busy = [worker("a", inflight=3), worker("b", inflight=1)]
+    d = GoodServePolicy().choose(request(), busy, now=0.0)
+    assert (d.worker_id, d.best_effort) == ("b", False)
+
+
+def _running(rid, worker_id, deadline_ms=10_000.0, generated=10, first_token_s=0.5):
+    return RunningView(_req(rid, deadline_ms), worker_id, generated=generated, first_token_s=first_token_s)
+
+
+def test_migration_fires_only_every_tau_calls() -> None:
+    policy = GoodServePolicy(tau=3)
+    at_risk = [_running("late", "slow")]  # 90 tokens left at 0.2 s: 18 s > 9 s left
+    assert policy.migrations(at_risk, CLUSTER, now=1.0) == []
+    assert policy.migrations(at_risk, CLUSTER, now=1.0) == []
+    # Both faster workers meet it after re-prefill; just-enough picks mid.
+    assert policy.migrations(at_risk, CLUSTER, now=1.0) == [("late", "mid")]
+    assert policy.migrations(at_risk, CLUSTER, now=1.0) == []
+
+
+def test_migration_needs_a_miss_and_a_target_that_meets() -> None:
+    policy = GoodServePolicy(tau=1)
+    on_time = [_running("ok", "mid")]  # 90 · 0.05 = 4.5 s, 9 s left
+    assert policy.migrations(on_time, CLUSTER, now=1.0) == []
+    hopeless = [_running("lost", "slow", deadline_ms=1500)]  # even fast needs ~1 s with 0.5 s left
+    assert policy.migrations(hopeless, CLUSTER, now=1.0) == []
+    no_slo = [RunningView(request("be"), "slow", generated=1)]
+    assert policy.migrations(no_slo, CLUSTER, now=1.0) == []
+
+
+def test_migration_counts_target_queue_and_reprefill() -> None:
+    policy = GoodServePolicy(tau=1)
+    # Mid would need 0.5 + 0.0002·1010 + 0.05·90 = 5.2 s; only 4 s left, so the fast worker.
+    assert policy.migrations([_running("late", "slow")], CLUSTER, now=6.0) == [("late", "fast")]
+    queued = worker("fast", queue_delay_s=5.0, prefill_s_per_token=0.0001, decode_s_per_token=0.01)
+    assert policy.migrations([_running("late", "slow")], [queued, MID, SLOW], now=6.0) == []
+
+
+def test_migration_spreads_rescues_within_one_check() -> None:
+    policy = GoodServePolicy(tau=1)
+    slow_prefill = worker("fast", prefill_s_per_token=0.002, decode_s_per_token=0.01)
+    # Each rescue re-prefills 1010 tokens (2.02 s) on fast; the second no longer fits in 4 s.
+    late = [_running("a", "slow"), _running("b", "slow")]
+    assert policy.migrations(late, [slow_prefill, SLOW], now=6.0) == [("a", "fast")]

@@ -1,0 +1,135 @@
+"""Real ZMQ over tcp://127.0.0.1 on an ephemeral port: registration with identity, a Submit back,
+malformed frames dropped without breaking the endpoint, and the loopback guard."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterator
+
+import pytest
+import zmq
+import zmq.asyncio
+
+from router.protocol import Abort, Ack, Heartbeat, ProtocolError, Register, Submit
+from router.transport import RouterEndpoint, WorkerEndpoint, check_loopback
+
+TIMEOUT_S = 5.0
+REGISTER = Register(worker_id="w0", gpu="cpu", model="m", kv_capacity_tokens=1000, max_running=4)
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.asyncio.Context]:
+    context = zmq.asyncio.Context()
+    try:
+        yield context
+    finally:
+        context.destroy(linger=0)  # closes any socket a failing test left open
+
+
+def _run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), TIMEOUT_S))
+
+
+def test_register_and_submit_round_trip(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint("tcp://127.0.0.1:0", ctx=ctx)
+        worker = WorkerEndpoint(router.address, "w0", ctx=ctx)
+        try:
+            assert router.address.startswith("tcp://127.0.0.1:") and not router.address.endswith(":0")
+            await worker.send(REGISTER)
+            identity, msg = await router.recv()
+            assert identity == b"w0" and msg == REGISTER
+            assert await router.send(identity, Ack(accepted=True))
+            submit = Submit(rid="r1", input_ids=[1, 2], sampling_params={"max_new_tokens": 4}, resume_output_ids=[7])
+            assert await router.send(identity, submit)
+            assert await worker.recv() == Ack(accepted=True)
+            assert await worker.recv() == submit
+        finally:
+            worker.close()
+            router.close()
+        assert router.closed and worker.closed
+        router.close()  # idempotent
+
+    _run(go)
+
+
+def test_malformed_frames_dropped_and_endpoint_keeps_working(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint(ctx=ctx)
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        raw.setsockopt(zmq.ROUTING_ID, b"w0")
+        try:
+            raw.connect(router.address)
+            await raw.send(b"\xff not json")
+            await raw.send(b'{"type": "heartbeat", "version": 1, "worker_id": "w0", "seq": -1}')
+            await raw.send_multipart([b"two", b"frames"])
+            await raw.send(Heartbeat(worker_id="impostor", seq=0).to_wire())  # not its connection's id
+            await raw.send(Heartbeat(worker_id="w0", seq=1).to_wire())
+            identity, msg = await router.recv()
+            assert (identity, msg) == (b"w0", Heartbeat(worker_id="w0", seq=1))
+            assert router.dropped == 4
+        finally:
+            raw.close(linger=0)
+            router.close()
+
+    _run(go)
+
+
+def test_worker_drops_malformed_from_router(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        raw = ctx.socket(zmq.ROUTER)
+        raw.setsockopt(zmq.LINGER, 0)
+        try:
+            port = raw.bind_to_random_port("tcp://127.0.0.1")
+            worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx)
+            try:
+                await worker.send(REGISTER)
+                identity, _ = await raw.recv_multipart()
+                await raw.send_multipart([identity, b"[]"])
+                await raw.send_multipart([identity, Abort(rid="r9").to_wire()])
+                assert await worker.recv() == Abort(rid="r9")
+                assert worker.dropped == 1
+            finally:
+                worker.close()
+        finally:
+            raw.close(linger=0)
+
+    _run(go)
+
+
+def test_send_to_unknown_identity_returns_false(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        with RouterEndpoint(ctx=ctx) as router:
+            assert not await router.send(b"nobody", Ack(accepted=False, reason="x"))
+
+    _run(go)
+
+
+@pytest.mark.parametrize(
+    "addr", ["tcp://0.0.0.0:5555", "tcp://*:5555", "tcp://10.1.2.3:5555", "tcp://eth0:5555", "udp://127.0.0.1:5"]
+)
+def test_non_loopback_refused(addr: str, ctx: zmq.asyncio.Context) -> None:
+    with pytest.raises(ValueError):
+        RouterEndpoint(addr, ctx=ctx)
+    with pytest.raises(ValueError):
+        WorkerEndpoint(addr, "w0", ctx=ctx)
+
+
+@pytest.mark.parametrize(
+    "addr", ["tcp://127.0.0.1:1", "tcp://127.5.0.1:1", "tcp://localhost:1", "tcp://[::1]:1", "ipc:///tmp/x"]
+)
+def test_loopback_and_local_accepted(addr: str) -> None:
+    assert check_loopback(addr) == addr
+
+
+def test_remote_allowed_when_asked(ctx: zmq.asyncio.Context) -> None:
+    assert check_loopback("tcp://0.0.0.0:5555", allow_remote=True)
+    # Connecting is lazy in ZMQ, so this opens nothing on the network.
+    with WorkerEndpoint("tcp://10.255.255.1:5555", "w0", allow_remote=True, ctx=ctx) as worker:
+        assert worker.worker_id == "w0"
+
+
+def test_bad_worker_id_refused(ctx: zmq.asyncio.Context) -> None:
+    with pytest.raises(ProtocolError):
+        WorkerEndpoint("tcp://127.0.0.1:1", "", ctx=ctx)
