@@ -1,0 +1,634 @@
+"""The router's asyncio core: place requests on workers, stream their tokens back, and keep every
+stream whole when a worker dies, fails or is migrated away from. Independent of HTTP.
+
+One receive loop feeds worker messages into the registry and into per-request streams; one timer
+reaps silent workers and resubmits their requests elsewhere; one timer asks the policy for
+migrations and executes them. All state lives on the event loop thread, so the only races are
+across `await`s, and the one that matters is handled by construction: a request's owner changes
+in the same synchronous step that snapshots the tokens to resume from (see `_assign`), so no chunk
+can be delivered between "what the new worker resumes from" and "whose chunks count".
+
+Resume convention (token-ID migration, GoodServe §3.4). A resubmitted request carries
+`Submit.resume_output_ids` = every token the client has already received, and its
+`sampling_params["max_new_tokens"]` (and `min_new_tokens`) reduced by that many. The worker
+prefills prompt + resumed tokens and generates only the rest, and its `TokenChunk.completion_tokens`
+counts ALL output tokens of the request, resumed ones included (as protocol.TokenChunk documents).
+So a chunk's `token_ids` sit at output positions [completion_tokens - len(token_ids),
+completion_tokens). The dispatcher places each chunk by that position: a resent head that matches
+what was delivered is trimmed (the chunk loses its `text`, which cannot be cut by token); a gap or
+a mismatch is a worker failure (a 502 for the retry logic), so a worker that counts only its new
+tokens fails loudly instead of silently losing some. The client's `StreamChunk.completion_tokens`
+is always the number of tokens it has received, whatever the worker says.
+
+Clocks: `clock` (default time.monotonic) is the router clock the registry and the policies read;
+the bounded waits (admission, resume) use the event loop's own clock, so they end even under a
+frozen test clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field, replace
+from types import TracebackType
+from typing import Any
+
+import zmq
+
+from router.policies.base import NoWorkerError, RoutingPolicy
+from router.protocol import (
+    Abort,
+    Ack,
+    Heartbeat,
+    LoadReport,
+    Message,
+    Register,
+    RequestError,
+    Submit,
+    TokenChunk,
+)
+from router.registry import WorkerRegistry
+from router.transport import RouterEndpoint
+from router.views import RouteRequest, RunningView, WorkerView
+
+logger = logging.getLogger(__name__)
+
+# The Ack a worker gets when it heartbeats or reports while the registry does not count it as
+# alive (it stalled past dead_after_s, or the router restarted): it must send Register again.
+REGISTER_AGAIN = "unknown or dead worker: send Register again"
+DECISION_WINDOW = 1024  # recent policy.choose latencies kept for status()
+
+
+class NoWorkerAvailable(NoWorkerError):
+    """No healthy worker within the admission timeout; the HTTP layer answers 503."""
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """New tokens for the client; `completion_tokens` counts every token it has received so far."""
+
+    rid: str
+    token_ids: tuple[int, ...]
+    completion_tokens: int
+    worker_id: str | None  # the worker that generated them; None for a router-made final chunk
+    text: str | None = None
+    finish_reason: str | None = None
+    meta: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class StreamError:
+    """The request ended in error: a worker's 4xx passed through, or the router gave up (5xx)."""
+
+    rid: str
+    status: int
+    message: str
+    worker_id: str | None = None  # None when the router itself ended the request
+
+
+StreamEvent = StreamChunk | StreamError
+
+
+@dataclass(eq=False)
+class _Flight:
+    """One client request across all the workers it runs on."""
+
+    route: RouteRequest
+    submit: Submit
+    queue: asyncio.Queue[StreamEvent] = field(default_factory=asyncio.Queue)
+    owner: str | None = None  # the only worker whose chunks count
+    delivered: list[int] = field(default_factory=list)  # token ids the client has been given
+    hops: list[str] = field(default_factory=list)  # every worker it was placed on, in order
+    resubmits: int = 0  # failovers and 5xx retries so far
+    error_retries: int = 0
+    first_token_s: float | None = None
+    waiting_since: float | None = None  # loop time it lost its worker with none to go to
+    done: bool = False
+
+
+class RequestStream:
+    """What `Dispatcher.submit` returns: an async iterator of the request's events.
+
+    The last event is a StreamChunk with `finish_reason` or a StreamError. A consumer that stops
+    early must call `aclose()` (or use `async with`); cancelling a task blocked in `__anext__`
+    (an HTTP client disconnect) aborts the request too.
+    """
+
+    def __init__(self, dispatcher: Dispatcher, flight: _Flight) -> None:
+        self._dispatcher = dispatcher
+        self._flight = flight
+        self._ended = False
+
+    @property
+    def rid(self) -> str:
+        return self._flight.route.rid
+
+    @property
+    def workers(self) -> tuple[str, ...]:
+        """Every worker the request was placed on, in order (for reports and debugging)."""
+        return tuple(self._flight.hops)
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> StreamEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        try:
+            event = await self._flight.queue.get()
+        except asyncio.CancelledError:
+            self._ended = True
+            self._dispatcher._cancel(self._flight)
+            raise
+        if isinstance(event, StreamError) or event.finish_reason is not None:
+            self._ended = True
+        return event
+
+    async def aclose(self) -> None:
+        """Abort the request on its worker unless it already ended; idempotent."""
+        self._ended = True
+        self._dispatcher._cancel(self._flight)
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _int_param(params: dict[str, Any], name: str) -> int | None:
+    value = params.get(name)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def cap_reached(submit: Submit, generated: int) -> bool:
+    """Whether `generated` tokens already use up the client's max_new_tokens (no resume needed)."""
+    cap = _int_param(submit.sampling_params, "max_new_tokens")
+    return cap is not None and cap - generated <= 0
+
+
+def resume_submit(submit: Submit, delivered: list[int]) -> Submit:
+    """The Submit that continues `submit` after `delivered` (callers check `cap_reached` first)."""
+    if not delivered:
+        return submit
+    n = len(delivered)
+    params = dict(submit.sampling_params)
+    for name, floor in (("max_new_tokens", 1), ("min_new_tokens", 0)):
+        value = _int_param(params, name)
+        if value is not None:
+            params[name] = max(floor, value - n)
+    return replace(submit, sampling_params=params, resume_output_ids=tuple(delivered))
+
+
+def resume_route(route: RouteRequest, generated: int) -> RouteRequest:
+    """The request as the policy should see a resume: a longer prompt, fewer tokens to go."""
+    if not generated:
+        return route
+
+    def less(value: int | None) -> int | None:
+        return None if value is None else max(1, value - generated)
+
+    return replace(
+        route,
+        prompt_tokens=route.prompt_tokens + generated,
+        predicted_output_tokens=less(route.predicted_output_tokens),
+        max_new_tokens=less(route.max_new_tokens),
+    )
+
+
+class Dispatcher:
+    """Routes requests with `policy` over the workers in `registry`, talking through `endpoint`.
+
+    The caller owns the endpoint and closes it after `stop()`.
+    """
+
+    def __init__(
+        self,
+        endpoint: RouterEndpoint,
+        policy: RoutingPolicy,
+        registry: WorkerRegistry,
+        clock: Callable[[], float] = time.monotonic,
+        reap_interval_s: float = 0.25,
+        migrate_interval_s: float | None = 0.1,  # None: never ask the policy for migrations
+        admission_timeout_s: float = 2.0,  # a new request waits this long for a first worker
+        resume_timeout_s: float = 10.0,  # a request whose worker died waits this long for another
+        max_resubmits: int = 3,  # failovers + retries per request: a request that kills workers stops
+        max_error_retries: int = 1,  # a worker's 5xx is retried this often elsewhere
+    ) -> None:
+        self.endpoint = endpoint
+        self.policy = policy
+        self.registry = registry
+        self.clock = clock
+        self.reap_interval_s = reap_interval_s
+        self.migrate_interval_s = migrate_interval_s
+        self.admission_timeout_s = admission_timeout_s
+        self.resume_timeout_s = resume_timeout_s
+        self.max_resubmits = max_resubmits
+        self.max_error_retries = max_error_retries
+        self._flights: dict[str, _Flight] = {}
+        self._waiting: dict[str, _Flight] = {}  # lost their worker, none to go to yet
+        self._registered = asyncio.Event()  # replaced after each registration: wakes admission waits
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()  # fire-and-forget sends (aborts)
+        self.counters: Counter[str] = Counter()
+        self.routed: Counter[str] = Counter()  # placements per worker, resumes included
+        self._decision_ns: deque[int] = deque(maxlen=DECISION_WINDOW)
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        if self._tasks:
+            raise RuntimeError("dispatcher already started")
+        self._tasks = [asyncio.create_task(self._receive_loop(), name="dispatcher-recv")]
+        self._tasks.append(asyncio.create_task(self._every(self.reap_interval_s, self._reap), name="dispatcher-reap"))
+        if self.migrate_interval_s is not None:
+            self._tasks.append(
+                asyncio.create_task(self._every(self.migrate_interval_s, self._migrate_tick), name="dispatcher-migrate")
+            )
+
+    async def stop(self) -> None:
+        """Stop the loops, end every open stream with a 503 and abort its worker (best effort)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for flight in list(self._flights.values()):
+            owner = flight.owner
+            self._finish(flight, StreamError(flight.route.rid, 503, "router shutting down"), "failed")
+            if owner is not None:
+                await self._send(owner, Abort(rid=flight.route.rid))
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+
+    # --- the client side ---
+
+    async def submit(self, route: RouteRequest, submit: Submit) -> RequestStream:
+        """Place the request and return its stream; NoWorkerAvailable after the admission timeout."""
+        rid = route.rid
+        if submit.rid != rid:
+            raise ValueError(f"route rid {rid!r} != submit rid {submit.rid!r}")
+        if submit.resume_output_ids:
+            raise ValueError("resume_output_ids are the dispatcher's to set")
+        if rid in self._flights:
+            raise ValueError(f"request {rid!r} is already in flight")
+        flight = _Flight(route=route, submit=submit)
+        self._flights[rid] = flight  # before the Submit goes out, so its first chunk finds it
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.admission_timeout_s
+        try:
+            while not await self._place(flight):
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    self.counters["rejected"] += 1
+                    raise NoWorkerAvailable(
+                        f"no healthy worker to route {rid!r} to within {self.admission_timeout_s:g} s"
+                    )
+                try:
+                    await asyncio.wait_for(self._registered.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+        except BaseException:
+            self._cancel(flight, count=False)
+            raise
+        return RequestStream(self, flight)
+
+    def status(self) -> dict[str, Any]:
+        """Counters for /slo/status: what was routed where, what moved, what failed, decision cost."""
+        window = sorted(self._decision_ns)
+
+        def pct(q: float) -> int | None:
+            return window[min(len(window) - 1, int(q * len(window)))] if window else None
+
+        return {
+            "inflight": len(self._flights),
+            "waiting_for_worker": len(self._waiting),
+            "routed": dict(self.routed),
+            **{
+                name: self.counters[name]
+                for name in (
+                    "completed",
+                    "failed",
+                    "cancelled",
+                    "rejected",
+                    "resubmitted",
+                    "migrated",
+                    "migrations_skipped",
+                    "workers_lost",
+                    "late_chunks_dropped",
+                    "duplicate_tokens_trimmed",
+                )
+            },
+            "decision_ns": {
+                "count": self.counters["decisions"],
+                "window": len(window),
+                "p50": pct(0.5),
+                "p99": pct(0.99),
+                "max": window[-1] if window else None,
+            },
+        }
+
+    # --- placement ---
+
+    def _assign(self, flight: _Flight, worker_id: str) -> Submit:
+        """Make `worker_id` the owner and build its Submit, in one synchronous step (see module doc)."""
+        msg = resume_submit(flight.submit, flight.delivered)
+        flight.owner = worker_id
+        flight.hops.append(worker_id)
+        self.registry.track(flight.route.rid, worker_id)
+        self.routed[worker_id] += 1
+        return msg
+
+    def _release(self, flight: _Flight) -> str | None:
+        """Detach the request from its owner (whose later chunks are then ignored)."""
+        owner = flight.owner
+        flight.owner = None
+        self.registry.untrack(flight.route.rid)
+        if owner is not None:
+            self.policy.on_finished(flight.route.rid, owner)
+        return owner
+
+    def _choose(self, flight: _Flight, exclude: set[str]) -> str | None:
+        now = self.clock()
+        views: list[WorkerView] = [
+            replace(v, healthy=False) if v.worker_id in exclude else v for v in self.registry.views(now)
+        ]
+        t0 = time.perf_counter_ns()
+        try:
+            decision = self.policy.choose(resume_route(flight.route, len(flight.delivered)), views, now)
+        except NoWorkerError:
+            return None
+        finally:
+            self._decision_ns.append(time.perf_counter_ns() - t0)
+            self.counters["decisions"] += 1
+        return decision.worker_id
+
+    async def _place(self, flight: _Flight, exclude: Iterable[str] = ()) -> bool:
+        """Send the request (resuming after what was delivered) to a policy-chosen worker.
+
+        False when no healthy worker is left; True when placed, or when it needed no placement
+        (it ended meanwhile, or its token cap is already reached: then it is finished here).
+        """
+        if cap_reached(flight.submit, len(flight.delivered)):  # only the finish chunk was lost
+            final = StreamChunk(flight.route.rid, (), len(flight.delivered), None, finish_reason="length")
+            self._finish(flight, final, "completed")
+            return True
+        excluded = set(exclude)
+        while not flight.done:
+            worker_id = self._choose(flight, excluded)
+            if worker_id is None:
+                return False
+            identity = self.registry.identity_of(worker_id)
+            if identity is None or not self.registry.is_alive(worker_id):
+                self.policy.on_finished(flight.route.rid, worker_id)
+                excluded.add(worker_id)
+                continue
+            msg = self._assign(flight, worker_id)
+            if await self._send(worker_id, msg):
+                return True
+            if flight.owner == worker_id:  # not connected after all; try the others
+                self._release(flight)
+            excluded.add(worker_id)
+        return True
+
+    async def _resubmit(self, flight: _Flight, away_from: str | None, why: str) -> None:
+        """Move a request off `away_from` (dead, failing): resume elsewhere, or wait for a worker."""
+        if flight.done:
+            return
+        if flight.resubmits >= self.max_resubmits:
+            msg = f"{why}; gave up after {flight.resubmits} resubmissions"
+            self._finish(flight, StreamError(flight.route.rid, 502, msg), "failed")
+            return
+        flight.resubmits += 1
+        self.counters["resubmitted"] += 1
+        logger.info("resubmitting %s (%s) after %d tokens", flight.route.rid, why, len(flight.delivered))
+        if not await self._place(flight, exclude=() if away_from is None else (away_from,)):
+            flight.waiting_since = asyncio.get_running_loop().time()
+            self._waiting[flight.route.rid] = flight
+
+    async def _retry_waiting(self) -> None:
+        """Place requests whose worker died once a worker is back; end those that waited too long."""
+        now = asyncio.get_running_loop().time()
+        for rid, flight in list(self._waiting.items()):
+            if self._waiting.pop(rid, None) is None or flight.done:
+                continue  # another coroutine took it meanwhile
+            if await self._place(flight):
+                flight.waiting_since = None
+            elif flight.waiting_since is not None and now - flight.waiting_since >= self.resume_timeout_s:
+                msg = f"no healthy worker to resume on within {self.resume_timeout_s:g} s"
+                self._finish(flight, StreamError(rid, 503, msg), "failed")
+            else:
+                self._waiting[rid] = flight
+
+    # --- ending a request ---
+
+    def _finish(self, flight: _Flight, event: StreamEvent, outcome: str) -> None:
+        flight.done = True
+        self._release(flight)
+        self._flights.pop(flight.route.rid, None)
+        self._waiting.pop(flight.route.rid, None)
+        flight.queue.put_nowait(event)
+        self.counters[outcome] += 1
+
+    def _cancel(self, flight: _Flight, count: bool = True) -> None:
+        """The client went away: forget the request and abort it on its worker (in the background)."""
+        if flight.done:
+            return
+        flight.done = True
+        owner = self._release(flight)
+        self._flights.pop(flight.route.rid, None)
+        self._waiting.pop(flight.route.rid, None)
+        if count:
+            self.counters["cancelled"] += 1
+        if owner is not None:
+            self._spawn(self._send(owner, Abort(rid=flight.route.rid)))
+
+    # --- the worker side ---
+
+    async def _receive_loop(self) -> None:
+        while True:
+            try:
+                identity, msg = await self.endpoint.recv()
+            except zmq.ZMQError as exc:  # the caller closed the endpoint under us
+                logger.warning("dispatcher receive loop ends: %s", exc)
+                return
+            try:
+                await self._handle(identity, msg)
+            except Exception:  # noqa: BLE001 - one bad message must not stop the router
+                logger.exception("error handling %s from %r", msg.TYPE, identity)
+
+    async def _handle(self, identity: bytes, msg: Message) -> None:
+        now = self.clock()
+        if isinstance(msg, Register):
+            previous = self.registry.inflight_on(msg.worker_id) if self.registry.is_alive(msg.worker_id) else []
+            ack = self.registry.register(msg, now, identity)
+            await self.endpoint.send(identity, ack)
+            if not ack.accepted:
+                return
+            self._registered.set()
+            self._registered = asyncio.Event()
+            for rid in previous:  # a live worker registering again is a new process: its work is gone
+                flight = self._flights.get(rid)
+                if flight is not None and flight.owner == msg.worker_id:
+                    self._release(flight)
+                    await self._resubmit(flight, None, f"worker {msg.worker_id} restarted")
+            await self._retry_waiting()
+            return
+        worker_id = getattr(msg, "worker_id", None)
+        if worker_id is None:
+            logger.debug("ignoring %s from worker %r", msg.TYPE, identity)
+            return
+        self.registry.touch(worker_id, now)  # any message proves life, even a stale heartbeat
+        if isinstance(msg, Heartbeat):
+            self.registry.heartbeat(msg, now)
+        elif isinstance(msg, LoadReport):
+            self.registry.report(msg, now)
+        elif isinstance(msg, TokenChunk):
+            await self._on_chunk(msg, now)
+        elif isinstance(msg, RequestError):
+            await self._on_error(msg)
+        if not self.registry.is_alive(worker_id):  # reaped while it stalled, or the router restarted
+            await self.endpoint.send(identity, Ack(accepted=False, reason=REGISTER_AGAIN))
+
+    def _owned(self, rid: str, worker_id: str) -> _Flight | None:
+        """The request if `worker_id` currently owns it; late messages from old owners are dropped."""
+        flight = self._flights.get(rid)
+        if flight is None or flight.owner != worker_id:
+            self.counters["late_chunks_dropped"] += 1
+            return None
+        return flight
+
+    async def _on_chunk(self, chunk: TokenChunk, now: float) -> None:
+        flight = self._owned(chunk.rid, chunk.worker_id)
+        if flight is None:
+            return
+        tokens, text = chunk.token_ids, chunk.text
+        start = chunk.completion_tokens - len(tokens)
+        have = len(flight.delivered)
+        cut = min(max(have - start, 0), len(tokens))  # a resent head: positions already delivered
+        if start < 0 or start > have or tuple(flight.delivered[start : start + cut]) != tokens[:cut]:
+            what = "a gap" if start > have else "a mismatch with the delivered tokens"
+            reason = f"chunk at output positions {start}..{chunk.completion_tokens} after {have} delivered is {what}"
+            await self._on_error(RequestError(rid=chunk.rid, worker_id=chunk.worker_id, status=502, message=reason))
+            return
+        if cut:
+            self.counters["duplicate_tokens_trimmed"] += cut
+            tokens, text = tokens[cut:], None
+            if not tokens and chunk.finish_reason is None:
+                return
+        flight.delivered.extend(tokens)
+        if tokens and flight.first_token_s is None:
+            flight.first_token_s = now
+        event = StreamChunk(
+            rid=chunk.rid,
+            token_ids=tokens,
+            completion_tokens=len(flight.delivered),
+            worker_id=chunk.worker_id,
+            text=text,
+            finish_reason=chunk.finish_reason,
+            meta=chunk.meta,
+        )
+        if chunk.finish_reason is not None:
+            self._finish(flight, event, "completed")
+        else:
+            flight.queue.put_nowait(event)
+
+    async def _on_error(self, err: RequestError) -> None:
+        """4xx: the request is bad, pass it through. 5xx: the worker failed, retry once elsewhere."""
+        flight = self._owned(err.rid, err.worker_id)
+        if flight is None:
+            return
+        passthrough = StreamError(err.rid, err.status, err.message, err.worker_id)
+        if err.status < 500 or flight.error_retries >= self.max_error_retries:
+            self._finish(flight, passthrough, "failed")
+            return
+        flight.error_retries += 1
+        self._release(flight)
+        self._spawn(self._send(err.worker_id, Abort(rid=err.rid)))  # in case it still holds it
+        if flight.resubmits < self.max_resubmits and await self._place(flight, exclude={err.worker_id}):
+            flight.resubmits += 1
+            self.counters["resubmitted"] += 1
+            return
+        if not flight.done:  # no other worker to retry on: the client gets the worker's answer
+            self._finish(flight, passthrough, "failed")
+
+    # --- timers ---
+
+    async def _every(self, interval_s: float, tick: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await tick()
+            except Exception:  # noqa: BLE001 - a failing tick must not stop the timer
+                logger.exception("dispatcher timer %s failed", getattr(tick, "__name__", tick))
+
+    async def _reap(self) -> None:
+        """Fail over the requests of workers that went silent, then retry the waiting ones."""
+        for worker_id in self.registry.reap(self.clock()):
+            self.counters["workers_lost"] += 1
+            lost = self.registry.inflight_on(worker_id)
+            logger.warning("worker %s is silent: resubmitting %d requests", worker_id, len(lost))
+            for rid in lost:
+                flight = self._flights.get(rid)
+                if flight is None or flight.owner != worker_id:
+                    self.registry.untrack(rid)
+                    continue
+                self._release(flight)
+                self._spawn(self._send(worker_id, Abort(rid=rid)))  # if it wakes up, it should stop
+                await self._resubmit(flight, worker_id, f"worker {worker_id} went silent")
+        if self._waiting:
+            await self._retry_waiting()
+
+    async def _migrate_tick(self) -> None:
+        now = self.clock()
+        running = [
+            RunningView(f.route, f.owner, len(f.delivered), f.first_token_s)
+            for f in self._flights.values()
+            if f.owner is not None and not f.done
+        ]
+        moves = self.policy.migrations(running, self.registry.views(now), now)
+        for rid, target in moves:
+            await self._migrate(rid, target)
+
+    async def _migrate(self, rid: str, target: str) -> None:
+        """Abort on the source, resume on the target; the source's late chunks no longer count."""
+        flight = self._flights.get(rid)
+        source = None if flight is None else flight.owner
+        if flight is None or source is None or source == target or not self.registry.is_alive(target):
+            self.counters["migrations_skipped"] += 1
+            return
+        if cap_reached(flight.submit, len(flight.delivered)):
+            self.counters["migrations_skipped"] += 1  # nothing left to generate: let it finish
+            return
+        self._release(flight)
+        msg = self._assign(flight, target)  # same synchronous step as the release: no chunk in between
+        self.policy.on_routed(flight.route, target)
+        self.counters["migrated"] += 1
+        sent = await self._send(target, msg)
+        await self._send(source, Abort(rid=rid))
+        if not sent and flight.owner == target and not flight.done:
+            self._release(flight)
+            await self._resubmit(flight, target, f"migration target {target} unreachable")
+
+    # --- sending ---
+
+    async def _send(self, worker_id: str, msg: Message) -> bool:
+        """False when the worker is unknown, gone, or the endpoint is closed."""
+        identity = self.registry.identity_of(worker_id)
+        if identity is None:
+            return False
+        try:
+            return await self.endpoint.send(identity, msg)
+        except zmq.ZMQError as exc:
+            logger.warning("could not send %s to %s: %s", msg.TYPE, worker_id, exc)
+            return False
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
