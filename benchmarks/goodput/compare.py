@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import random
 import sys
 import time
@@ -186,6 +187,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     w.add_argument("--mix", default="tempo", choices=sorted(MIXES))
     w.add_argument("--slo-scale", default="auto", help="'auto' (calibrate), or a number times the calibration")
     w.add_argument("--no-calibration", action="store_true", help="with a number: scale the GPU targets only")
+    w.add_argument("--calibration-from", type=Path, help="reuse the calibration of an earlier results.json (same SLOs)")
     w.add_argument("--seed", type=int, default=0)
     r = p.add_argument_group("run")
     r.add_argument(
@@ -253,7 +255,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {target.label}", flush=True)
             with target:
                 if scale is None:
-                    if not args.no_calibration:
+                    if args.calibration_from is not None:
+                        calibration = earlier_calibration(args.calibration_from)
+                    elif not args.no_calibration:
                         calibration = calibrate(target.url, prompt_for, load_options(args, target.ours))
                         print(f"   calibrated on {target.label}: {calibration}", flush=True)
                     scale = Scale.from_option(args.slo_scale, calibration)
@@ -280,6 +284,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"results: {path}")
     bad = [r for r in runs if r["metrics"].lost or check_consistency(r["metrics"])]
     return 1 if bad else 0
+
+
+def earlier_calibration(path: Path) -> Calibration:
+    """The calibration stored in an earlier run's results.json, so a repeat gets the same SLOs."""
+    runs = json.loads(path.read_text()).get("runs") or []
+    stored = next((r["config"].get("calibration") for r in runs if r.get("config", {}).get("calibration")), None)
+    if stored is None:
+        raise SystemExit(f"{path}: no calibration stored (was it run with --no-calibration?)")
+    return Calibration(**stored)
 
 
 def header_run(run: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:

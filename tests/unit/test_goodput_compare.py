@@ -1,0 +1,50 @@
+"""The comparison CLI's own decisions: which length control a server gets, reused calibrations,
+argument checks. (The end-to-end run is tests/integration/test_goodput_smoke.py.)"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.goodput.compare import auto_bin_s, earlier_calibration, load_options, parse_args, targets_of
+from benchmarks.goodput.loadgen import LengthControl
+
+
+def test_our_server_gets_the_hidden_hint_and_the_slo_others_get_client_stops() -> None:
+    args = parse_args([])
+    ours, other = load_options(args, ours=True), load_options(args, ours=False)
+    assert ours.length_control is LengthControl.HINT and ours.send_slo
+    assert other.length_control is LengthControl.CLIENT and not other.send_slo
+    forced = load_options(parse_args(["--length-control", "max-tokens"]), ours=True)
+    assert forced.length_control is LengthControl.MAX_TOKENS
+
+
+def test_a_repeat_reuses_the_stored_calibration(tmp_path: Path) -> None:
+    stored = {"ttft_base_ms": 270.0, "ttft_per_token_ms": 0.3, "tpot_ms": 83.0}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"runs": [{"label": "stock", "config": {"calibration": stored}}]}))
+    cal = earlier_calibration(path)
+    assert (cal.ttft_base_ms, cal.ttft_per_token_ms, cal.tpot_ms) == (270.0, 0.3, 83.0)
+    path.write_text(json.dumps({"runs": [{"label": "stock", "config": {"calibration": None}}]}))
+    with pytest.raises(SystemExit, match="no calibration"):
+        earlier_calibration(path)
+
+
+def test_targets_and_rates_are_parsed_in_order() -> None:
+    args = parse_args(["--stock", "--policies", "fcfs, edf", "--url", "router=http://127.0.0.1:9/", "--rates", "1,2.5"])
+    assert [t.label for t in targets_of(args)] == ["stock", "fcfs", "edf", "router"]
+    assert targets_of(args)[-1].url == "http://127.0.0.1:9"
+    assert args.rate_list == [1.0, 2.5]
+    assert parse_args([]).rate_list == [None]  # the trace's own timing
+
+
+def test_a_url_without_a_label_is_refused() -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--url", "http://127.0.0.1:9"])
+
+
+@pytest.mark.parametrize("duration, expected", [(None, 0.25), (3.0, 0.25), (300.0, 10.0)])
+def test_about_thirty_time_bins_per_run(duration: float | None, expected: float) -> None:
+    assert auto_bin_s(duration) == expected
