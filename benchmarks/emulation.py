@@ -43,8 +43,8 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import BenchServer, install_signal_handlers, stop_all  # noqa: E402
-from slo_mix import TRACE, load_trace  # noqa: E402
 
+from benchmarks.workloads.traces import load  # noqa: E402
 from scheduler.core.perf_model import load_perf_model, profile_path  # noqa: E402
 from scheduler.core.policies import make_policy  # noqa: E402
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator  # noqa: E402
@@ -58,7 +58,8 @@ TARGET_MEDIAN, TARGET_P95 = 0.05, 0.15
 
 def trace_requests(n: int, seed: int, max_output: int) -> list[tuple[int, int]]:
     """(prompt tokens, true output tokens) from the Azure conversation trace, fitting 8k."""
-    rows = [r for r in load_trace(TRACE) if r[0] + min(r[1], max_output) <= MAX_CONTEXT and r[1] > 0]
+    trace = [(r.prompt_tokens, r.output_tokens) for r in load("azure-conv").requests]
+    rows = [r for r in trace if r[0] + min(r[1], max_output) <= MAX_CONTEXT and r[1] > 0]
     rng = random.Random(seed)
     return [(p, min(o, max_output)) for p, o in (rng.choice(rows) for _ in range(n))]
 

@@ -8,9 +8,10 @@ Closed loop: `--concurrency` clients (default = the batch cap M, so the engine s
 each send the next request of one seeded sequence as soon as their previous one returns,
 until `--requests` have been sent; throughput is their output tokens over the makespan (no
 request is cut at a window edge, so every mode serves exactly the same requests).
-Prompt/output lengths come from the Azure LLM 2023 conversation trace exactly as in
-slo_mix.py (same scaling and clamps), prompts are real-text token windows sent as
-input_ids, outputs use ignore_eos. Our servers get SLOs of Tempo's 3:1:1 mix that are
+Prompt/output lengths come from the Azure LLM 2023 conversation trace (times
+--length-scale, clamped to [16, --max-prompt] and [4, --max-output]), prompts are windows of
+real text (benchmarks/workloads/text.py) sent as input_ids, outputs use ignore_eos. Our
+servers get SLOs of Tempo's 3:1:1 mix that are
 100-1000x looser than anything this engine needs (TTFT 10 min, TPOT 1 min, deadline 1 h), so
 every policy's code runs every step but nothing is urgent; stock SGLang gets no SLO field.
 
@@ -38,8 +39,10 @@ from typing import Any
 import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import install_signal_handlers, resolve_model, stop_all  # noqa: E402
-from slo_mix import PromptSource, add_server_and_trace_args, load_trace, scaled_lengths, start_server  # noqa: E402
+from _server import BenchServer, install_signal_handlers, resolve_model, stop_all  # noqa: E402
+
+from benchmarks.workloads.text import PromptText  # noqa: E402
+from benchmarks.workloads.traces import load  # noqa: E402
 
 MODES = "stock,fcfs,edf,slos,tempo"
 LOOSE_SLOS = (
@@ -51,15 +54,43 @@ LOOSE_SLOS = (
 )
 
 
-def request_sequence(args: argparse.Namespace, prompts: PromptSource, n: int = 5000) -> list[tuple[list[int], int]]:
+def scaled_lengths(row: tuple[int, int], args: argparse.Namespace) -> tuple[int, int]:
+    ctx, gen = row
+    prompt = int(min(args.max_prompt, max(16, round(ctx * args.length_scale))))
+    out = int(min(args.max_output, max(4, round(gen * args.length_scale))))
+    return prompt, out
+
+
+def request_sequence(args: argparse.Namespace, prompts: PromptText, n: int = 5000) -> list[tuple[list[int], int]]:
     """The same seeded (prompt ids, output length) sequence for every mode."""
     rng = random.Random(args.seed)
-    trace = load_trace(args.trace)
+    trace = [(r.prompt_tokens, r.output_tokens) for r in load(args.trace).requests]
     out = []
     for _ in range(n):
         prompt_len, output_len = scaled_lengths(rng.choice(trace), args)
-        out.append((prompts.window(rng, prompt_len), output_len))
+        out.append((prompts.ids(prompt_len, rng), output_len))
     return out
+
+
+def start_server(mode: str, args: argparse.Namespace) -> BenchServer:
+    """A fresh server for one mode, warmed up with two requests; start-up is retried because the
+    CPU KV-cache sizing can fail while the previous server still releases its memory."""
+    stock = mode == "stock"
+    flags = ["--max-running-requests", str(args.max_running_requests), *args.server_arg]
+    if not stock:
+        flags += ["--slo-policy", mode]
+    for attempt in range(args.start_attempts):
+        try:
+            server = BenchServer(args.model_path, flags, stock=stock, name=mode).start()
+            break
+        except RuntimeError as e:
+            if attempt + 1 == args.start_attempts:
+                raise
+            print(f"   {mode}: server failed to start ({str(e).splitlines()[0]}); retrying", flush=True)
+            time.sleep(5)
+    warm = [(list(range(10, 74)), 8)] * 2
+    asyncio.run(closed_loop(server.url, warm, 1, 2, False))
+    return server
 
 
 async def closed_loop(
@@ -110,8 +141,8 @@ async def closed_loop(
     }
 
 
-def run_mode(mode: str, args: argparse.Namespace, prompts: PromptSource, sequence: list) -> dict[str, Any]:
-    server = start_server(mode, args, prompts)
+def run_mode(mode: str, args: argparse.Namespace, sequence: list) -> dict[str, Any]:
+    server = start_server(mode, args)
     try:
         row = asyncio.run(closed_loop(server.url, sequence, args.concurrency, args.requests, mode != "stock"))
         row["startup_s"] = server.startup_s
@@ -145,7 +176,16 @@ def summarize(rows: list[dict[str, Any]], modes: list[str]) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    add_server_and_trace_args(p)
+    p.add_argument("--model-path", default="default", help="default (SmolLM2), tiny, or an HF folder")
+    p.add_argument("--max-running-requests", type=int, default=8, help="server batch cap M (default 8)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default="azure-conv", help="a trace name of benchmarks/workloads/traces.py")
+    p.add_argument("--length-scale", type=float, default=0.1, help="trace lengths times this (default 0.1)")
+    p.add_argument("--max-prompt", type=int, default=256)
+    p.add_argument("--max-output", type=int, default=64)
+    p.add_argument("--start-attempts", type=int, default=3, help="tries per server start-up")
+    p.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable, use =)")
+    p.add_argument("--json", type=Path, help="write every row and the set-up here")
     p.add_argument("--modes", default=MODES, help=f"comma-separated; 'stock' = stock SGLang (default {MODES})")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--requests", type=int, default=100, help="requests per mode (the same ones for every mode)")
@@ -161,14 +201,13 @@ def main(argv: list[str] | None = None) -> None:
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     if "fcfs" not in modes:
         raise SystemExit("--modes must include fcfs (the baseline of every ratio)")
-    prompts = PromptSource(resolve_model(args.model_path))
-    sequence = request_sequence(args, prompts)
+    sequence = request_sequence(args, PromptText(resolve_model(args.model_path)))
     rows: list[dict[str, Any]] = []
     try:
         for rnd in range(1, args.rounds + 1):
             for mode in modes:
                 print(f"== round {rnd}: {mode}", flush=True)
-                row = {"mode": mode, "round": rnd, **run_mode(mode, args, prompts, sequence)}
+                row = {"mode": mode, "round": rnd, **run_mode(mode, args, sequence)}
                 print(f"   {row['output_tok_s']:.1f} tok/s, {row['requests']} requests, {row['errors']} errors")
                 rows.append(row)
     finally:
