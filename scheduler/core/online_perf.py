@@ -4,11 +4,17 @@ A real engine (or a GPU we have no profile for) starts with no model; a bad prio
 batch caps silly, so the model is `ready` only after enough measured iterations. It refits
 SLOs-Serve's roofline from a window of recent samples and tracks drift with the roofline's
 online update between refits.
+
+A refit costs tens of milliseconds of the scheduler's own thread. On an engine with short steps
+(the tiny model: ~10 ms) refitting every 64 steps took 5-8 % of the scheduler's time, so refits
+also respect a duty cycle: after a fit that took f seconds, the next waits f / `fit_budget`.
 """
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from collections.abc import Callable
 
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm, Sample
 from scheduler.core.types import PerfModel
@@ -28,8 +34,16 @@ class OnlinePerfModel:
         refit_every: int = 64,
         n_terms: int = 2,
         max_error: float = 1.0,
+        fit_budget: float = 0.01,
+        timer: Callable[[], float] = time.perf_counter,
     ) -> None:
+        if not 0.0 < fit_budget <= 1.0:
+            raise ValueError(f"fit_budget must be in (0, 1], got {fit_budget}")
         self.max_error = max_error
+        self.fit_budget = fit_budget  # the share of the scheduler's time refits may take
+        self._timer = timer
+        self._next_fit_at = -float("inf")
+        self.fits = 0
         self.model = prior if prior is not None else crude_prior()
         self._trusted_prior = prior is not None  # a given profile: used as is, never refitted
         self.samples: deque[Sample] = deque(maxlen=window)
@@ -69,12 +83,17 @@ class OnlinePerfModel:
         self._since_fit += 1
         self.model.observe(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s)
         first_fit = self.observed == self.min_samples
-        if len(self.samples) >= self.min_samples and (first_fit or self._since_fit >= self.refit_every):
+        due = self._since_fit >= self.refit_every and self._timer() >= self._next_fit_at
+        if len(self.samples) >= self.min_samples and (first_fit or due):
+            started = self._timer()
             try:
                 self.model = RooflinePerfModel.fit(list(self.samples), n_terms=self.n_terms)
                 self._since_fit = 0
+                self.fits += 1
             except ValueError:
                 pass  # degenerate window (e.g. all samples identical): keep the current model
+            ended = self._timer()
+            self._next_fit_at = ended + (ended - started) / self.fit_budget
 
     def recent_error(self) -> float | None:
         """Mean |predicted − measured| / measured over recent iterations."""

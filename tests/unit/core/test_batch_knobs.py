@@ -130,3 +130,28 @@ def test_a_given_profile_is_ready_at_once_and_never_refitted() -> None:
         model.observe(0, 4, 400, 0, 1.0)  # a far slower host than the profile
     assert model.ready and model.step_time(0, 4, 400) == pytest.approx(PERF.step_time(0, 4, 400))
     assert model.recent_error() > 0.9  # the mismatch is still measured and reported
+
+
+def test_refits_keep_to_their_share_of_the_schedulers_time() -> None:
+    clock = [0.0]
+
+    def timer() -> float:
+        clock[0] += 0.05  # every reading 50 ms later: a fit "takes" 50 ms
+        return clock[0]
+
+    model = OnlinePerfModel(min_samples=8, refit_every=4, fit_budget=0.01, timer=timer)
+    for i in range(200):  # each observe is ~4 timer readings: ~0.2 s of model time per step
+        decodes = 1 + i % 8
+        model.observe(0, decodes, 100 * decodes, 0, 0.02 + 0.002 * decodes)
+    # without the budget: a fit every 4 steps (48); with it, one per 50 ms / 1 % = 5 s of time
+    assert 2 <= model.fits <= 12, model.fits
+    unlimited = OnlinePerfModel(min_samples=8, refit_every=4, fit_budget=1.0, timer=timer)
+    for i in range(200):
+        decodes = 1 + i % 8
+        unlimited.observe(0, decodes, 100 * decodes, 0, 0.02 + 0.002 * decodes)
+    assert unlimited.fits > 3 * model.fits
+
+
+def test_a_fit_budget_outside_0_1_is_refused() -> None:
+    with pytest.raises(ValueError, match="fit_budget"):
+        OnlinePerfModel(fit_budget=0.0)
