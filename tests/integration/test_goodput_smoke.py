@@ -63,8 +63,9 @@ def test_a_short_comparison_writes_consistent_reports(tmp_path: Path) -> None:
         assert all(r.program_start_s is not None and r.send_s >= r.program_start_s for r in stages)
     stock_records = runs[0]["records"]
     ours_records = runs[2]["records"]
-    assert all(r.finish_reason == "client_stop" and r.tier is None for r in stock_records)  # stock: no SLO fields
-    assert all(r.finish_reason == "length" and r.tier in ("admitted", "best_effort") for r in ours_records)
+    assert raw["runs"][0]["config"]["length_control"] == "client"  # one mechanism for both servers
+    assert all(r.finish_reason == "client_stop" for r in stock_records + ours_records)
+    assert [r["config"]["send_slo"] for r in raw["runs"]] == [False, False, True, True]  # stock gets no SLO field
     # the same planned workload went to both servers
     assert [(r.key, r.prompt_tokens, r.slo) for r in stock_records] == [
         (r.key, r.prompt_tokens, r.slo) for r in ours_records

@@ -8,17 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.goodput.compare import auto_bin_s, earlier_calibration, load_options, parse_args, targets_of
+from benchmarks.goodput.compare import (
+    auto_bin_s,
+    earlier_calibration,
+    load_options,
+    parse_args,
+    targets_of,
+    uniform_length_control,
+)
 from benchmarks.goodput.loadgen import LengthControl
 
 
-def test_our_server_gets_the_hidden_hint_and_the_slo_others_get_client_stops() -> None:
+def test_every_target_of_a_run_gets_the_same_length_control() -> None:
+    ours_only = parse_args(["--policies", "fcfs,edf"])
+    assert uniform_length_control("auto", targets_of(ours_only)) is LengthControl.HINT
+    with_stock = parse_args(["--stock", "--policies", "edf"])
+    assert uniform_length_control("auto", targets_of(with_stock)) is LengthControl.CLIENT
+    assert uniform_length_control("max-tokens", targets_of(ours_only)) is LengthControl.MAX_TOKENS
     args = parse_args([])
-    ours, other = load_options(args, ours=True), load_options(args, ours=False)
-    assert ours.length_control is LengthControl.HINT and ours.send_slo
-    assert other.length_control is LengthControl.CLIENT and not other.send_slo
-    forced = load_options(parse_args(["--length-control", "max-tokens"]), ours=True)
-    assert forced.length_control is LengthControl.MAX_TOKENS
+    args.control = LengthControl.CLIENT
+    assert load_options(args, ours=True).send_slo and not load_options(args, ours=False).send_slo
+    assert load_options(args, ours=True).length_control is LengthControl.CLIENT
 
 
 def test_a_repeat_reuses_the_stored_calibration(tmp_path: Path) -> None:
