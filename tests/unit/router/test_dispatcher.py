@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -161,15 +161,6 @@ class FakeWorker:
                 self.alive = False  # silent from now on: no heartbeats, no chunks
                 return
             await asyncio.sleep(self.delay_s)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)  # closes any socket a failing test left open
 
 
 @contextlib.asynccontextmanager

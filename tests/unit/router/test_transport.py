@@ -4,7 +4,7 @@ malformed frames dropped without breaking the endpoint, and the loopback guard."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import pytest
 import zmq
@@ -15,15 +15,6 @@ from router.transport import RouterEndpoint, WorkerEndpoint, check_loopback
 
 TIMEOUT_S = 5.0
 REGISTER = Register(worker_id="w0", gpu="cpu", model="m", kv_capacity_tokens=1000, max_running=4)
-
-
-@pytest.fixture
-def ctx() -> Iterator[zmq.asyncio.Context]:
-    context = zmq.asyncio.Context()
-    try:
-        yield context
-    finally:
-        context.destroy(linger=0)  # closes any socket a failing test left open
 
 
 def _run(test: Callable[[], Awaitable[None]]) -> None:
