@@ -262,6 +262,7 @@ class Submit(Message):
     slo: dict[str, Any] | None = None  # SloSpec.to_dict() form; re-validated with parse_slo
     resume_output_ids: tuple[int, ...] = ()
     stream: bool = True
+    arrival_unix: float | None = None  # when the client's request reached the router (wall clock)
 
     def __post_init__(self) -> None:
         _ident(self.rid, "rid")
@@ -274,6 +275,8 @@ class Submit(Message):
                 raise ProtocolError(exc.field, exc.message) from None
         _set(self, "resume_output_ids", _token_ids(self.resume_output_ids, "resume_output_ids"))
         _bool(self.stream, "stream")
+        if self.arrival_unix is not None:
+            _set(self, "arrival_unix", _rate(self.arrival_unix, "arrival_unix"))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -301,6 +301,9 @@ def test_resume_helpers() -> None:
     assert resumed.sampling_params == {"max_new_tokens": 2, "min_new_tokens": 0, "t": 0.5}
     assert submit.sampling_params["max_new_tokens"] == 5  # the original is untouched
     assert resume_submit(submit, []) is submit
+    hinted = Submit(rid="r", input_ids=[1], sampling_params={"custom_params": {"slo_oracle_output_len": 10, "x": 1}})
+    assert resume_submit(hinted, [7, 8, 9]).sampling_params["custom_params"] == {"slo_oracle_output_len": 7, "x": 1}
+    assert hinted.sampling_params["custom_params"]["slo_oracle_output_len"] == 10
     assert not cap_reached(submit, 4) and cap_reached(submit, 5)
     assert not cap_reached(Submit(rid="r", input_ids=[1], sampling_params={}), 10**6)  # no cap, no end
     route, _ = _request("r", max_new=5)
