@@ -1,22 +1,31 @@
-"""Start several (emulated) workers on one machine from a small YAML file, until Ctrl-C.
+"""Start a router and several (emulated) workers on one machine from a small YAML file, until Ctrl-C.
 
     launch_cluster examples/cluster-h100-a40.yaml [--workers-file workers.json]
 
 Each worker is a full `python -m launch_server` (its own SGLang scheduler, KV cache and SLO
-policy) on 127.0.0.1, usually with `--emulate-gpu`, so a pool of mixed GPU generations can be
-served and routed on a CPU machine. Workers start together and are stopped by PID (process
-group) on Ctrl-C, SIGTERM or any start-up failure. `--workers-file` writes the running workers
-(name, gpu, url, pid) as JSON for a router or a benchmark to read.
+policy) on 127.0.0.1, with `--emulate-gpu` (a GPU generation paced on the tiny model) or a real
+model (`model_path`), so a pool of mixed GPU generations can be served and routed on a CPU
+machine. With a `router` section, `python -m launch_router` fronts them and every worker joins
+its pool over ZMQ; clients then talk to the router's URL only. Everything starts together and
+is stopped by PID (process group) on Ctrl-C, SIGTERM or any start-up failure. `--workers-file`
+writes the running processes (name, gpu, url, pid) as JSON for a benchmark to read.
 
 YAML format:
     base_port: 31000            # optional; workers without `port` get consecutive ports from here
     args: [--slo-policy, slos]  # optional; flags every worker gets
+    router:                     # optional; front the workers with one router
+      port: 30000               # optional (default: a free port)
+      worker_port: 30100        # optional; where workers connect (default: a free port)
+      policy: goodserve         # optional --routing-policy
+      params: {tau: 50}         # optional --routing-policy-param values
+      args: [--dead-after-s, "2"]   # optional; the router's own flags
     workers:
       - gpu: h100               # --emulate-gpu value (h100, a100, a40 or a profile .json)
         model: llama3-8b        # optional --emulate-model
         count: 1                # optional; this many identical workers
         port: 31000             # optional (only with count 1)
         args: [--max-running-requests, "64"]   # optional; this worker's own flags
+      - model_path: tiny        # a real model instead of an emulated GPU (tiny, default or a path)
 """
 
 from __future__ import annotations
@@ -26,18 +35,22 @@ import json
 import signal
 import sys
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import requests
 import yaml
 
 from server.emulation import DEFAULT_MODEL, resolve
-from server.process import ServerProcess
+from server.process import ServerProcess, free_port
 
-TOP_KEYS = {"base_port", "args", "workers"}
-WORKER_KEYS = {"gpu", "model", "count", "port", "args"}
+TOP_KEYS = {"base_port", "args", "workers", "router"}
+WORKER_KEYS = {"gpu", "model", "model_path", "count", "port", "args"}
+ROUTER_KEYS = {"port", "worker_port", "policy", "params", "args"}
+JOIN_TIMEOUT_S = 60.0  # workers are up; registering with the router takes a heartbeat or two
 
 
 class ClusterConfigError(ValueError):
@@ -47,19 +60,76 @@ class ClusterConfigError(ValueError):
 @dataclass
 class WorkerSpec:
     name: str
-    gpu: str
-    model: str
+    gpu: str | None  # emulated card; None for a real-model worker
+    model: str  # emulated model, or the real model path
     port: int | None
     args: list[str] = field(default_factory=list)
 
     def argv(self) -> list[str]:
+        if self.gpu is None:
+            return ["--model-path", self.model, *self.args]
         return ["--emulate-gpu", self.gpu, "--emulate-model", self.model, *self.args]
+
+
+@dataclass
+class RouterSpec:
+    port: int | None = None
+    worker_port: int | None = None
+    policy: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    args: list[str] = field(default_factory=list)
+
+    def argv(self, worker_port: int) -> list[str]:
+        out = ["--worker-port", str(worker_port)]
+        if self.policy is not None:
+            out += ["--routing-policy", self.policy]
+        for key, value in self.params.items():
+            out += ["--routing-policy-param", f"{key}={json.dumps(value)}"]
+        return out + self.args
+
+
+@dataclass
+class ClusterSpec:
+    workers: list[WorkerSpec]
+    router: RouterSpec | None = None
 
 
 def _str_list(value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str | int | float) for v in value):
         raise ClusterConfigError(f"{where}: must be a list of flags")
     return [str(v) for v in value]
+
+
+def parse_router(data: Any) -> RouterSpec:
+    if not isinstance(data, dict):
+        raise ClusterConfigError("router: must be a mapping")
+    if unknown := set(data) - ROUTER_KEYS:
+        raise ClusterConfigError(f"router: unknown key(s) {sorted(unknown)} (allowed: {sorted(ROUTER_KEYS)})")
+    for key in ("port", "worker_port"):
+        value = data.get(key)
+        if value is not None and (not isinstance(value, int) or not 0 < value < 65536):
+            raise ClusterConfigError(f"router.{key}: must be a port number")
+    policy = data.get("policy")
+    if policy is not None:
+        from router.policies import ROUTING_POLICIES
+
+        if policy not in ROUTING_POLICIES:
+            raise ClusterConfigError(
+                f"router.policy: unknown {policy!r} (known: {', '.join(sorted(ROUTING_POLICIES))})"
+            )
+    params = data.get("params", {})
+    if not isinstance(params, dict):
+        raise ClusterConfigError("router.params: must be a mapping of policy parameters")
+    return RouterSpec(
+        data.get("port"), data.get("worker_port"), policy, params, _str_list(data.get("args", []), "router.args")
+    )
+
+
+def parse_cluster_spec(data: Any) -> ClusterSpec:
+    """The whole file: workers plus the optional router."""
+    workers = parse_cluster(data)
+    router = parse_router(data["router"]) if data.get("router") is not None else None
+    return ClusterSpec(workers, router)
 
 
 def parse_cluster(data: Any) -> list[WorkerSpec]:
@@ -81,13 +151,7 @@ def parse_cluster(data: Any) -> list[WorkerSpec]:
             raise ClusterConfigError(f"{where}: must be a mapping")
         if unknown := set(w) - WORKER_KEYS:
             raise ClusterConfigError(f"{where}: unknown key(s) {sorted(unknown)} (allowed: {sorted(WORKER_KEYS)})")
-        if not isinstance(w.get("gpu"), str):
-            raise ClusterConfigError(f"{where}.gpu: required, e.g. h100")
-        model = w.get("model", DEFAULT_MODEL)
-        try:
-            resolve(w["gpu"], model)
-        except ValueError as e:
-            raise ClusterConfigError(f"{where}.gpu: {e}") from None
+        gpu, model = _worker_model(w, where)
         count = w.get("count", 1)
         if not isinstance(count, int) or count < 1:
             raise ClusterConfigError(f"{where}.count: must be a positive integer")
@@ -96,7 +160,7 @@ def parse_cluster(data: Any) -> list[WorkerSpec]:
             raise ClusterConfigError(f"{where}.port: an integer, and only with count 1")
         own = _str_list(w.get("args", []), f"{where}.args")
         for _ in range(count):
-            specs.append(WorkerSpec(f"{w['gpu']}-{len(specs)}", w["gpu"], model, port, [*common, *own]))
+            specs.append(WorkerSpec(f"{gpu or 'real'}-{len(specs)}", gpu, model, port, [*common, *own]))
     if base_port is not None:
         taken = {s.port for s in specs if s.port is not None}
         nxt = base_port
@@ -111,39 +175,113 @@ def parse_cluster(data: Any) -> list[WorkerSpec]:
     return specs
 
 
-def load_cluster(path: str | Path) -> list[WorkerSpec]:
+def _worker_model(w: dict[str, Any], where: str) -> tuple[str | None, str]:
+    """(emulated gpu, model) of an emulated worker, or (None, model path) of a real-model one."""
+    if "model_path" in w:
+        if not isinstance(w["model_path"], str) or "gpu" in w or "model" in w:
+            raise ClusterConfigError(f"{where}.model_path: a string, and not with gpu/model (it runs the real model)")
+        return None, w["model_path"]
+    if not isinstance(w.get("gpu"), str):
+        raise ClusterConfigError(f"{where}.gpu: required (e.g. h100), or model_path for a real model")
+    model = w.get("model", DEFAULT_MODEL)
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        resolve(w["gpu"], model)
+    except ValueError as e:
+        raise ClusterConfigError(f"{where}.gpu: {e}") from None
+    return w["gpu"], model
+
+
+def _read(path: str | Path) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as e:
         raise ClusterConfigError(f"cannot read {path}: {e}") from None
-    return parse_cluster(data)
+
+
+def load_cluster(path: str | Path) -> list[WorkerSpec]:
+    return parse_cluster(_read(path))
+
+
+def load_cluster_spec(path: str | Path) -> ClusterSpec:
+    return parse_cluster_spec(_read(path))
 
 
 class Cluster:
-    """The started workers; a context manager that always stops every one of them by PID."""
+    """The started processes; a context manager that always stops every one of them by PID."""
 
-    def __init__(self, specs: list[WorkerSpec]) -> None:
+    def __init__(self, specs: list[WorkerSpec], router: RouterSpec | None = None, api_key: str | None = None) -> None:
         self.specs = specs
-        self.servers = [ServerProcess(*s.argv(), name=s.name, port=s.port) for s in specs]
+        self.api_key = api_key
+        key = ["--api-key", api_key] if api_key else []
+        self.router: ServerProcess | None = None
+        joins: list[str] = []
+        if router is not None:
+            worker_port = router.worker_port or free_port()
+            self.router = ServerProcess(
+                *router.argv(worker_port), *key, name="router", module="launch_router", port=router.port,
+                ready_path="/slo/status", api_key=api_key,
+            )  # fmt: skip
+            joins = ["--router-address", f"tcp://127.0.0.1:{worker_port}"]
+        self.servers = [
+            ServerProcess(
+                *s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []), name=s.name, port=s.port
+            )
+            for s in specs
+        ]
+
+    @property
+    def url(self) -> str:
+        """Where clients go: the router if there is one, else the first worker."""
+        return (self.router or self.servers[0]).url
 
     def start(self) -> Cluster:
         try:
+            if self.router is not None:
+                self.router.start()
             with ThreadPoolExecutor(len(self.servers)) as pool:
                 list(pool.map(lambda srv: srv.start(), self.servers))
+            if self.router is not None:
+                self.wait_joined()
         except BaseException:
             self.stop()
             raise
         return self
 
+    def wait_joined(self, timeout: float = JOIN_TIMEOUT_S) -> None:
+        """Until the router counts every worker as healthy."""
+        assert self.router is not None
+        want = {s.name for s in self.specs}
+        deadline = time.monotonic() + timeout
+        while True:
+            status = requests.get(self.router.url + "/slo/status", headers=self.router.headers, timeout=5).json()
+            healthy = {w["worker_id"] for w in status.get("workers", []) if w.get("healthy")}
+            if want <= healthy:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"workers {sorted(want - healthy)} did not join the router in {timeout:g} s")
+            time.sleep(0.25)
+
     def stop(self) -> None:
         for server in self.servers:
             server.stop()
+        if self.router is not None:
+            self.router.stop()
 
     def describe(self) -> list[dict[str, Any]]:
-        return [
-            {"name": s.name, "gpu": s.gpu, "model": s.model, "url": srv.url, "pid": srv.proc.pid if srv.proc else None}
+        out = [
+            {
+                "name": s.name,
+                "gpu": s.gpu or "cpu",
+                "model": s.model,
+                "url": srv.url,
+                "pid": srv.proc.pid if srv.proc else None,
+            }
             for s, srv in zip(self.specs, self.servers, strict=True)
         ]
+        if self.router is not None:
+            pid = self.router.proc.pid if self.router.proc else None
+            out.insert(0, {"name": "router", "gpu": None, "model": None, "url": self.router.url, "pid": pid})
+        return out
 
     def __enter__(self) -> Cluster:
         return self.start()
@@ -156,23 +294,25 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="launch_cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="cluster YAML file")
     parser.add_argument("--workers-file", type=Path, help="write the running workers here (JSON)")
+    parser.add_argument("--api-key", help="required by the router and every worker (and presented between them)")
     args = parser.parse_args(argv)
     try:
-        specs = load_cluster(args.config)
+        spec = load_cluster_spec(args.config)
     except ClusterConfigError as e:
         raise SystemExit(f"{args.config}: {e}") from None
+    specs = spec.workers
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     print(f"launch_cluster: starting {len(specs)} workers ...", flush=True)
     try:
-        with Cluster(specs) as cluster:
+        with Cluster(specs, spec.router, args.api_key) as cluster:
             workers = cluster.describe()
             for w in workers:
                 print(f"  {w['name']:10} {w['gpu']}/{w['model']:12} {w['url']}  (pid {w['pid']})", flush=True)
             if args.workers_file:
                 args.workers_file.write_text(json.dumps(workers, indent=2))
-            print("ready; Ctrl-C stops every worker", flush=True)
+            print(f"ready: clients use {cluster.url}; Ctrl-C stops every process", flush=True)
             stop.wait()
     except KeyboardInterrupt:
         pass

@@ -172,6 +172,20 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="run the emulated card K times slower (dilated time) when the host cannot keep up with it; "
         "clients scale their SLOs by K (default 1: the card's own speed)",
     )
+    router = parser.add_argument_group("router worker", "join an sglang-slo router's pool (python -m launch_router)")
+    router.add_argument(
+        "--router-address",
+        metavar="ADDR",
+        help="the router's worker address, e.g. tcp://127.0.0.1:30100: register there, report load and serve "
+        "what it routes here (the HTTP API keeps serving direct clients too); --api-key is presented to it",
+    )
+    router.add_argument("--worker-id", help="name in the router's pool (default: <gpu>-<port>)")
+    router.add_argument(
+        "--worker-gpu", help="GPU kind reported to the router (default: the emulated card, else cpu or CUDA's name)"
+    )
+    router.add_argument(
+        "--router-allow-remote", action="store_true", help="allow a router address that is not loopback"
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -233,6 +247,39 @@ def _default_slo(args: argparse.Namespace) -> dict[str, Any] | None:
     }
     spec = {k: v for k, v in spec.items() if v is not None}
     return spec or None
+
+
+def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu: bool) -> dict[str, Any]:
+    """The worker's identity in a router's pool; checked here so a typo stops start-up."""
+    if not args.router_address:
+        if args.worker_id or args.worker_gpu:
+            raise SystemExit("--worker-id/--worker-gpu: only with --router-address")
+        return {}
+    from router.protocol import ProtocolError, check_worker_id
+    from router.transport import check_loopback
+
+    try:
+        check_loopback(args.router_address, args.router_allow_remote)
+    except ValueError as e:
+        raise SystemExit(f"--router-address: {e}") from None
+    gpu = args.worker_gpu or (emulation.name.split("/")[0] if emulation else "cpu" if on_cpu else _cuda_name())
+    worker_id = args.worker_id or f"{gpu}-{port}"
+    try:
+        check_worker_id(worker_id)
+    except ProtocolError as e:
+        raise SystemExit(f"--worker-id: {e.reason}") from None
+    return {
+        "router_address": args.router_address,
+        "worker_id": worker_id,
+        "worker_gpu": gpu,
+        "router_allow_remote": args.router_allow_remote,
+    }
+
+
+def _cuda_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name().lower().replace(" ", "-")
 
 
 def _emulation(argv: list[str]) -> Any:
@@ -339,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
         emulate_profile=str(emulation.profile) if emulation else None,
         emulate_name=emulation.name if emulation else None,
         emulate_slowdown=args.emulate_slowdown,
+        **_router_settings(args, server_args.port, emulation, on_cpu),
     )
     base = f"http://{server_args.host}:{server_args.port}"
     print(

@@ -62,6 +62,7 @@ def request_slo(req: Any) -> tuple[SloSpec, float | None]:
 
 
 DECLINED_ATTR = "slo_declined"  # set on SGLang's Req by each plan while it waits
+PREFILL_PROBE_TOKENS = 1024  # the per-token prefill cost the router sees is the model's at this chunk
 
 
 def stamp_token_times(reqs: list) -> None:
@@ -452,6 +453,14 @@ class SloScheduler(_BaseScheduler):
         self.waiting_queue[:] = keep
 
     # ---- status ----------------------------------------------------------------------------
+    def _slo_kv_used_tokens(self) -> int | None:
+        """KV tokens held by requests (cached prefixes that could be evicted count as free)."""
+        try:
+            free = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
+        except Exception:  # noqa: BLE001 - read from the status thread; never break the status
+            return None
+        return max(0, int(self.max_total_num_tokens - free))
+
     def slo_status_snapshot(self) -> dict[str, Any]:
         return {
             "policy": self.slo_config.policy,
@@ -460,6 +469,11 @@ class SloScheduler(_BaseScheduler):
             "max_running_requests": self.max_running_requests,
             "chunked_prefill_size": self.chunked_prefill_size,
             "steps": self.slo_step,
+            "kv_capacity_tokens": int(self.max_total_num_tokens),
+            "kv_used_tokens": self._slo_kv_used_tokens(),
+            "prefill_ms_per_token": round(
+                1000 * self.slo_perf.step_time(PREFILL_PROBE_TOKENS, 0, 0) / PREFILL_PROBE_TOKENS, 6
+            ),
             "dropped_in_queue": self.slo_dropped,
             "batch_cap": self.slo_batch_cap,
             "chunk_size": self.chunked_prefill_size,

@@ -38,6 +38,8 @@ class ServerProcess:
         env: dict[str, str] | None = None,
         cwd: Path | None = None,
         port: int | None = None,
+        ready_path: str = "/health",
+        api_key: str | None = None,
     ) -> None:
         self.port = port or free_port()
         self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
@@ -46,6 +48,8 @@ class ServerProcess:
         self.cwd = cwd
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix=f"sglang-slo-{name}-", suffix=".log")[1])
+        self.ready_path = ready_path
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
@@ -75,7 +79,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
             try:
-                if requests.get(self.url + "/health", timeout=2).status_code == 200:
+                if requests.get(self.url + self.ready_path, headers=self.headers, timeout=2).status_code == 200:
                     return
             except requests.RequestException:
                 pass
@@ -86,7 +90,7 @@ class ServerProcess:
         """/slo/status once `ok` holds (the scheduler publishes its part periodically)."""
         deadline = time.monotonic() + timeout
         while True:
-            status = requests.get(self.url + "/slo/status", timeout=5).json()
+            status = requests.get(self.url + "/slo/status", headers=self.headers, timeout=5).json()
             if ok(status) or time.monotonic() > deadline:
                 return status
             time.sleep(0.1)

@@ -8,8 +8,9 @@ middleware on SGLang's app (SLO parsing, status, metrics). Every SGLang route ke
 from __future__ import annotations
 
 import atexit
+import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from sglang.srt.entrypoints import http_server
@@ -86,6 +87,27 @@ def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **k
     return init_tokenizer_manager(server_args, port_args, SloTokenizerManager)
 
 
+def _join_router(
+    server_args: Any, config: SloServerConfig, agent_token: str | None, engine: Callable[[], dict[str, Any]]
+) -> None:
+    """Start the agent that links this server to its router (it waits until the server is up)."""
+    from server.worker_agent import AgentConfig, start_agent_thread
+
+    assert config.router_address and config.worker_id and config.worker_gpu
+    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    agent = AgentConfig(
+        router_address=config.router_address,
+        worker_id=config.worker_id,
+        gpu=config.worker_gpu,
+        model=str(server_args.model_path),
+        http_url=f"http://{host}:{server_args.port}",
+        api_key=server_args.api_key,
+        agent_token=agent_token,
+        allow_remote=config.router_allow_remote,
+    )
+    start_agent_thread(agent, engine)
+
+
 def launch(server_args: Any, config: SloServerConfig) -> None:
     """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
     config.to_env()  # inherited by the spawned scheduler process
@@ -106,7 +128,12 @@ def launch(server_args: Any, config: SloServerConfig) -> None:
             "tiers": _BOOK.metrics.tiers(),
         }
 
-    http_server.app.add_middleware(SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status)
+    agent_token = secrets.token_hex(16) if config.router_address else None
+    http_server.app.add_middleware(
+        SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status, agent_token=agent_token
+    )
+    if config.router_address:
+        _join_router(server_args, config, agent_token, lambda: dict(subscriber.latest))
     http_server.launch_server(
         server_args,
         init_tokenizer_manager_func=init_slo_tokenizer_manager,

@@ -8,6 +8,8 @@ the SLO counters to GET /metrics.
 
 from __future__ import annotations
 
+import hmac
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,6 +23,12 @@ from server.slo_request import extract_slo, inject_native, inject_openai
 NATIVE_PATHS = frozenset({"/generate"})
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 MAX_BODY_BYTES = 64 * 1024 * 1024
+# The router's worker agent forwards the client's arrival time, so the worker's deadlines count
+# from when the client asked, not from when the request reached this worker (or resumed here).
+# Only trusted with the agent's per-process token: a client must not back-date its requests.
+ARRIVAL_HEADER = "x-slo-arrival"
+AGENT_TOKEN_HEADER = "x-slo-agent-token"
+MAX_FORWARDED_AGE_S = 3600.0
 
 Scope = dict[str, Any]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -93,11 +101,13 @@ class SloMiddleware:
         book: SloReportBook,
         default_slo: SloSpec | None,
         status: Callable[[], dict[str, Any]],
+        agent_token: str | None = None,
     ) -> None:
         self.app = app
         self.book = book
         self.default_slo = default_slo
         self.status = status
+        self.agent_token = agent_token
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -124,6 +134,7 @@ class SloMiddleware:
         if not isinstance(body, dict):  # not ours to judge: SGLang answers malformed bodies
             return await self.app(scope, _replay(raw, receive), send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        arrival = self._forwarded_arrival(headers, arrival)
         try:
             spec = extract_slo(body, headers, self.default_slo, native=native)
             (inject_native if native else inject_openai)(body, spec, arrival)
@@ -132,6 +143,17 @@ class SloMiddleware:
         new_raw = orjson.dumps(body)
         scope = {**scope, "headers": _with_length(list(scope.get("headers", [])), len(new_raw))}
         await self.app(scope, _replay(new_raw, receive), send if native else self._openai_send(send))
+
+    def _forwarded_arrival(self, headers: dict[str, str], arrival: float) -> float:
+        """The router's arrival time when its agent sent the request, else this server's."""
+        token = headers.get(AGENT_TOKEN_HEADER)
+        if self.agent_token is None or token is None or not hmac.compare_digest(token, self.agent_token):
+            return arrival
+        try:
+            forwarded = float(headers.get(ARRIVAL_HEADER, ""))
+        except ValueError:
+            return arrival
+        return min(arrival, max(forwarded, arrival - MAX_FORWARDED_AGE_S)) if math.isfinite(forwarded) else arrival
 
     def _openai_send(self, send: Send) -> Send:
         """Adds the `slo` block to the final OpenAI JSON response or SSE chunk."""

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_cluster import ClusterConfigError, load_cluster, parse_cluster
+from launch_cluster import ClusterConfigError, load_cluster, load_cluster_spec, parse_cluster, parse_cluster_spec
 from server.emulation import available, resolve, startup_flags
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -64,3 +64,37 @@ def test_counts_expand_and_ports_skip_explicit_ones() -> None:
 def test_bad_cluster_files_are_refused_naming_the_key(data: dict, names: str) -> None:
     with pytest.raises(ClusterConfigError, match=names.replace("[", r"\[").replace("]", r"\]")):
         parse_cluster(data)
+
+
+def test_the_router_section_and_real_model_workers_parse() -> None:
+    spec = parse_cluster_spec(
+        {
+            "router": {"port": 30000, "policy": "polyserve", "params": {"tiers_ms": [25, 50]}, "args": ["--x", 1]},
+            "workers": [{"model_path": "tiny"}, {"gpu": "a40"}],
+        }
+    )
+    assert spec.router is not None
+    argv = spec.router.argv(4000)
+    assert argv[:4] == ["--worker-port", "4000", "--routing-policy", "polyserve"]
+    assert argv[4:] == ["--routing-policy-param", "tiers_ms=[25, 50]", "--x", "1"]
+    real, emulated = spec.workers
+    assert (real.gpu, real.argv()) == (None, ["--model-path", "tiny"])
+    assert emulated.argv()[:2] == ["--emulate-gpu", "a40"]
+    assert load_cluster_spec(ROOT / "examples" / "cluster-h100-a40.yaml").router is not None
+
+
+@pytest.mark.parametrize(
+    ("data", "names"),
+    [
+        ({"router": {"policy": "fastest"}, "workers": [{"gpu": "h100"}]}, "router.policy"),
+        ({"router": {"prot": 1}, "workers": [{"gpu": "h100"}]}, "prot"),
+        ({"router": {"port": "x"}, "workers": [{"gpu": "h100"}]}, "router.port"),
+        ({"router": {"params": [1]}, "workers": [{"gpu": "h100"}]}, "router.params"),
+        ({"router": [], "workers": [{"gpu": "h100"}]}, "router"),
+        ({"workers": [{"model_path": "tiny", "gpu": "h100"}]}, "workers[0].model_path"),
+        ({"workers": [{"model": "llama3-8b"}]}, "workers[0].gpu"),
+    ],
+)
+def test_bad_router_sections_are_refused_naming_the_key(data: dict, names: str) -> None:
+    with pytest.raises(ClusterConfigError, match=names.replace("[", r"\[").replace("]", r"\]")):
+        parse_cluster_spec(data)

@@ -397,3 +397,34 @@ def test_metrics_asks_inner_app_for_uncompressed_text():
     call(mw, "GET", "/metrics", headers=[(b"accept-encoding", b"gzip"), (b"x-other", b"1")])
     forwarded = dict(inner.calls[0]["scope"]["headers"])
     assert b"accept-encoding" not in forwarded and forwarded[b"x-other"] == b"1"
+
+
+@pytest.mark.parametrize(
+    "token, forwarded, expect",
+    [
+        ("secret", "NOW-5", "forwarded"),  # the router agent's arrival counts
+        ("wrong", "NOW-5", "local"),  # a client cannot back-date its request
+        (None, "NOW-5", "local"),
+        ("secret", "NOW+60", "local"),  # never later than it reached this server
+        ("secret", "NOW-99999", "clamped"),  # at most an hour back
+        ("secret", "soon", "local"),
+    ],
+)
+def test_forwarded_arrival_is_trusted_only_from_the_agent(token, forwarded, expect):
+    book = SloReportBook(SloMetrics())
+    inner = FakeApp()
+    mw = SloMiddleware(inner, book, DEFAULT, lambda: {}, agent_token="secret")
+    now = time.time()
+    value = forwarded.replace("NOW", "").strip()
+    raw = str(now + float(value)) if value not in ("soon",) else value
+    headers = [(b"x-slo-arrival", raw.encode())]
+    if token is not None:
+        headers.append((b"x-slo-agent-token", token.encode()))
+    call(mw, "POST", "/generate", _json({"text": "x", "slo": {"ttft_ms": 100}}), headers)
+    arrival = orjson.loads(inner.calls[0]["body"])["sampling_params"]["custom_params"][ARRIVAL_PARAM]
+    if expect == "forwarded":
+        assert arrival == pytest.approx(now - 5, abs=1e-3)
+    elif expect == "clamped":
+        assert now - 3601 < arrival < now - 3599
+    else:
+        assert now - 1 < arrival <= time.time()
