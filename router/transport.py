@@ -8,6 +8,7 @@ restarted worker takes over its old connection (ROUTER_HANDOVER).
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import logging
 from types import TracebackType
@@ -22,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BIND = "tcp://127.0.0.1:0"  # port 0: the OS picks; read the real one from `.address`
 _LOCAL_TRANSPORTS = ("ipc://", "inproc://")
+SEND_HWM = 100_000  # token chunks of many streams may queue while the router catches up
 _E = TypeVar("_E", bound="_Endpoint")
 
 
@@ -155,6 +157,10 @@ class WorkerEndpoint(_Endpoint):
         sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.DEALER, connect_addr)
         try:
             sock.setsockopt(zmq.ROUTING_ID, worker_id.encode())
+            # Nothing queues for a router that is not there: heartbeats and reports are perishable,
+            # and a restarted router must not receive a backlog of stale ones (send raises Again).
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.SNDHWM, SEND_HWM)
             sock.connect(connect_addr)
         except zmq.ZMQError:
             sock.close(linger=0)
@@ -162,8 +168,18 @@ class WorkerEndpoint(_Endpoint):
         super().__init__(sock, max_bytes)
         self.worker_id = worker_id
 
-    async def send(self, msg: Message) -> None:
-        await self._sock.send(msg.to_wire())
+    async def send(self, msg: Message, wait_s: float = 1.0) -> None:
+        """Raises zmq.Again when the router stays unreachable (or hopelessly behind) for `wait_s`."""
+        payload = msg.to_wire()
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            try:
+                await self._sock.send(payload, flags=zmq.NOBLOCK)
+                return
+            except zmq.Again:
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise
+                await asyncio.sleep(0.005)  # connecting, or reconnecting to a restarted router
 
     async def recv(self) -> Message:
         """The next well-formed message from the router; malformed ones are logged and skipped."""

@@ -344,8 +344,9 @@ class WorkerAgent:
         assert self._endpoint is not None
         try:
             await self._endpoint.send(msg)
-        except zmq.ZMQError as exc:
-            logger.warning("worker %s could not send %s: %s", self.config.worker_id, msg.TYPE, exc)
+        except zmq.ZMQError as exc:  # the router is down or restarting: perishable messages are dropped
+            level = logging.WARNING if isinstance(msg, (TokenChunk, RequestError)) else logging.DEBUG
+            logger.log(level, "worker %s could not send %s: %s", self.config.worker_id, msg.TYPE, exc)
 
 
 def start_agent_thread(config: AgentConfig, engine_status: Callable[[], dict[str, Any]]) -> threading.Thread:

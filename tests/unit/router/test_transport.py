@@ -124,3 +124,29 @@ def test_remote_allowed_when_asked(ctx: zmq.asyncio.Context) -> None:
 def test_bad_worker_id_refused(ctx: zmq.asyncio.Context) -> None:
     with pytest.raises(ProtocolError):
         WorkerEndpoint("tcp://127.0.0.1:1", "", ctx=ctx)
+
+
+def test_a_worker_queues_nothing_for_an_absent_router(ctx: zmq.asyncio.Context) -> None:
+    """Heartbeats sent while the router is down fail fast, and a router that comes up later
+    gets the next message, not a backlog of stale ones."""
+
+    async def go() -> None:
+        probe = RouterEndpoint("tcp://127.0.0.1:0", ctx=ctx)
+        address = probe.address
+        probe.close()  # a free port with nobody listening
+        worker = WorkerEndpoint(address, "w0", ctx=ctx)
+        router = None
+        try:
+            for seq in range(3):
+                with pytest.raises(zmq.Again):
+                    await worker.send(Heartbeat(worker_id="w0", seq=seq), wait_s=0.05)
+            router = RouterEndpoint(address, ctx=ctx)
+            await worker.send(Heartbeat(worker_id="w0", seq=3), wait_s=3.0)  # waits for the reconnect
+            _, msg = await router.recv()
+            assert msg == Heartbeat(worker_id="w0", seq=3)
+        finally:
+            worker.close()
+            if router is not None:
+                router.close()
+
+    _run(go)
