@@ -4,7 +4,8 @@ Not a test (timings depend on the machine): run `python -m router.policies.bench
 check that a decision stays far below a request's own latency budget (GoodServe reports 5 ms at
 512 instances). Workers get random EMAs, tiers and loads; requests mix SLO classes and share
 prompt prefixes, so the prefix tables and tier bookkeeping are exercised. SLOs-Serve's admission
-is a cheap fake here: the real one runs the core's DP per asked replica and dominates its cost.
+is the real one (the core's DP per asked replica, which dominates its cost) over
+`RUNNING_PER_WORKER` synthetic in-flight requests per worker.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from router.policies import ROUTING_POLICIES, RoutingPolicy, make_routing_policy
+from router.policies.slos_admission import ReplicaAdmission
 from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.slo import SloClass, SloSpec
 
@@ -22,6 +25,7 @@ MAX_CALLS = 2000
 MAX_SECONDS = 0.25  # per policy and size
 TIERS_MS = (25.0, 50.0, 100.0)
 NOW = 1.0  # router clock of every decision; requests arrive right then
+RUNNING_PER_WORKER = 16  # in flight per worker, the replica state SLOs-Serve's admission reads
 
 
 def make_workers(n: int, rng: random.Random) -> list[WorkerView]:
@@ -76,9 +80,26 @@ def make_requests(n: int, rng: random.Random) -> list[RouteRequest]:
     return out
 
 
-def build(name: str) -> RoutingPolicy:
+def make_running(
+    requests: list[RouteRequest], workers: list[WorkerView], rng: random.Random
+) -> dict[str, list[RunningView]]:
+    """In-flight requests per worker: arrived up to 2 s ago, about two thirds already decoding."""
+    running: dict[str, list[RunningView]] = {}
+    for w in workers:
+        for _ in range(RUNNING_PER_WORKER):
+            req = replace(rng.choice(requests), arrival_s=NOW - rng.uniform(0.0, 2.0))
+            started = rng.random() < 2 / 3
+            first = req.arrival_s + rng.uniform(0.0, NOW - req.arrival_s) if started else None
+            running.setdefault(w.worker_id, []).append(
+                RunningView(req, w.worker_id, generated=rng.randint(1, 100) if started else 0, first_token_s=first)
+            )
+    return running
+
+
+def build(name: str, running: dict[str, list[RunningView]]) -> RoutingPolicy:
     if name == "slos":
-        return make_routing_policy(name, admit=lambda req, w: w.load < 8)
+        admit = ReplicaAdmission(lambda wid: running.get(wid, []), clock=lambda: NOW)
+        return make_routing_policy(name, admit=admit)
     if name == "polyserve":
         return make_routing_policy(name, tiers_ms=TIERS_MS)
     return make_routing_policy(name)
@@ -113,8 +134,9 @@ def main() -> None:
     rows: dict[str, list[float]] = {}
     for n in SIZES:
         workers = make_workers(n, rng)
+        running = make_running(requests, workers, random.Random(n))  # own stream: the others see the same inputs
         for name in ROUTING_POLICIES:
-            rows.setdefault(name, []).append(time_choose(build(name), requests, workers))
+            rows.setdefault(name, []).append(time_choose(build(name, running), requests, workers))
         rows.setdefault("goodserve.migrations (4 running/worker)", []).append(time_migrations(requests, workers, rng))
     width = max(len(k) for k in rows)
     print(f"{'policy':<{width}}  " + "  ".join(f"{n:>9} w" for n in SIZES) + "   (mean µs per call)")

@@ -1,0 +1,133 @@
+"""SLOs-Serve per-replica admission (§4.2): the core's multi-SLO DP on a replica's virtual state.
+
+The paper's controller keeps one virtual scheduler per replica and asks it whether a new request's
+SLOs are still attainable there. The router's virtual replica is what it knows itself: the requests
+it has in flight on the worker (`running_on`) and the worker's measured EMAs. In-flight requests
+with a first token are decoders in their TPOT tier; those without one are forced prefill items due
+by their prefill deadline; the new request is the one optional item, admitted iff the DP (App. C
+form, `scheduler.core.slos_serve.dp.admit`) keeps it while every forced item still holds. SLO terms
+come from the core's own `demand`, so deadline and compound requests get the same derived prefill
+deadline and TPOT tier as on the single server, and requests the core would not guarantee (no SLO,
+or a first-token deadline already missed) decode in the no-target slot: they take batch slots but
+no prefill budget, as the core's best-effort tier does. One deviation: a new deadline request whose
+derived TPOT is below the replica's fastest step is refused, where the single-server core admits it
+without a decode target: here a faster replica may still make it.
+
+Perf model: the linear step model `base + per_token·tokens` fitted to two measurements. per_token
+is the worker's prefill seconds per prompt token (a prefill's base cost is amortised over many
+tokens); base makes a pure decode step at the reported batch (`running`, at least 1) take the
+measured decode seconds per token (`iteration_s` stands in while no decode was measured). Terms
+a worker has not reported yet (zero) come from `default_perf`, the core's own default model: a
+fresh replica is still judged by deadlines, TPOTs, batch slots and memory, only on nominal speed.
+
+Memory: the KV capacity minus what is held, the larger of the worker's report and the router's
+count of in-flight tokens (the report lags new placements); forced and new items reserve prompt
+plus expected output, as admitted-but-waiting requests do in the core.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from router.policies.estimates import DEFAULT_OUTPUT_TOKENS
+from router.views import RouteRequest, RunningView, WorkerView
+from scheduler.core.slo import SloClass
+from scheduler.core.slos_serve._linear import LinearPerfModel
+from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
+from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand
+from scheduler.core.types import RequestView
+
+
+def request_view(req: RouteRequest, generated: int = 0, first_token_s: float | None = None) -> RequestView:
+    """The core's view of a routed request (router clock; no prefix cache known per worker)."""
+    return RequestView(
+        rid=req.rid,
+        slo=req.slo,
+        arrival=req.arrival_s,
+        prompt_len=req.prompt_tokens,
+        generated=generated,
+        max_new_tokens=req.max_new_tokens,
+        predicted_output_len=req.predicted_output_tokens,
+        first_token_time=first_token_s,
+    )
+
+
+class ReplicaAdmission:
+    """`admit(req, worker)` for SlosRoutingPolicy: can this replica still meet req's SLOs?"""
+
+    def __init__(
+        self,
+        running_on: Callable[[str], Sequence[RunningView]],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        default_perf: LinearPerfModel | None = None,
+        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        deadline_prefill_share: float = 0.2,
+        idle_batch_s: float = 0.05,
+        chunk_size: int = 8192,
+    ) -> None:
+        self.running_on = running_on
+        self.clock = clock  # the router clock: the one arrival_s and first_token_s are stamped with
+        self.default_perf = default_perf if default_perf is not None else LinearPerfModel()
+        self.default_output = default_output_tokens
+        self.prefill_share = deadline_prefill_share
+        self.idle = idle_batch_s
+        # The workers' prefill chunk (SGLang's default on 80 GB GPUs). The core needs a cap: without one,
+        # batches with no TPOT to keep last idle_batch_s, which a slow replica's base step alone overruns.
+        self.chunk = chunk_size
+
+    def perf_model(self, w: WorkerView) -> LinearPerfModel:
+        """Linear step model from the worker's EMAs, unreported terms from `default_perf`."""
+        per_token = w.prefill_s_per_token or self.default_perf.per_token_s
+        step = w.decode_s_per_token or w.iteration_s
+        if step <= 0:
+            return LinearPerfModel(self.default_perf.base_s, per_token)
+        return LinearPerfModel(max(0.0, step - per_token * max(1, w.running)), per_token)
+
+    def _demand(self, view: RequestView, now: float, floor: float) -> Demand | None:
+        return demand(view, now, self.default_output, self.prefill_share, floor)
+
+    def __call__(self, req: RouteRequest, w: WorkerView) -> bool:
+        now = max(self.clock(), req.arrival_s)
+        perf = self.perf_model(w)
+        lone = perf.step_time(0, 1, 0)  # the fastest decode step there is here
+        # As in the core: a deadline needing decodes faster than that is lost on this replica.
+        floor = max(MIN_DERIVED_TPOT_S, lone)
+        new = self._demand(request_view(req), now, floor)
+        if new is None:
+            return True  # nothing to guarantee
+        if new.deadline <= now:
+            return False  # its first token is already late everywhere
+        if new.tpot is not None and new.tpot < lone:
+            return False  # its TPOT cannot hold even alone (the DP's answer, without building it)
+        if new.tpot is None and req.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND):
+            # Its derived TPOT is below the floor: the core would still take it without a decode
+            # target (single server, nowhere else to go); a faster replica may make it.
+            return False
+        runs = [run for run in self.running_on(w.worker_id) if run.request.rid != req.rid]  # not itself, re-placed
+        held = sum(run.request.prompt_tokens + run.generated for run in runs if run.first_token_s is not None)
+        mem_budget = w.kv_capacity_tokens - max(w.kv_used_tokens, held)
+        if len(runs) >= w.max_running or new.mem_tokens > mem_budget:
+            return False  # no batch slot or memory: the DP would refuse too, and this is a busy replica's usual case
+        decoders: list[float | None] = []  # TPOT per decoder, None: no target
+        prefills: list[tuple[RouteRequest, Demand]] = [(req, new)]  # the new item, then the forced ones
+        for run in runs:
+            d = self._demand(request_view(run.request, run.generated, run.first_token_s), now, floor)
+            if run.first_token_s is None and d is not None and d.deadline > now:
+                prefills.append((run.request, d))
+            else:
+                decoders.append(None if d is None else d.tpot)
+        tiers = sorted({t for t in decoders if t is not None} | {d.tpot for _, d in prefills if d.tpot is not None})
+        slot: dict[float | None, int] = {None: -1, **{t: i for i, t in enumerate(tiers)}}
+        counts = [0] * (len(tiers) + 1)
+        for t in decoders:
+            counts[slot[t]] += 1
+        items = [
+            DpItem(r.rid, d.deadline, d.prefill_tokens, d.mem_tokens, slot[d.tpot], r.slo.weight, forced=r is not req)
+            for r, d in prefills
+        ]
+        budget = TierBudget(perf, tiers, held, self.chunk, self.idle)
+        result = admit(items, budget, tuple(counts), now, mem_budget, w.max_running)
+        # A replica that cannot keep its own forced requests takes no more (they are not dropped).
+        return result.forced_ok and req.rid in result.admitted
