@@ -28,6 +28,7 @@ frozen test clock.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 from collections import Counter, deque
@@ -61,6 +62,7 @@ logger = logging.getLogger(__name__)
 # alive (it stalled past dead_after_s, or the router restarted): it must send Register again.
 REGISTER_AGAIN = "unknown or dead worker: send Register again"
 DECISION_WINDOW = 1024  # recent policy.choose latencies kept for status()
+STATUS_OWNERS = 1000  # in-flight requests whose worker status() lists (for operators and tests)
 
 
 class NoWorkerAvailable(NoWorkerError):
@@ -313,6 +315,9 @@ class Dispatcher:
         return {
             "inflight": len(self._flights),
             "waiting_for_worker": len(self._waiting),
+            "owners": {
+                rid: f.owner for rid, f in itertools.islice(self._flights.items(), STATUS_OWNERS) if f.owner is not None
+            },
             "routed": dict(self.routed),
             **{
                 name: self.counters[name]
@@ -478,14 +483,17 @@ class Dispatcher:
     async def _handle(self, identity: bytes, msg: Message) -> None:
         now = self.clock()
         if isinstance(msg, Register):
-            previous = self.registry.inflight_on(msg.worker_id) if self.registry.is_alive(msg.worker_id) else []
+            known = self.registry.registration(msg.worker_id)
+            restarted = known is not None and (known.incarnation is None or known.incarnation != msg.incarnation)
+            alive = self.registry.is_alive(msg.worker_id)
+            previous = self.registry.inflight_on(msg.worker_id) if alive and restarted else []
             ack = self.registry.register(msg, now, identity)
             await self.endpoint.send(identity, ack)
             if not ack.accepted:
                 return
             self._registered.set()
             self._registered = asyncio.Event()
-            for rid in previous:  # a live worker registering again is a new process: its work is gone
+            for rid in previous:  # a live worker's new process: its work is gone
                 flight = self._flights.get(rid)
                 if flight is not None and flight.owner == msg.worker_id:
                     self._release(flight)
@@ -607,6 +615,12 @@ class Dispatcher:
         moves = self.policy.migrations(running, self.registry.views(now), now)
         for rid, target in moves:
             await self._migrate(rid, target)
+
+    async def migrate(self, rid: str, target: str) -> bool:
+        """Move a running request to `target` now (operator hook); False when it was skipped."""
+        before = self.counters["migrated"]
+        await self._migrate(rid, target)
+        return self.counters["migrated"] > before
 
     async def _migrate(self, rid: str, target: str) -> None:
         """Abort on the source, resume on the target; the source's late chunks no longer count."""

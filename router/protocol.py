@@ -162,6 +162,9 @@ class Register(Message):
     max_running: int
     http_url: str | None = None  # the worker's own HTTP server, for debugging only
     api_key_hash: str | None = None  # hash_api_key(key) when the router requires a key
+    # Random per worker process: a Register with a new one is a restart (its requests are gone),
+    # one with the same is a repeat (a lost Ack, a restarted router) and keeps them.
+    incarnation: str | None = None
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -171,6 +174,8 @@ class Register(Message):
         _count(self.max_running, "max_running", minimum=1)
         _opt_str(self.http_url, "http_url")
         _opt_str(self.api_key_hash, "api_key_hash")
+        if self.incarnation is not None:
+            _ident(self.incarnation, "incarnation")
 
 
 @dataclass(frozen=True, kw_only=True)

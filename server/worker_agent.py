@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import secrets
 import threading
 import time
 from collections import deque
@@ -150,6 +151,7 @@ class WorkerAgent:
         self._session: aiohttp.ClientSession | None = None
         self._register_sent = 0.0
         self._refused = False
+        self.incarnation = secrets.token_hex(8)
 
     # --- lifecycle ---
 
@@ -196,6 +198,7 @@ class WorkerAgent:
             max_running=max(1, int(engine.get("max_running_requests") or 1)),
             http_url=self.config.http_url,
             api_key_hash=hash_api_key(self.config.api_key) if self.config.api_key else None,
+            incarnation=self.incarnation,
         )
 
     async def _register(self) -> None:

@@ -103,7 +103,14 @@ class FakeWorker:
         await self._register()
 
     async def _register(self) -> None:
-        reg = Register(worker_id=self.worker_id, gpu="cpu", model="m", kv_capacity_tokens=4096, max_running=8)
+        reg = Register(
+            worker_id=self.worker_id,
+            gpu="cpu",
+            model="m",
+            kv_capacity_tokens=4096,
+            max_running=8,
+            incarnation=f"p{self.generation}",
+        )
         await self.endpoint.send(reg)
 
     async def _heartbeat(self) -> None:
@@ -276,6 +283,19 @@ def test_a_worker_breaking_the_resume_convention_fails_loudly(ctx: zmq.asyncio.C
             assert _tokens(events) == [100, 101, 102]  # nothing mis-placed reached the client
             assert isinstance(events[-1], StreamError) and events[-1].status == 502
             assert "mismatch" in events[-1].message and events[-1].worker_id == "w1"
+
+    _run(go)
+
+
+def test_a_repeated_register_of_the_same_process_keeps_its_requests(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with cluster(ctx, [{"delay_s": 0.05}, {}]) as (dispatcher, (w0, _)):
+            stream = await dispatcher.submit(*_request("r1", max_new=8))
+            events = [await stream.__anext__()]
+            await w0._register()  # same incarnation: a lost Ack or a restarted router, not a new process
+            events += await _collect(stream)
+            assert _tokens(events) == list(range(100, 108)) and stream.workers == ("w0",)
+            assert dispatcher.status()["resubmitted"] == 0
 
     _run(go)
 
@@ -466,6 +486,10 @@ def test_status_counts_placements_outcomes_and_decision_times(ctx: zmq.asyncio.C
             decisions = status["decision_ns"]
             assert decisions["count"] == decisions["window"] == 3
             assert 0 < decisions["p50"] <= decisions["p99"] <= decisions["max"]
+            assert status["owners"] == {}
+            stream = await dispatcher.submit(*_request("live", max_new=50))
+            assert dispatcher.status()["owners"] == {"live": "w1"}
+            await stream.aclose()
 
     _run(go)
 
