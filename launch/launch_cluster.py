@@ -214,20 +214,39 @@ class Cluster:
         self.api_key = api_key
         key = ["--api-key", api_key] if api_key else []
         self.router: ServerProcess | None = None
+        self.worker_port: int | None = None
         joins: list[str] = []
         if router is not None:
-            worker_port = router.worker_port or free_port()
-            self.router = ServerProcess(
-                *router.argv(worker_port), *key, name="router", module="launch_router", port=router.port,
-                ready_path="/slo/status", api_key=api_key,
-            )  # fmt: skip
-            joins = ["--router-address", f"tcp://127.0.0.1:{worker_port}"]
+            self.worker_port = router.worker_port or free_port()
+            self.router = self._router_process(router, router.port)
+            joins = ["--router-address", f"tcp://127.0.0.1:{self.worker_port}"]
         self.servers = [
             ServerProcess(
                 *s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []), name=s.name, port=s.port
             )
             for s in specs
         ]
+
+    def _router_process(self, router: RouterSpec, port: int | None) -> ServerProcess:
+        assert self.worker_port is not None
+        key = ["--api-key", self.api_key] if self.api_key else []
+        return ServerProcess(
+            *router.argv(self.worker_port), *key, name="router", module="launch_router", port=port,
+            ready_path="/slo/status", api_key=self.api_key,
+        )  # fmt: skip
+
+    def restart_router(self, router: RouterSpec) -> None:
+        """Swap the router (e.g. for another policy) and keep the workers: they re-register with
+        the new one on the same worker port by themselves. Same client port unless `router.port`."""
+        if self.router is None or self.worker_port is None:
+            raise RuntimeError("this cluster was started without a router")
+        if router.worker_port not in (None, self.worker_port):
+            raise ValueError(f"the workers connect to port {self.worker_port}, not {router.worker_port}")
+        port = router.port or self.router.port
+        self.router.stop()
+        self.router = self._router_process(router, port)
+        self.router.start()
+        self.wait_joined()
 
     @property
     def url(self) -> str:

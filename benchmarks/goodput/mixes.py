@@ -95,7 +95,6 @@ class Calibration(ZeroLoad):
     """The *measured* zero-load speed of the server under test (same shape as the reference)."""
 
 
-@cache
 def reference_zero_load() -> ZeroLoad:
     """The GPU the papers' targets are written for: H100 SXM + Llama-3-8B, batch of one.
 
@@ -106,9 +105,15 @@ def reference_zero_load() -> ZeroLoad:
     context (about 6.86 ms). The papers ran 7-8B models on A100/H100/H200
     class GPUs, so this is the closest profile we ship.
     """
-    model = load_perf_model(profile_path(REFERENCE_GPU, REFERENCE_MODEL), kind="table")
-    points = [(p, 1000.0 * model.step_time(p, 0, p)) for p in REFERENCE_PROMPTS]
-    tpot = 1000.0 * model.step_time(0, 1, REFERENCE_DECODE_CONTEXT)
+    return profile_zero_load(REFERENCE_GPU, REFERENCE_MODEL)
+
+
+@cache
+def profile_zero_load(gpu: str, model: str = REFERENCE_MODEL) -> ZeroLoad:
+    """Zero-load speed of a shipped GPU+model profile, measured the way the reference is."""
+    perf = load_perf_model(profile_path(gpu, model), kind="table")
+    points = [(p, 1000.0 * perf.step_time(p, 0, p)) for p in REFERENCE_PROMPTS]
+    tpot = 1000.0 * perf.step_time(0, 1, REFERENCE_DECODE_CONTEXT)
     return ZeroLoad.fit(points, tpot)
 
 

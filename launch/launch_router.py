@@ -1,0 +1,168 @@
+"""`python -m launch_router`: the SLO-aware router in front of many sglang-slo workers.
+
+Clients talk to it exactly as to one SGLang server (HTTP, --host/--port); workers started with
+`python -m launch_server --router-address tcp://127.0.0.1:<worker port>` register over ZMQ and
+are routed to by --routing-policy. SIGINT/SIGTERM stop it gracefully: open streams end, workers
+are told to abort them, and the sockets close.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from router.policies import ROUTING_POLICIES
+
+
+def _policy_params(pairs: list[str], policy: str) -> dict[str, Any]:
+    """KEY=VALUE pairs; VALUE is JSON (a bare word is taken as a string)."""
+    from router.service import policy_param_names
+
+    allowed = policy_param_names(policy)
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key:
+            raise SystemExit(f"--routing-policy-param: expected KEY=VALUE, got {pair!r}")
+        if key not in allowed:
+            known = ", ".join(sorted(allowed)) or "none"
+            raise SystemExit(f"--routing-policy-param: policy {policy} takes no parameter {key!r} (accepted: {known})")
+        try:
+            params[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            params[key] = raw
+    return params
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="launch_router", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1", help="HTTP address for clients (default: %(default)s)")
+    parser.add_argument("--port", type=int, default=30000, help="HTTP port for clients (default: %(default)s)")
+    parser.add_argument("--worker-port", type=int, help="ZMQ port workers connect to on 127.0.0.1 (default: port+100)")
+    parser.add_argument("--worker-bind", help="full ZMQ bind address for workers, e.g. tcp://0.0.0.0:30100")
+    parser.add_argument(
+        "--allow-remote-workers", action="store_true", help="allow a non-loopback --worker-bind (no encryption!)"
+    )
+    parser.add_argument("--routing-policy", choices=sorted(ROUTING_POLICIES), default="goodserve")
+    parser.add_argument(
+        "--routing-policy-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="policy constructor parameter, VALUE in JSON (repeatable), e.g. tau=20 or tiers_ms=[50,100]",
+    )
+    parser.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'; workers present its hash")
+    parser.add_argument("--tokenizer-path", help="tokenizer folder (default: the first registered worker's model)")
+    parser.add_argument("--dead-after-s", type=float, default=2.0, help="a silent worker is dead after this long")
+    parser.add_argument(
+        "--migrate-interval-s",
+        type=float,
+        default=0.1,
+        help="how often the policy is asked for migrations; 0 disables them (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--admission-timeout-s", type=float, default=2.0, help="how long a request waits for a first worker (then 503)"
+    )
+    parser.add_argument("--length-predictor", help="output-length predictor artifact for RouteRequest predictions")
+    parser.add_argument(
+        "--incremental-streaming-output",
+        action="store_true",
+        help="native /generate streams send deltas instead of cumulative text/output_ids (as SGLang's flag)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def config_from_args(args: argparse.Namespace) -> Any:
+    """Validated RouterConfig; every mistake is a SystemExit naming its flag."""
+    from router.service import RouterConfig
+    from router.transport import check_loopback
+
+    for name in ("dead_after_s", "admission_timeout_s"):
+        if getattr(args, name) <= 0:
+            raise SystemExit(f"--{name.replace('_', '-')}: must be positive")
+    if args.migrate_interval_s < 0:
+        raise SystemExit("--migrate-interval-s: must be >= 0 (0 disables migrations)")
+    if args.worker_bind and args.worker_port is not None:
+        raise SystemExit("--worker-bind and --worker-port: give one of them")
+    worker_port = args.port + 100 if args.worker_port is None else args.worker_port
+    bind = args.worker_bind or f"tcp://127.0.0.1:{worker_port}"
+    try:
+        check_loopback(bind, args.allow_remote_workers)
+    except ValueError as e:
+        raise SystemExit(f"--worker-bind: {e}") from None
+    return RouterConfig(
+        worker_bind=bind,
+        allow_remote_workers=args.allow_remote_workers,
+        routing_policy=args.routing_policy,
+        policy_params=_policy_params(args.routing_policy_param, args.routing_policy),
+        api_key=args.api_key,
+        tokenizer_path=args.tokenizer_path,
+        dead_after_s=args.dead_after_s,
+        migrate_interval_s=args.migrate_interval_s or None,
+        admission_timeout_s=args.admission_timeout_s,
+        length_predictor=args.length_predictor,
+        incremental_streaming_output=args.incremental_streaming_output,
+    )
+
+
+def build_service(config: Any) -> Any:
+    """RouterService, with a bad policy parameter or predictor turned into a SystemExit."""
+    from router.service import RouterService
+
+    try:
+        return RouterService(config)
+    except (TypeError, ValueError) as e:
+        raise SystemExit(f"--routing-policy-param: {e}") from None
+    except Exception as e:  # noqa: BLE001 - an unreadable predictor artifact stops start-up clearly
+        if config.length_predictor:
+            raise SystemExit(f"--length-predictor: cannot load {config.length_predictor}: {e}") from None
+        raise
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="[%(asctime)s] %(name)s %(levelname)s %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )
+    config = config_from_args(args)
+    service = build_service(config)
+
+    import uvicorn
+
+    from router.http_api import create_app
+
+    def announce(svc: Any) -> None:
+        base = f"http://{args.host}:{args.port}"
+        print(
+            f"launch_router: {config.routing_policy} router; clients: {base} (/generate, /v1/chat/completions, "
+            f"/slo/status); workers: launch_server --router-address {svc.worker_address}",
+            flush=True,
+        )
+
+    app = create_app(service, on_started=announce)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
+            access_log=args.log_level == "debug",
+        )
+    )
+    server.run()  # uvicorn turns SIGINT/SIGTERM into a graceful shutdown: the lifespan stops the service
+    if not server.started:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""Router-side SLO reports and the router's Prometheus metrics.
+
+A request may run on several workers (failover, migration), so no worker can score it: each
+worker sees only its part and its own arrival. The router scores every request from the times
+its tokens reached the router, against the client's arrival at the router, with the same
+`evaluate` (and the same compound-program deadlines) the single server uses, so "attained" means
+the same thing behind a router as in front of one worker.
+
+Metrics: SloMetrics' families (outcomes by SLO class and tier) fed by those reports, plus a
+collector that reads the dispatcher's counters and the workers' last load reports at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from router.views import WorkerView
+from scheduler.core.outcome import evaluate
+from scheduler.core.programs import ProgramTracker
+from scheduler.core.slo import SloSpec
+from server.slo_metrics import SloMetrics
+
+ADMITTED, BEST_EFFORT = "admitted", "best_effort"
+
+
+class RouterReports:
+    """Scores finished requests and keeps the recent reports (by rid) and the outcome counters."""
+
+    def __init__(self, metrics: SloMetrics | None = None, keep_reports: int = 10_000) -> None:
+        self.metrics = metrics if metrics is not None else SloMetrics()
+        self.programs = ProgramTracker()
+        self._reports: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._keep = keep_reports
+
+    def begin(self, slo: SloSpec, arrival_unix: float) -> None:
+        """A request arrived: a compound program's deadline runs from its first request."""
+        if slo.program_id is not None:
+            self.programs.arrival(slo.program_id, arrival_unix)
+
+    def finish(
+        self,
+        rid: str,
+        slo: SloSpec,
+        arrival_unix: float,
+        token_times: Sequence[float],
+        finished: bool,
+        tier: str | None = None,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """Score the request once (finished=False: error, abort or client gone) and count it."""
+        deadline_abs = None
+        if slo.program_id is not None and slo.deadline_ms is not None:
+            deadline_abs = self.programs.arrival(slo.program_id, arrival_unix) + slo.deadline_ms / 1000.0
+        end = token_times[-1] if finished and token_times else (time.time() if now is None else now)
+        outcome = evaluate(slo, arrival_unix, token_times, end, finished=finished, deadline_abs=deadline_abs)
+        tier = tier if tier in (ADMITTED, BEST_EFFORT) else ADMITTED
+        self.metrics.record(outcome, tier)
+        report = {**outcome.to_dict(), "tier": tier}
+        self._reports[rid] = report
+        while len(self._reports) > self._keep:
+            self._reports.popitem(last=False)
+        return report
+
+    def report(self, rid: str) -> dict[str, Any] | None:
+        return self._reports.get(rid)
+
+    def attainment(self) -> dict[str, dict[str, float | int]]:
+        return self.metrics.attainment()
+
+    def tiers(self) -> dict[str, dict[str, float | int]]:
+        return self.metrics.tiers()
+
+
+# dispatcher.status() counters exported as sglang_slo_router_events_total{event=...}
+EVENTS = (
+    "completed",
+    "failed",
+    "cancelled",
+    "rejected",
+    "resubmitted",
+    "migrated",
+    "migrations_skipped",
+    "workers_lost",
+    "late_chunks_dropped",
+    "duplicate_tokens_trimmed",
+)
+WORKER_GAUGES: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
+    ("healthy", "1 while the worker is alive", lambda w: float(w.healthy)),
+    ("inflight", "Requests the router has in flight on the worker", lambda w: float(w.inflight)),
+    ("queue_len", "Waiting requests (last load report)", lambda w: float(w.queue_len)),
+    ("running", "Running requests (last load report)", lambda w: float(w.running)),
+    ("kv_used_tokens", "KV-cache tokens in use (last load report)", lambda w: float(w.kv_used_tokens)),
+    ("kv_capacity_tokens", "KV-cache capacity in tokens", lambda w: float(w.kv_capacity_tokens)),
+    ("queue_delay_seconds", "EMA of the worker's queueing delay", lambda w: w.queue_delay_s),
+    ("prefill_seconds_per_token", "EMA of prefill time per prompt token", lambda w: w.prefill_s_per_token),
+    ("decode_seconds_per_token", "EMA of decode time per output token", lambda w: w.decode_s_per_token),
+    ("iteration_seconds", "EMA of one engine iteration", lambda w: w.iteration_s),
+    ("tokens_per_minute", "Prompt + output tokens served over the last minute", lambda w: w.tokens_per_minute),
+)
+
+
+class RouterCollector(Collector):
+    """Reads the router's live state at scrape time; nothing is double-booked in counters."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]], views: Callable[[], list[WorkerView]]) -> None:
+        self._status = status
+        self._views = views
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        status = self._status()
+        events = CounterMetricFamily("sglang_slo_router_events", "Router request events", labels=["event"])
+        for name in EVENTS:
+            events.add_metric([name], float(status.get(name, 0)))
+        yield events
+        routed = CounterMetricFamily(
+            "sglang_slo_router_routed", "Placements per worker (resumes included)", labels=["worker"]
+        )
+        for worker, count in sorted(status.get("routed", {}).items()):
+            routed.add_metric([worker], float(count))
+        yield routed
+        yield GaugeMetricFamily("sglang_slo_router_inflight", "Requests in flight", value=status.get("inflight", 0))
+        yield GaugeMetricFamily(
+            "sglang_slo_router_waiting_for_worker",
+            "Requests that lost their worker and wait for another",
+            value=status.get("waiting_for_worker", 0),
+        )
+        decisions = status.get("decision_ns", {})
+        yield CounterMetricFamily(
+            "sglang_slo_router_decisions", "Routing decisions made", value=float(decisions.get("count", 0))
+        )
+        latency = GaugeMetricFamily(
+            "sglang_slo_router_decision_seconds",
+            "Routing decision latency over the recent window",
+            labels=["quantile"],
+        )
+        for key, label in (("p50", "0.5"), ("p99", "0.99"), ("max", "1")):
+            if decisions.get(key) is not None:
+                latency.add_metric([label], decisions[key] / 1e9)
+        yield latency
+        views = self._views()
+        yield GaugeMetricFamily("sglang_slo_router_workers", "Registered workers", value=len(views))
+        for name, doc, read in WORKER_GAUGES:
+            family = GaugeMetricFamily(f"sglang_slo_router_worker_{name}", doc, labels=["worker", "gpu"])
+            for w in views:
+                family.add_metric([w.worker_id, w.gpu], read(w))
+            yield family

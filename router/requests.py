@@ -1,0 +1,409 @@
+"""Client request bodies -> GenerateCall: validation with 400s that name the field.
+
+The router accepts what one SGLang worker accepts on /generate, /v1/completions and
+/v1/chat/completions, except features it cannot carry across workers (logprobs, hidden states,
+multimodal input, LoRA, sessions, batches, n > 1): those are a 400 naming the field when set to
+anything but their "off" value, so clients that send the defaults explicitly (bench_serving sends
+`return_logprob: false`, `lora_path: null`) work unchanged. Unknown fields are ignored, as SGLang
+ignores them. Sampling parameters go to the worker's SGLang as they are; it validates them.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from router.service import GenerateCall
+from router.tokenizer import RouterTokenizer
+from scheduler.core.slo import SloSpec, SloValidationError
+from server.slo_request import ARRIVAL_PARAM, SLO_PARAM, extract_slo
+
+DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default (native route)
+DEFAULT_COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default (OpenAI's too)
+MAX_RID_LEN = 256
+
+# Native fields the router cannot serve: rejected unless falsy (False, None, 0, "", [], {}).
+NATIVE_UNSUPPORTED = (
+    "return_logprob",
+    "top_logprobs_num",
+    "token_ids_logprob",
+    "input_embeds",
+    "image_data",
+    "video_data",
+    "audio_data",
+    "lora_path",
+    "lora_id",
+    "return_hidden_states",
+    "return_routed_experts",
+    "return_entropy",
+    "return_bytes",
+    "return_prompt_token_ids",
+    "session_params",
+    "custom_logit_processor",
+    "background",
+    "bootstrap_host",
+    "bootstrap_port",
+    "bootstrap_room",
+)
+COMPLETION_UNSUPPORTED = ("echo", "logprobs", "suffix", "return_hidden_states", "lora_path")
+CHAT_UNSUPPORTED = (
+    "tools",
+    "functions",
+    "logprobs",
+    "top_logprobs",
+    "continue_final_message",
+    "return_hidden_states",
+    "lora_path",
+)
+# OpenAI request field -> SGLang sampling parameter (as SGLang's own OpenAI layer maps them)
+OPENAI_SAMPLING = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "stop_regex": "stop_regex",
+    "min_tokens": "min_new_tokens",
+    "ignore_eos": "ignore_eos",
+    "skip_special_tokens": "skip_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "no_stop_trim": "no_stop_trim",
+    "regex": "regex",
+    "ebnf": "ebnf",
+    "json_schema": "json_schema",
+    "logit_bias": "logit_bias",
+    "seed": "sampling_seed",
+    "custom_params": "custom_params",
+}
+
+TokenizerSource = Callable[[], Awaitable[RouterTokenizer]]
+
+
+class ApiError(Exception):
+    """A request the router refuses; `field` is the offending field (None: not one field's fault)."""
+
+    def __init__(self, status: int, message: str, field: str | None = None, kind: str | None = None) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.status = status
+        self.message = message
+        self.field = field
+        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error shape of server.slo_middleware.error_body (OpenAI-style)."""
+        return {
+            "error": {
+                "message": f"{self.field}: {self.message}" if self.field else self.message,
+                "type": self.kind,
+                "param": self.field,
+                "code": self.status,
+            }
+        }
+
+
+def bad(field: str, message: str) -> ApiError:
+    return ApiError(400, message, field)
+
+
+@dataclass(frozen=True)
+class OpenAIOptions:
+    """What the OpenAI formatter needs beyond the GenerateCall."""
+
+    model: str
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+# --- shared field checks ---
+
+
+def _falsy_or_fail(body: Mapping[str, Any], names: tuple[str, ...], why: str) -> None:
+    for name in names:
+        if body.get(name):
+            raise bad(name, why)
+
+
+def _opt_bool(body: Mapping[str, Any], name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(name, f"must be a boolean, got {type(value).__name__}")
+    return value
+
+
+def _rid(body: Mapping[str, Any]) -> str:
+    rid = body.get("rid")
+    if rid is None:
+        return uuid.uuid4().hex
+    if isinstance(rid, list):
+        raise bad("rid", "batches are not supported by the router: send one request per rid")
+    if not isinstance(rid, str) or not 0 < len(rid) <= MAX_RID_LEN:
+        raise bad("rid", f"must be a string of 1..{MAX_RID_LEN} chars")
+    return rid
+
+
+def _token_ids(value: Any, name: str) -> list[int]:
+    if not isinstance(value, list) or not value:
+        raise bad(name, "must be a non-empty list of token ids")
+    if any(isinstance(t, list) for t in value):
+        raise bad(name, "batches are not supported by the router: send one prompt per request")
+    for i, tok in enumerate(value):
+        if type(tok) is not int or not 0 <= tok < 2**31:
+            raise bad(f"{name}[{i}]", f"must be a non-negative token id, got {tok!r}")
+    return value
+
+
+def _count(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if type(value) is not int or value < 0:
+        raise bad(name, f"must be a non-negative integer, got {value!r}")
+    return value
+
+
+def _strip_slo(custom: Any, name: str) -> Any:
+    """The SLO travels in Submit.slo; the worker must not see a second, stale copy."""
+    if custom is None:
+        return None
+    if not isinstance(custom, dict):
+        raise bad(name, "must be an object")
+    return {k: v for k, v in custom.items() if k not in (SLO_PARAM, ARRIVAL_PARAM)} or None
+
+
+def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | None, native: bool) -> SloSpec:
+    try:
+        return extract_slo(body, headers, default, native=native)
+    except SloValidationError as exc:
+        raise bad(exc.field, exc.message) from None
+
+
+def _encode(tokenizer: RouterTokenizer, text: str, name: str) -> list[int]:
+    try:
+        ids = tokenizer.encode(text)
+    except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault here
+        raise bad(name, f"cannot be tokenized: {exc}") from None
+    if not ids:
+        raise bad(name, "tokenizes to no tokens")
+    return ids
+
+
+def _arrival() -> tuple[float, float]:
+    return time.time(), time.monotonic()
+
+
+# --- native /generate ---
+
+
+async def parse_native(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    tokenizer: TokenizerSource,
+    default_slo: SloSpec | None = None,
+    arrival: tuple[float, float] | None = None,
+) -> GenerateCall:
+    """SGLang's GenerateReqInput, single request only."""
+    arrival_unix, arrival_s = arrival or _arrival()
+    text, ids = body.get("text"), body.get("input_ids")
+    if text is not None and ids is not None:
+        raise bad("input_ids", "give either text or input_ids, not both")
+    if text is None and ids is None:
+        raise bad("text", "missing: give text or input_ids")
+    if text is not None and not isinstance(text, str):
+        raise bad("text", "batches are not supported by the router: send one prompt per request")
+    if ids is not None:
+        ids = _token_ids(ids, "input_ids")
+    _falsy_or_fail(body, NATIVE_UNSUPPORTED, "not supported by the router")
+    params = body.get("sampling_params")
+    if params is None:
+        params = {}
+    if isinstance(params, list):
+        raise bad("sampling_params", "batches are not supported by the router: send one object")
+    if not isinstance(params, dict):
+        raise bad("sampling_params", "must be an object")
+    params = dict(params)
+    if "max_new_tokens" not in params:
+        params["max_new_tokens"] = DEFAULT_MAX_NEW_TOKENS
+    _count(params["max_new_tokens"], "sampling_params.max_new_tokens")
+    if params.get("n") not in (None, 1):
+        raise bad("sampling_params.n", "must be 1: the router serves one completion per request")
+    stream = _opt_bool(body, "stream")
+    rid = _rid(body)
+    spec = _slo(body, headers, default_slo, native=True)  # reads custom_params.slo before it is stripped
+    custom = _strip_slo(params.get("custom_params"), "sampling_params.custom_params")
+    if custom is None:
+        params.pop("custom_params", None)
+    else:
+        params["custom_params"] = custom
+    if ids is None:
+        ids = _encode(await tokenizer(), text, "text")
+    return GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text)
+
+
+# --- OpenAI ---
+
+
+def _openai_sampling(body: Mapping[str, Any], max_tokens: int | None) -> dict[str, Any]:
+    params: dict[str, Any] = {"max_new_tokens": max_tokens}
+    for name, param in OPENAI_SAMPLING.items():
+        if body.get(name) is not None:
+            params[param] = body[name]
+    if body.get("n") not in (None, 1):
+        raise bad("n", "must be 1: the router serves one completion per request")
+    if "stop" in params and not isinstance(params["stop"], (str, list)):
+        raise bad("stop", "must be a string or a list of strings")
+    custom = _strip_slo(params.get("custom_params"), "custom_params")
+    if custom is None:
+        params.pop("custom_params", None)
+    else:
+        params["custom_params"] = custom
+    return params
+
+
+def _response_format(body: Mapping[str, Any], params: dict[str, Any]) -> None:
+    fmt = body.get("response_format")
+    if fmt is None:
+        return
+    kind = fmt.get("type") if isinstance(fmt, dict) else None
+    if kind == "text":
+        return
+    if kind == "json_object":
+        params["json_schema"] = '{"type": "object"}'
+    elif kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
+        schema = fmt["json_schema"].get("schema", fmt["json_schema"].get("schema_"))
+        if not isinstance(schema, dict):
+            raise bad("response_format.json_schema.schema", "must be an object")
+        params["json_schema"] = json.dumps(schema)
+    else:
+        raise bad("response_format", "supported types: text, json_object, json_schema")
+
+
+def _stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
+    opts = body.get("stream_options")
+    if opts is None:
+        return False, False
+    if not isinstance(opts, dict):
+        raise bad("stream_options", "must be an object")
+    if not stream:
+        raise bad("stream_options", "only allowed when stream is true")
+    return bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
+
+
+def _model(body: Mapping[str, Any]) -> str:
+    model = body.get("model")
+    if model is None:
+        return "default"
+    if not isinstance(model, str):
+        raise bad("model", "must be a string")
+    return model
+
+
+def _single_prompt(prompt: Any) -> str | list[int]:
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # a batch of one is one request
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise bad("prompt", "batches are not supported by the router: send one prompt per request")
+    raise bad("prompt", "must be a string or a non-empty list of token ids")
+
+
+async def parse_completion(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    tokenizer: TokenizerSource,
+    default_slo: SloSpec | None = None,
+    arrival: tuple[float, float] | None = None,
+) -> tuple[GenerateCall, OpenAIOptions]:
+    """POST /v1/completions."""
+    arrival_unix, arrival_s = arrival or _arrival()
+    if "prompt" not in body:
+        raise bad("prompt", "missing")
+    prompt = _single_prompt(body["prompt"])
+    _falsy_or_fail(body, COMPLETION_UNSUPPORTED, "not supported by the router")
+    if body.get("best_of") not in (None, 1):
+        raise bad("best_of", "must be 1: the router serves one completion per request")
+    max_tokens = body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
+    _count(max_tokens, "max_tokens")
+    params = _openai_sampling(body, max_tokens)
+    _response_format(body, params)
+    stream = _opt_bool(body, "stream")
+    include_usage, continuous = _stream_options(body, stream)
+    model, rid = _model(body), _rid(body)
+    spec = _slo(body, headers, default_slo, native=False)
+    if isinstance(prompt, str):
+        ids, text = _encode(await tokenizer(), prompt, "prompt"), prompt
+    else:
+        ids, text = _token_ids(prompt, "prompt"), None
+    call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text)
+    return call, OpenAIOptions(model, include_usage, continuous)
+
+
+def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty list of messages")
+    out = []
+    for i, msg in enumerate(messages):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise bad(f"messages[{i}]", "must be an object with a string role")
+        content = msg.get("content")
+        if isinstance(content, list):
+            parts = []
+            for j, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise bad(f"messages[{i}].content[{j}]", "only text parts are supported by the router")
+                parts.append(part["text"])
+            content = "".join(parts)
+        elif content is None:
+            content = ""
+        elif not isinstance(content, str):
+            raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
+        out.append({**msg, "content": content})
+    return out
+
+
+async def parse_chat(
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    tokenizer: TokenizerSource,
+    default_slo: SloSpec | None = None,
+    arrival: tuple[float, float] | None = None,
+) -> tuple[GenerateCall, OpenAIOptions]:
+    """POST /v1/chat/completions: the tokenizer's chat template with add_generation_prompt."""
+    arrival_unix, arrival_s = arrival or _arrival()
+    messages = _messages(body)
+    _falsy_or_fail(body, CHAT_UNSUPPORTED, "not supported by the router")
+    max_tokens = body.get("max_completion_tokens")
+    name = "max_completion_tokens"
+    if max_tokens is None:
+        max_tokens, name = body.get("max_tokens"), "max_tokens"
+    _count(max_tokens, name)
+    params = _openai_sampling(body, max_tokens)
+    _response_format(body, params)
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise bad("chat_template_kwargs", "must be an object")
+    stream = _opt_bool(body, "stream")
+    include_usage, continuous = _stream_options(body, stream)
+    model, rid = _model(body), _rid(body)
+    spec = _slo(body, headers, default_slo, native=False)
+    tok = await tokenizer()
+    try:
+        ids = tok.chat_ids(messages, **(kwargs or {}))
+    except Exception as exc:  # noqa: BLE001 - a template that rejects the messages is the input's fault
+        raise bad("messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
+    if not ids:
+        raise bad("messages", "the chat template produced no tokens")
+    call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s)
+    return call, OpenAIOptions(model, include_usage, continuous)

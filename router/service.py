@@ -1,0 +1,386 @@
+"""The router process minus HTTP: worker endpoint, registry, policy, dispatcher, tokenizer,
+reports and the few calls the HTTP layer makes on workers' own HTTP servers (model info,
+server info, cache flushes).
+
+Built in two steps so bad configuration fails before anything binds: the constructor validates
+and builds the policy (a SystemExit-worthy ValueError for a bad parameter), `start()` binds the
+worker socket and starts the dispatcher on the running event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import inspect
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import zmq.asyncio
+
+from router.dispatcher import Dispatcher, RequestStream
+from router.policies import ROUTING_POLICIES, RoutingPolicy, accepted_params, make_routing_policy
+from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
+from router.protocol import Submit
+from router.registry import WorkerRegistry
+from router.reports import RouterCollector, RouterReports
+from router.tokenizer import RouterTokenizer, TokenizerUnavailable
+from router.transport import RouterEndpoint
+from router.views import RouteRequest, RunningView, WorkerView
+from scheduler.core.slo import SloSpec
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WORKER_BIND = "tcp://127.0.0.1:30100"
+# ReplicaAdmission parameters the router sets itself (not from --routing-policy-param)
+_ADMISSION_INTERNAL = {"self", "running_on", "clock"}
+
+
+@dataclass
+class RouterConfig:
+    """Everything launch_router's flags set; the defaults are the flags' defaults."""
+
+    worker_bind: str = DEFAULT_WORKER_BIND
+    allow_remote_workers: bool = False
+    routing_policy: str = "goodserve"
+    policy_params: dict[str, Any] = field(default_factory=dict)
+    api_key: str | None = None
+    tokenizer_path: str | None = None  # None: the model path of the first registered worker
+    dead_after_s: float = 2.0
+    migrate_interval_s: float | None = 0.1  # None: never ask the policy for migrations
+    admission_timeout_s: float = 2.0
+    reap_interval_s: float = 0.25
+    length_predictor: str | None = None
+    default_slo: SloSpec | None = None  # for requests that carry none (None: best effort)
+    incremental_streaming_output: bool = False  # SGLang's flag: native streams send deltas
+    proxy_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    """One parsed client request, whatever route it came from."""
+
+    rid: str
+    input_ids: list[int]
+    sampling_params: dict[str, Any]
+    slo: SloSpec
+    stream: bool
+    arrival_unix: float  # wall clock at router arrival (SLO reports, the workers' arrival)
+    arrival_s: float  # router clock (time.monotonic) at arrival (policies)
+    prompt_text: str | None = None  # when the client sent text (the length predictor reads it)
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        value = self.sampling_params.get("max_new_tokens")
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class WorkerUnavailable(RuntimeError):
+    """No healthy worker answered a proxied call; the HTTP layer answers 503 or 502."""
+
+    def __init__(self, message: str, status: int = 503) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _admission_params() -> set[str]:
+    from router.policies.slos_admission import ReplicaAdmission
+
+    return set(inspect.signature(ReplicaAdmission).parameters) - _ADMISSION_INTERNAL
+
+
+def policy_param_names(name: str) -> set[str]:
+    """What --routing-policy-param may set for `name` (slos: its own plus its admission check's)."""
+    if name not in ROUTING_POLICIES:
+        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(ROUTING_POLICIES))}")
+    names = accepted_params(name)
+    if name == "slos":
+        names = (names - {"admit"}) | _admission_params()
+    return names
+
+
+def build_policy(
+    name: str, params: dict[str, Any], running_on: Callable[[str], list[RunningView]], clock: Callable[[], float]
+) -> RoutingPolicy:
+    """The named policy; slos gets SLOs-Serve's per-replica admission over the router's in-flight view."""
+    unknown = sorted(set(params) - policy_param_names(name))
+    if unknown:
+        raise ValueError(f"routing policy {name!r} takes no parameter {unknown[0]!r}")
+    if name != "slos":
+        return make_routing_policy(name, **params)
+    from router.policies.slos_admission import ReplicaAdmission
+
+    admission_names = _admission_params()
+    admission_kw = {k: v for k, v in params.items() if k in admission_names}
+    if isinstance(admission_kw.get("default_perf"), dict):
+        from scheduler.core.slos_serve._linear import LinearPerfModel
+
+        admission_kw["default_perf"] = LinearPerfModel(**admission_kw["default_perf"])
+    policy_kw = {k: v for k, v in params.items() if k not in admission_names}
+    admit = ReplicaAdmission(running_on, clock=clock, **admission_kw)
+    return make_routing_policy("slos", admit=admit, **policy_kw)
+
+
+class RouterService:
+    """Owns the router's parts; `start()`/`stop()` run on the serving event loop."""
+
+    def __init__(
+        self,
+        config: RouterConfig,
+        *,
+        ctx: zmq.asyncio.Context | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        tokenizer: RouterTokenizer | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        predictor: Any = None,
+    ) -> None:
+        self.config = config
+        self.clock = clock
+        self.registry = WorkerRegistry(dead_after_s=config.dead_after_s, api_key=config.api_key)
+        self.policy = build_policy(
+            config.routing_policy, dict(config.policy_params), lambda wid: self.dispatcher.running_on(wid), clock
+        )
+        self.block_tokens = int(getattr(self.policy, "block_tokens", DEFAULT_BLOCK_TOKENS))
+        self.tokenizer = tokenizer if tokenizer is not None else RouterTokenizer(config.tokenizer_path)
+        self.predictor = predictor
+        if predictor is None and config.length_predictor:
+            from scheduler.core.analyzer.base import load_predictor
+
+            self.predictor = load_predictor(config.length_predictor)
+        self.reports = RouterReports()
+        self.reports.metrics.registry.register(RouterCollector(self._dispatcher_status, self.views))
+        self._ctx = ctx
+        self._http = http_client
+        self._owns_http = http_client is None
+        self._endpoint: RouterEndpoint | None = None
+        self._dispatcher: Dispatcher | None = None
+        self._preload: asyncio.Task[None] | None = None
+        self.started_unix: float | None = None
+
+    # --- lifecycle ---
+
+    async def start(self) -> None:
+        cfg = self.config
+        self._endpoint = RouterEndpoint(cfg.worker_bind, allow_remote=cfg.allow_remote_workers, ctx=self._ctx)
+        self._dispatcher = Dispatcher(
+            self._endpoint,
+            self.policy,
+            self.registry,
+            clock=self.clock,
+            reap_interval_s=cfg.reap_interval_s,
+            migrate_interval_s=cfg.migrate_interval_s,
+            admission_timeout_s=cfg.admission_timeout_s,
+        )
+        try:
+            await self._dispatcher.start()
+        except BaseException:
+            self._endpoint.close()
+            raise
+        if self._http is None:
+            self._http = httpx.AsyncClient(timeout=cfg.proxy_timeout_s)
+        self._preload = asyncio.create_task(self._preload_tokenizer(), name="router-tokenizer-preload")
+        self.started_unix = time.time()
+
+    async def stop(self) -> None:
+        """End open streams (503), stop the loops, close the socket; idempotent."""
+        if self._preload is not None:
+            self._preload.cancel()
+            with contextlib.suppress(BaseException):
+                await self._preload
+            self._preload = None
+        if self._dispatcher is not None:
+            await self._dispatcher.stop()
+        if self._endpoint is not None:
+            self._endpoint.close()
+        if self._http is not None and self._owns_http:
+            await self._http.aclose()
+            self._http = None
+
+    @property
+    def dispatcher(self) -> Dispatcher:
+        if self._dispatcher is None:
+            raise RuntimeError("router service not started")
+        return self._dispatcher
+
+    @property
+    def worker_address(self) -> str:
+        """Where workers connect (the bound address: the real port when the config said 0)."""
+        if self._endpoint is None:
+            raise RuntimeError("router service not started")
+        return self._endpoint.address
+
+    # --- workers ---
+
+    def views(self) -> list[WorkerView]:
+        return self.registry.views(self.clock())
+
+    def healthy(self) -> list[WorkerView]:
+        return [v for v in self.views() if v.healthy]
+
+    def _dispatcher_status(self) -> dict[str, Any]:
+        return self._dispatcher.status() if self._dispatcher is not None else {}
+
+    def model_path_hint(self) -> str | None:
+        """The first registered worker's model path: the tokenizer to use when none was given."""
+        for worker_id in self.registry.worker_ids():
+            reg = self.registry.registration(worker_id)
+            if reg is not None:
+                return reg.model
+        return None
+
+    async def _preload_tokenizer(self) -> None:
+        """Load the tokenizer as soon as its path is known, so the first request does not wait."""
+        while not self.tokenizer.loaded:
+            path = self.config.tokenizer_path or self.model_path_hint()
+            if path:
+                try:
+                    await self.tokenizer.ensure(path)
+                except TokenizerUnavailable as exc:
+                    logger.error("%s", exc)
+                return
+            await asyncio.sleep(0.1)
+
+    async def ready_tokenizer(self) -> RouterTokenizer:
+        """The loaded tokenizer; waits up to the admission timeout for a worker to name its path."""
+        if self.tokenizer.loaded:
+            return self.tokenizer
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.admission_timeout_s
+        path = self.config.tokenizer_path or self.model_path_hint()
+        while path is None and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+            path = self.model_path_hint()
+        await self.tokenizer.ensure(path)
+        return self.tokenizer
+
+    # --- requests ---
+
+    def route_request(self, call: GenerateCall) -> RouteRequest:
+        return RouteRequest(
+            rid=call.rid,
+            prompt_tokens=len(call.input_ids),
+            slo=call.slo,
+            arrival_s=call.arrival_s,
+            prefix_hashes=prefix_hashes(call.input_ids, self.block_tokens),
+            predicted_output_tokens=self.predict_output(call),
+            max_new_tokens=call.max_new_tokens,
+        )
+
+    def predict_output(self, call: GenerateCall) -> int | None:
+        """The length predictor's estimate (None without one, or when it fails)."""
+        if self.predictor is None:
+            return None
+        text = call.prompt_text
+        if text is None and self.tokenizer.loaded:
+            text = self.tokenizer.decode(call.input_ids)
+        try:
+            value = self.predictor.predict(text or "", len(call.input_ids), call.slo.program_id)
+        except Exception:  # noqa: BLE001 - a broken predictor must not fail requests
+            logger.exception("length predictor failed for %s", call.rid)
+            return None
+        return max(1, math.ceil(value)) if math.isfinite(value) else None
+
+    async def submit(self, call: GenerateCall) -> RequestStream:
+        """Route the request; NoWorkerAvailable when no worker within the admission timeout."""
+        submit = Submit(
+            rid=call.rid,
+            input_ids=call.input_ids,
+            sampling_params=call.sampling_params,
+            slo=call.slo.to_dict(),
+            stream=call.stream,
+            arrival_unix=call.arrival_unix,
+        )
+        route = self.route_request(call)
+        self.reports.begin(call.slo, call.arrival_unix)
+        return await self.dispatcher.submit(route, submit)
+
+    async def migrate(self, rid: str, target: str) -> dict[str, Any]:
+        """Move a running request now (token-ID migration). KeyError: not running; ValueError: bad target."""
+        source = self.registry.worker_of(rid)
+        if source is None:
+            raise KeyError(rid)
+        if target not in self.registry.worker_ids():
+            raise ValueError(f"unknown worker {target!r}")
+        if not self.registry.is_alive(target):
+            raise ValueError(f"worker {target!r} is not alive")
+        moved = False if source == target else await self.dispatcher.migrate(rid, target)
+        return {"rid": rid, "from": source, "to": target, "migrated": moved}
+
+    # --- workers' own HTTP servers ---
+
+    def _auth_headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+
+    def _urls(self) -> list[tuple[str, str]]:
+        out = []
+        for v in self.healthy():
+            reg = self.registry.registration(v.worker_id)
+            if reg is not None and reg.http_url:
+                out.append((v.worker_id, reg.http_url.rstrip("/")))
+        return out
+
+    async def proxy_get(self, path: str) -> tuple[str, httpx.Response]:
+        """GET `path` from the first healthy worker that answers (worker id, response)."""
+        assert self._http is not None
+        urls = self._urls()
+        if not urls:
+            raise WorkerUnavailable("no healthy worker with an HTTP address")
+        errors = []
+        for worker_id, url in urls:
+            try:
+                return worker_id, await self._http.get(url + path, headers=self._auth_headers())
+            except httpx.HTTPError as exc:
+                errors.append(f"{worker_id}: {type(exc).__name__}: {exc}")
+        raise WorkerUnavailable("; ".join(errors), status=502)
+
+    async def flush_cache(self) -> dict[str, str]:
+        """POST /flush_cache on every healthy worker; worker id -> "ok" or what went wrong."""
+        assert self._http is not None
+        urls = self._urls()
+        if not urls:
+            raise WorkerUnavailable("no healthy worker with an HTTP address")
+
+        async def one(url: str) -> str:
+            try:
+                resp = await self._http.post(url + "/flush_cache", headers=self._auth_headers())
+            except httpx.HTTPError as exc:
+                return f"{type(exc).__name__}: {exc}"
+            return "ok" if resp.status_code == 200 else f"HTTP {resp.status_code}: {resp.text[:200]}"
+
+        results = await asyncio.gather(*(one(url) for _, url in urls))
+        return {worker_id: result for (worker_id, _), result in zip(urls, results)}
+
+    # --- status ---
+
+    def status(self) -> dict[str, Any]:
+        """GET /slo/status: policy, counters, every worker's view, per-policy signals, attainment."""
+        workers = []
+        for v in self.views():
+            reg = self.registry.registration(v.worker_id)
+            workers.append(
+                {
+                    **dataclasses.asdict(v),
+                    "http_url": None if reg is None else reg.http_url,
+                    "model": None if reg is None else reg.model,
+                }
+            )
+        policy_status = getattr(self.policy, "status", None)
+        return {
+            "role": "router",
+            "policy": self.config.routing_policy,
+            "policy_params": self.config.policy_params,
+            "uptime_s": None if self.started_unix is None else round(time.time() - self.started_unix, 3),
+            "worker_address": None if self._endpoint is None else self._endpoint.address,
+            "tokenizer": {"path": self.tokenizer.path, "loaded": self.tokenizer.loaded, "error": self.tokenizer.error},
+            "length_predictor": None if self.predictor is None else getattr(self.predictor, "name", "custom"),
+            "dispatcher": self._dispatcher_status(),
+            "workers": workers,
+            "policy_status": policy_status() if callable(policy_status) else None,
+            "attainment": self.reports.attainment(),
+            "tiers": self.reports.tiers(),
+        }

@@ -1,0 +1,269 @@
+"""The router in front of real workers (issue #6): a plain tiny-model worker plus emulated H100
+and A40 workers, all joined over ZMQ. Every routing policy serves a mixed SLO workload with
+nothing lost; OpenAI clients and SGLang frontend programs work through the router; a worker
+killed mid-stream or a request migrated mid-stream loses no token and repeats none.
+
+The workers start once; each policy gets a fresh router on the same worker port, which the
+workers re-join by themselves (the router-restart path of the protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import pytest
+import requests
+
+from router.policies import ROUTING_POLICIES
+from server.process import ServerProcess, free_port
+
+JOIN_TIMEOUT_S = 60.0
+PROMPT = [5 + (i * 7) % 500 for i in range(40)]  # ids inside the tiny model's 512-token vocabulary
+MIXED_SLOS = [
+    {"ttft_ms": 30_000, "tpot_ms": 2_000},
+    {"class": "deadline", "deadline_ms": 60_000},
+    None,  # best effort
+    {"ttft_ms": 20_000},
+]
+
+
+@dataclass
+class Pool:
+    worker_port: int
+    workers: dict[str, ServerProcess]
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.worker_port}"
+
+    def worker(self, worker_id: str, *flags: str) -> ServerProcess:
+        return ServerProcess(
+            *flags, "--router-address", self.address, "--worker-id", worker_id, "--slo-policy", "edf", name=worker_id
+        )
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[Pool]:
+    p = Pool(free_port(), {})
+    kinds = {"tiny-0": ["--model-path", "tiny"], "h100-1": ["--emulate-gpu", "h100"], "a40-2": ["--emulate-gpu", "a40"]}
+    p.workers = {wid: p.worker(wid, *flags) for wid, flags in kinds.items()}
+    try:
+        with ThreadPoolExecutor(len(p.workers)) as ex:
+            list(ex.map(lambda s: s.start(), p.workers.values()))
+        yield p
+    finally:
+        with ThreadPoolExecutor(len(p.workers)) as ex:  # SGLang takes seconds to shut down: in parallel
+            list(ex.map(lambda s: s.stop(), p.workers.values()))
+
+
+def start_router(pool: Pool, policy: str, *flags: str) -> ServerProcess:
+    router = ServerProcess(
+        "--worker-port", str(pool.worker_port), "--routing-policy", policy, *flags,
+        name=f"router-{policy}", module="launch_router", ready_path="/slo/status",
+    )  # fmt: skip
+    return router.start()
+
+
+def healthy_workers(router: ServerProcess) -> set[str]:
+    status = requests.get(router.url + "/slo/status", headers=router.headers, timeout=5).json()
+    return {w["worker_id"] for w in status["workers"] if w["healthy"]}
+
+
+def wait_joined(router: ServerProcess, want: set[str], timeout: float = JOIN_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not want <= healthy_workers(router):
+        assert time.monotonic() < deadline, f"{want - healthy_workers(router)} did not join"
+        time.sleep(0.2)
+
+
+@pytest.fixture()
+def round_robin(pool: Pool) -> Iterator[ServerProcess]:
+    router = start_router(pool, "round_robin")
+    try:
+        wait_joined(router, set(pool.workers))
+        yield router
+    finally:
+        router.stop()
+
+
+def stream_generate(url: str, body: dict) -> tuple[list[int], dict, list[int]]:
+    """(output ids, final meta_info, completion_tokens of every chunk) of a native stream."""
+    ids: list[int] = []
+    counts: list[int] = []
+    meta: dict = {}
+    with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=300) as resp:
+        assert resp.status_code == 200, resp.text
+        for line in resp.iter_lines():
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            meta = chunk["meta_info"]
+            counts.append(meta["completion_tokens"])
+            ids = chunk["output_ids"]  # SGLang's default stream: cumulative
+    return ids, meta, counts
+
+
+def body(n: int, slo: dict | None = None, rid: str | None = None) -> dict:
+    out: dict = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0}}
+    if slo is not None:
+        out["slo"] = slo
+    if rid is not None:
+        out["rid"] = rid
+    return out
+
+
+@pytest.mark.parametrize("policy", sorted(ROUTING_POLICIES))
+def test_every_policy_serves_a_mixed_workload_with_nothing_lost(pool: Pool, policy: str) -> None:
+    router = start_router(pool, policy)
+    try:
+        wait_joined(router, set(pool.workers))
+        jobs = [(body(6 + i, MIXED_SLOS[i % len(MIXED_SLOS)]), i % 2 == 0) for i in range(8)]
+
+        def run(job: tuple[dict, bool]) -> dict:
+            b, stream = job
+            if stream:
+                ids, meta, counts = stream_generate(router.url, b)
+                assert counts == sorted(counts) and len(ids) == meta["completion_tokens"]
+                return meta
+            resp = requests.post(router.url + "/generate", json=b, timeout=300)
+            assert resp.status_code == 200, resp.text
+            assert len(resp.json()["output_ids"]) == resp.json()["meta_info"]["completion_tokens"]
+            return resp.json()["meta_info"]
+
+        with ThreadPoolExecutor(len(jobs)) as ex:
+            metas = list(ex.map(run, jobs))
+        assert [m["completion_tokens"] for m in metas] == [6 + i for i in range(8)]
+        assert all(set(m["workers"]) <= set(pool.workers) and m["workers"] for m in metas)
+        assert all(m["slo"]["attained"]["overall"] is not None for m in metas)
+        status = requests.get(router.url + "/slo/status", timeout=5).json()
+        served = status["dispatcher"]
+        assert served["completed"] == 8 and served["failed"] == 0 and served["rejected"] == 0, served
+        assert sum(served["routed"].values()) >= 8
+        if policy == "round_robin":
+            assert set(served["routed"]) == set(pool.workers)  # spread over all three
+    finally:
+        router.stop()
+
+
+def test_an_openai_client_works_through_the_router(round_robin: ServerProcess) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=round_robin.url + "/v1", api_key="none")
+    chat = client.chat.completions.create(
+        model="tiny",
+        messages=[{"role": "user", "content": "hello"}],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"slo": {"ttft_ms": 30_000, "tpot_ms": 2_000}, "ignore_eos": True},
+    )
+    assert chat.usage.completion_tokens == 8 and chat.choices[0].message.content
+    assert chat.model_extra["slo"]["attained"]["ttft"] is True
+    pieces = list(
+        client.completions.create(
+            model="tiny", prompt="the", max_tokens=6, stream=True, extra_body={"ignore_eos": True}
+        )
+    )
+    assert sum(1 for p in pieces if p.choices and p.choices[0].text) >= 1
+    assert pieces[-1].choices[0].finish_reason == "length"
+
+
+def test_a_frontend_program_runs_through_the_router(round_robin: ServerProcess) -> None:
+    import sglang as sgl
+
+    from server.frontend import SloRuntimeEndpoint
+
+    @sgl.function
+    def two_steps(s, topic):  # noqa: ANN001 - SGLang's program signature
+        s += "Topic: " + topic + "\n"
+        s += "A: " + sgl.gen("a", max_tokens=5, ignore_eos=True) + "\n"
+        s += "B: " + sgl.gen("b", max_tokens=5, ignore_eos=True)
+
+    backend = SloRuntimeEndpoint(round_robin.url, slo={"deadline_ms": 60_000})
+    state = two_steps.run(topic="routing", backend=backend)
+    assert state["a"] and state["b"]
+    status = requests.get(round_robin.url + "/slo/status", timeout=5).json()
+    assert status["dispatcher"]["completed"] >= 2
+
+
+def test_a_migrated_request_keeps_its_stream_whole(round_robin: ServerProcess, pool: Pool) -> None:
+    n = 120
+    with ThreadPoolExecutor(1) as ex:
+        future = ex.submit(stream_generate, round_robin.url, body(n, rid="moving"))
+        source = target = None
+        deadline = time.monotonic() + 60
+        while source is None:
+            assert time.monotonic() < deadline, "the request never started"
+            inflight = requests.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
+            source = inflight.get("owners", {}).get("moving")
+            time.sleep(0.05)
+        target = next(w for w in pool.workers if w != source)
+        moved = requests.post(round_robin.url + "/slo/migrate", json={"rid": "moving", "to": target}, timeout=10)
+        assert moved.status_code == 200, moved.text
+        ids, meta, counts = future.result(timeout=300)
+    assert len(ids) == n == meta["completion_tokens"]
+    assert counts == sorted(counts) and len(set(counts)) == len(counts)  # no repeated positions
+    assert meta["workers"] == [source, target]
+    status = requests.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
+    assert status["migrated"] == 1
+
+
+def test_bad_requests_are_4xx_naming_the_field(round_robin: ServerProcess) -> None:
+    cases = [
+        ({"input_ids": PROMPT, "slo": {"ttft_ms": -1}}, "slo.ttft_ms"),
+        ({"text": ["a", "b"]}, "text"),
+        ({"input_ids": [1, 2, 10**6]}, "input_ids"),
+    ]
+    for b, field in cases:
+        resp = requests.post(round_robin.url + "/generate", json=b, timeout=30)
+        assert 400 <= resp.status_code < 500, (b, resp.status_code, resp.text)
+        assert field in resp.text, resp.text
+
+
+def test_killing_a_worker_mid_stream_loses_no_request(pool: Pool) -> None:
+    """Runs last in this module: it kills and restarts one of the pool's workers."""
+    router = start_router(pool, "round_robin", "--dead-after-s", "2")
+    victim_id = "tiny-0"
+    try:
+        wait_joined(router, set(pool.workers))
+        n = 150
+        with ThreadPoolExecutor(6) as ex:
+            futures = [ex.submit(stream_generate, router.url, body(n, rid=f"k{i}")) for i in range(6)]
+            deadline = time.monotonic() + 60
+            while True:  # wait until the victim is streaming something
+                owners = requests.get(router.url + "/slo/status", timeout=5).json()["dispatcher"].get("owners", {})
+                if victim_id in owners.values():
+                    break
+                assert time.monotonic() < deadline, owners
+                time.sleep(0.05)
+            victim = pool.workers[victim_id]
+            assert victim.proc is not None
+            killed_at = time.monotonic()
+            os.killpg(victim.proc.pid, signal.SIGKILL)
+            results = [f.result(timeout=300) for f in futures]
+        for ids, meta, counts in results:
+            assert len(ids) == n == meta["completion_tokens"]
+            assert counts == sorted(counts) and len(set(counts)) == len(counts)
+        moved = [meta["workers"] for _, meta, _ in results if victim_id in meta["workers"]]
+        assert moved and all(w[0] == victim_id and len(w) == 2 for w in moved), moved
+        status = requests.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
+        assert status["workers_lost"] == 1 and status["failed"] == 0 and status["resubmitted"] >= len(moved)
+        assert victim_id not in healthy_workers(router)
+        assert time.monotonic() - killed_at < 120
+
+        victim.stop()  # reaps the killed group; then the same worker comes back
+        restarted = pool.worker(victim_id, "--model-path", "tiny")
+        pool.workers[victim_id] = restarted.start()
+        wait_joined(router, {victim_id})
+        metas = [
+            requests.post(router.url + "/generate", json=body(4), timeout=120).json()["meta_info"] for _ in range(3)
+        ]
+        assert any(m["workers"] == [victim_id] for m in metas)  # round robin sends it traffic again
+    finally:
+        router.stop()

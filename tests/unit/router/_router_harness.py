@@ -1,0 +1,307 @@
+"""A real RouterService (dispatcher, ZMQ endpoint, registry) behind its ASGI app, with scripted
+fake workers on zmq.asyncio DEALER sockets and a fake of the workers' own HTTP servers.
+
+A scripted worker answers every Submit with the same output script (like greedy decoding of one
+model), `chunk` tokens per TokenChunk, following the resume convention (it continues after
+`resume_output_ids` and counts them in completion_tokens), and ends with an SGLang-like final
+meta_info. The tiny model's tokenizer (vocab 512, byte-level BPE, a chat template) is loaded once
+per test session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any
+
+import httpx
+import orjson
+import zmq.asyncio
+
+from router.dispatcher import REGISTER_AGAIN
+from router.http_api import create_app
+from router.protocol import Abort, Ack, Heartbeat, Register, RequestError, Submit, TokenChunk, hash_api_key
+from router.service import RouterConfig, RouterService
+from router.tokenizer import RouterTokenizer, load_hf_tokenizer
+
+TEST_TIMEOUT_S = 20.0
+DEAD_AFTER_S = 0.6
+SCRIPT_TEXT = " Hello wörld, 日本語 ok."  # multi-byte characters split across byte-level tokens
+
+
+@functools.cache
+def tiny_path() -> str:
+    from server.models import ensure_tiny_model
+
+    return str(ensure_tiny_model())
+
+
+@functools.cache
+def tiny_hf() -> Any:
+    return load_hf_tokenizer(tiny_path())
+
+
+def script_ids() -> list[int]:
+    return list(tiny_hf().encode(SCRIPT_TEXT, add_special_tokens=False))
+
+
+def run(test: Callable[[], Awaitable[None]], timeout_s: float = TEST_TIMEOUT_S) -> None:
+    asyncio.run(asyncio.wait_for(test(), timeout_s))
+
+
+class ScriptedWorker:
+    """A worker agent stand-in that streams a fixed token script; knobs make it fail."""
+
+    def __init__(
+        self,
+        ctx: zmq.asyncio.Context,
+        address: str,
+        worker_id: str,
+        *,
+        script: Sequence[int] | None = None,
+        chunk: int = 2,
+        delay_s: float = 0.01,
+        heartbeat_s: float = 0.2,
+        api_key: str | None = None,
+        error_status: int | None = None,  # answer every Submit with this RequestError
+        error_after: int | None = None,  # ... after streaming this many chunks
+        stop: Any = None,  # finish as SGLang's "stop" with this `matched` after the script
+        meta: dict[str, Any] | None = None,  # extra final meta_info keys
+    ) -> None:
+        from router.transport import WorkerEndpoint
+
+        self.worker_id = worker_id
+        self.script = list(script if script is not None else script_ids())
+        self.chunk = chunk
+        self.delay_s = delay_s
+        self.heartbeat_s = heartbeat_s
+        self.api_key = api_key
+        self.error_status = error_status
+        self.error_after = error_after
+        self.stop_matched = stop
+        self.meta = meta or {}
+        self.endpoint = WorkerEndpoint(address, worker_id, ctx=ctx)
+        self.submits: list[Submit] = []
+        self.aborts: list[str] = []
+        self.acks: list[Ack] = []
+        self.registered = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._alive = True
+
+    async def start(self, wait: bool = True) -> None:
+        self._spawn(self._receive())
+        self._spawn(self._heartbeat())
+        await self._register()
+        if wait:
+            await asyncio.wait_for(self.registered.wait(), 2.0)
+
+    async def stop(self) -> None:
+        self._alive = False
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self.endpoint.close()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _register(self) -> None:
+        await self.endpoint.send(
+            Register(
+                worker_id=self.worker_id,
+                gpu="cpu",
+                model=tiny_path(),
+                kv_capacity_tokens=4096,
+                max_running=8,
+                http_url=f"http://{self.worker_id}.test",
+                api_key_hash=hash_api_key(self.api_key) if self.api_key else None,
+                incarnation="1",
+            )
+        )
+
+    async def _heartbeat(self) -> None:
+        seq = 0
+        while self._alive:
+            await self.endpoint.send(Heartbeat(worker_id=self.worker_id, seq=seq))
+            seq += 1
+            await asyncio.sleep(self.heartbeat_s)
+
+    async def _receive(self) -> None:
+        while True:
+            msg = await self.endpoint.recv()
+            if isinstance(msg, Ack):
+                self.acks.append(msg)
+                if msg.accepted:
+                    self.registered.set()
+                elif msg.reason == REGISTER_AGAIN:
+                    await self._register()
+            elif isinstance(msg, Submit):
+                self.submits.append(msg)
+                self._spawn(self._stream(msg))
+            elif isinstance(msg, Abort):
+                self.aborts.append(msg.rid)
+
+    async def _stream(self, submit: Submit) -> None:
+        await asyncio.sleep(self.delay_s)
+        if self.error_status is not None and self.error_after is None:
+            await self._error(submit, '{"error": {"message": "The input is too long."}}')
+            return
+        resumed = len(submit.resume_output_ids)
+        cap = submit.sampling_params.get("max_new_tokens")
+        total = len(self.script) if cap is None else min(len(self.script), resumed + cap)
+        pos, chunks = resumed, 0
+        while True:
+            if submit.rid in self.aborts:
+                return
+            if self.error_after is not None and chunks >= self.error_after:
+                await self._error(submit, "worker gave up")
+                return
+            end = min(pos + self.chunk, total)
+            last = end >= total
+            reason = None
+            meta = None
+            if last:
+                kind = "stop" if self.stop_matched is not None and end == len(self.script) else "length"
+                finish: dict[str, Any] = {"type": kind}
+                if kind == "stop":
+                    finish["matched"] = self.stop_matched
+                else:
+                    finish["length"] = cap
+                reason = kind
+                meta = {
+                    "id": f"{submit.rid}#1",
+                    "finish_reason": finish,
+                    "prompt_tokens": len(submit.input_ids) + resumed,
+                    "completion_tokens": end - resumed,
+                    "cached_tokens": 3,
+                    "e2e_latency": 0.01,
+                    "weight_version": "default",
+                    "slo": {"tier": "admitted", "from": self.worker_id},
+                    **self.meta,
+                }
+            await self.endpoint.send(
+                TokenChunk(
+                    rid=submit.rid,
+                    worker_id=self.worker_id,
+                    token_ids=self.script[pos:end],
+                    completion_tokens=end,
+                    finish_reason=reason,
+                    meta=meta,
+                )
+            )
+            chunks += 1
+            pos = end
+            if last:
+                return
+            await asyncio.sleep(self.delay_s)
+
+    async def _error(self, submit: Submit, message: str) -> None:
+        status = self.error_status or 400
+        await self.endpoint.send(RequestError(rid=submit.rid, worker_id=self.worker_id, status=status, message=message))
+
+
+class FakeWorkerHttp:
+    """The workers' own HTTP servers, as an httpx MockTransport."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+        self.flush_status: dict[str, int] = {}
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        host, path = request.url.host, request.url.path
+        self.calls.append((request.method, f"{host}{path}"))
+        worker = host.removesuffix(".test")
+        if path == "/model_info":
+            return httpx.Response(
+                200, json={"model_path": tiny_path(), "tokenizer_path": tiny_path(), "is_generation": True}
+            )
+        if path == "/server_info":
+            return httpx.Response(200, json={"model_path": tiny_path(), "internal_states": [{"worker": worker}]})
+        if path == "/v1/models":
+            return httpx.Response(200, json={"object": "list", "data": [{"id": tiny_path(), "object": "model"}]})
+        if path == "/flush_cache":
+            status = self.flush_status.get(worker, 200)
+            return httpx.Response(status, text="Cache flushed.\n" if status == 200 else "busy")
+        return httpx.Response(404, json={"detail": "Not Found"})
+
+
+class Harness:
+    def __init__(self, service: RouterService, client: httpx.AsyncClient, app: Any, http: FakeWorkerHttp) -> None:
+        self.service = service
+        self.client = client
+        self.app = app
+        self.http = http
+        self.workers: list[ScriptedWorker] = []
+
+    async def add_worker(self, ctx: zmq.asyncio.Context, worker_id: str, **kw: Any) -> ScriptedWorker:
+        wait = kw.pop("wait", True)
+        worker = ScriptedWorker(ctx, self.service.worker_address, worker_id, **kw)
+        self.workers.append(worker)
+        await worker.start(wait=wait)
+        return worker
+
+
+@contextlib.asynccontextmanager
+async def router(
+    ctx: zmq.asyncio.Context,
+    workers: Sequence[dict[str, Any]] = ({},),
+    tokenizer: RouterTokenizer | None = None,
+    **config_kw: Any,
+) -> AsyncIterator[Harness]:
+    """A started router with the given scripted workers (w0, w1, ...), all torn down after."""
+    config_kw.setdefault("routing_policy", "round_robin")
+    config_kw.setdefault("migrate_interval_s", None)
+    config = RouterConfig(
+        worker_bind="tcp://127.0.0.1:0",
+        dead_after_s=DEAD_AFTER_S,
+        reap_interval_s=0.05,
+        admission_timeout_s=config_kw.pop("admission_timeout_s", 0.5),
+        **config_kw,
+    )
+    http = FakeWorkerHttp()
+    service = RouterService(
+        config,
+        ctx=ctx,
+        tokenizer=tokenizer if tokenizer is not None else RouterTokenizer(tiny_path(), tokenizer=tiny_hf()),
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(http.handler)),
+    )
+    await service.start()
+    app = create_app(service, lifespan=False)
+    headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://router", headers=headers)
+    harness = Harness(service, client, app, http)
+    try:
+        for i, spec in enumerate(workers):
+            spec = dict(spec)
+            await harness.add_worker(ctx, spec.pop("worker_id", f"w{i}"), **spec)
+        yield harness
+    finally:
+        for worker in harness.workers:
+            await worker.stop()
+        await client.aclose()
+        await service.stop()
+
+
+def sse_events(body: bytes) -> list[Any]:
+    """The JSON events of an SSE body, with "[DONE]" kept as the string."""
+    out: list[Any] = []
+    for block in body.split(b"\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith(b"data: "), block
+        payload = block[len(b"data: ") :]
+        out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
+    return out
+
+
+async def until(cond: Callable[[], bool], timeout_s: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.01)

@@ -1,0 +1,124 @@
+"""launch_router's flags: defaults, validation with clean SystemExit messages, policy wiring
+(slos gets SLOs-Serve's per-replica admission), RouteRequest fields, and the ASGI lifespan
+starting the service."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import zmq.asyncio
+
+import launch_router
+from router.http_api import create_app
+from router.policies.slos import SlosRoutingPolicy
+from router.prefix import prefix_hashes
+from router.service import GenerateCall, RouterConfig, RouterService, policy_param_names
+from scheduler.core.slo import SloClass, SloSpec
+from tests.unit.router._router_harness import run
+
+
+def _config(*argv: str) -> RouterConfig:
+    return launch_router.config_from_args(launch_router.build_parser().parse_args(list(argv)))
+
+
+def test_defaults() -> None:
+    cfg = _config()
+    assert cfg.worker_bind == "tcp://127.0.0.1:30100" and cfg.routing_policy == "goodserve"
+    assert cfg.dead_after_s == 2.0 and cfg.migrate_interval_s == 0.1 and cfg.api_key is None
+    assert _config("--port", "8000").worker_bind == "tcp://127.0.0.1:8100"
+    assert _config("--worker-port", "9999").worker_bind == "tcp://127.0.0.1:9999"
+    assert _config("--migrate-interval-s", "0").migrate_interval_s is None
+    assert _config("--worker-bind", "ipc:///tmp/r.sock").worker_bind == "ipc:///tmp/r.sock"
+
+
+def test_policy_params_are_json_and_validated() -> None:
+    cfg = _config("--routing-policy", "polyserve", "--routing-policy-param", "tiers_ms=[50, 100]",
+                  "--routing-policy-param", "release_after_s=null")  # fmt: skip
+    assert cfg.policy_params == {"tiers_ms": [50, 100], "release_after_s": None}
+    assert _config("--routing-policy", "slos", "--routing-policy-param", "order=round_robin").policy_params == {
+        "order": "round_robin"  # a bare word is a string
+    }
+    with pytest.raises(SystemExit, match="takes no parameter 'bogus'"):
+        _config("--routing-policy-param", "bogus=1")
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        _config("--routing-policy-param", "tau")
+    with pytest.raises(SystemExit, match="tau must be positive"):
+        launch_router.build_service(_config("--routing-policy-param", "tau=0"))
+
+
+def test_bad_flags_stop_with_a_message() -> None:
+    with pytest.raises(SystemExit, match="not a loopback"):
+        _config("--worker-bind", "tcp://10.0.0.1:5000")
+    assert _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers").allow_remote_workers
+    with pytest.raises(SystemExit, match="--dead-after-s"):
+        _config("--dead-after-s", "0")
+    with pytest.raises(SystemExit, match="one of them"):
+        _config("--worker-bind", "tcp://127.0.0.1:1", "--worker-port", "2")
+    with pytest.raises(SystemExit, match="--length-predictor"):
+        launch_router.build_service(_config("--length-predictor", "/nonexistent/predictor.pkl"))
+    with pytest.raises(SystemExit):
+        launch_router.build_parser().parse_args(["--routing-policy", "nope"])
+
+
+def test_slos_gets_replica_admission_over_the_dispatchers_view() -> None:
+    assert {"limit", "order", "default_output_tokens", "idle_batch_s"} <= policy_param_names("slos")
+    assert "admit" not in policy_param_names("slos")
+    params = {"limit": 2, "idle_batch_s": 0.01, "default_perf": {"base_s": 0.01}}
+    service = RouterService(RouterConfig(routing_policy="slos", policy_params=params))
+    assert isinstance(service.policy, SlosRoutingPolicy) and service.policy.limit == 2
+    admission = service.policy.admit
+    assert admission.idle == 0.01 and admission.default_perf.base_s == 0.01
+
+
+def test_the_lifespan_starts_and_stops_the_service(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        service = RouterService(RouterConfig(worker_bind="tcp://127.0.0.1:0"), ctx=ctx)
+        started: list[str] = []
+        app = create_app(service, on_started=lambda svc: started.append(svc.worker_address))
+        messages = iter([{"type": "lifespan.startup"}, {"type": "lifespan.shutdown"}])
+        sent: list[str] = []
+
+        async def receive() -> dict[str, str]:
+            return next(messages)
+
+        async def send(message: dict[str, str]) -> None:
+            sent.append(message["type"])
+            if message["type"] == "lifespan.startup.complete":
+                client = httpx.AsyncClient(transport=httpx.ASGITransport(app), base_url="http://r")
+                status = (await client.get("/slo/status")).json()
+                assert status["worker_address"] == started[0] and status["workers"] == []
+                assert (await client.get("/health")).status_code == 503
+                await client.aclose()
+
+        await app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send)
+        assert sent == ["lifespan.startup.complete", "lifespan.shutdown.complete"]
+        assert started[0].startswith("tcp://127.0.0.1:")
+
+    run(go)
+
+
+class _Predictor:
+    name = "stub"
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, str | None]] = []
+
+    def predict(self, prompt_text: str, prompt_len: int, app_id: str | None = None) -> float:
+        self.seen.append((prompt_text, prompt_len, app_id))
+        return 41.2
+
+
+def test_route_requests_carry_length_prefix_and_cap() -> None:
+    predictor = _Predictor()
+    service = RouterService(
+        RouterConfig(routing_policy="goodserve", policy_params={"block_tokens": 4}), predictor=predictor
+    )
+    spec = SloSpec(deadline_ms=1000.0, slo_class=SloClass.DEADLINE, program_id="p1")
+    call = GenerateCall("r1", list(range(10)), {"max_new_tokens": 20}, spec, True, 1.0, 2.0, prompt_text="hi")
+    route = service.route_request(call)
+    assert route.prompt_tokens == 10 and route.max_new_tokens == 20 and route.arrival_s == 2.0
+    assert route.predicted_output_tokens == 42 and predictor.seen == [("hi", 10, "p1")]
+    assert route.prefix_hashes == prefix_hashes(list(range(10)), 4) and len(route.prefix_hashes) == 2
+    assert service.status()["length_predictor"] == "stub"
+    plain = RouterService(RouterConfig(routing_policy="round_robin")).route_request(call)
+    assert plain.predicted_output_tokens is None and len(plain.prefix_hashes) == 0  # 64-token blocks
