@@ -399,6 +399,13 @@ def warm_up(url: str, args: argparse.Namespace, scale: Scale, text: PromptText) 
     print(f"   warm-up: {sum(r.finished for r in records)}/{len(records)} finished", flush=True)
 
 
+def ready_router(url: str) -> None:
+    """One throwaway request, so a fresh router has loaded its tokenizer (seconds) before the
+    measured requests arrive; otherwise the first policy-decided requests wait for it."""
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}
+    requests.post(url + "/generate", json=body, timeout=300).raise_for_status()
+
+
 def prompt_builder(text: PromptText, spec: WorkloadSpec) -> PromptFor:
     def prompt_for(p: PlannedRequest, rng: random.Random) -> list[int]:
         return text.build(p.req, rng, block_tokens=spec.block_tokens)
@@ -415,6 +422,7 @@ def measure(
     rate: float,
 ) -> dict[str, Any]:
     """One run on the current router: flush caches, load, then record pacing and router state."""
+    ready_router(cluster.url)
     flush_failed = flush_caches(cluster)
     if flush_failed:
         print(f"   WARNING cache flush failed: {flush_failed}", flush=True)

@@ -9,33 +9,28 @@ are told to abort them, and the sockets close.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from typing import Any
 
+from launch_server import json_params
 from router.policies import ROUTING_POLICIES
 
 
 def _policy_params(pairs: list[str], policy: str) -> dict[str, Any]:
-    """KEY=VALUE pairs; VALUE is JSON (a bare word is taken as a string)."""
+    """KEY=VALUE pairs (dashes in KEY read as underscores); VALUE is JSON (a bare word is taken as a string)."""
     from router.service import policy_param_names
 
     allowed = policy_param_names(policy)
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key:
-            raise SystemExit(f"--routing-policy-param: expected KEY=VALUE, got {pair!r}")
-        if key not in allowed:
+
+    def key(name: str) -> str:
+        name = name.strip().replace("-", "_")
+        if name and name not in allowed:
             known = ", ".join(sorted(allowed)) or "none"
-            raise SystemExit(f"--routing-policy-param: policy {policy} takes no parameter {key!r} (accepted: {known})")
-        try:
-            params[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            params[key] = raw
-    return params
+            raise SystemExit(f"--routing-policy-param: policy {policy} takes no parameter {name!r} (accepted: {known})")
+        return name
+
+    return json_params(pairs, "--routing-policy-param", key)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -67,7 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--admission-timeout-s", type=float, default=2.0, help="how long a request waits for a first worker (then 503)"
     )
-    parser.add_argument("--length-predictor", help="output-length predictor artifact for RouteRequest predictions")
+    parser.add_argument(
+        "--length-predictor",
+        default="history",
+        metavar="PATH|history|none",
+        help="output-length predictor the SLO-aware policies plan with: 'history' (default: recent answers' "
+        "mean, learned online), 'none' (the client's max_new_tokens), or a saved analyzer artifact "
+        "(scheduler.core.analyzer.train_cli --out: MoE, QRF)",
+    )
     parser.add_argument(
         "--incremental-streaming-output",
         action="store_true",

@@ -12,6 +12,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -225,16 +226,20 @@ def _flag_params(args: argparse.Namespace) -> dict[str, Any]:
     return params
 
 
-def _policy_params(items: list[str]) -> dict[str, Any]:
+def json_params(items: list[str], flag: str, key: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """The KEY=VALUE values of `flag`; VALUE is JSON (a bare word is taken as a string). `key`
+    maps each KEY of a pair (to normalise it, or to stop with a message for one it refuses)."""
     params: dict[str, Any] = {}
     for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"--slo-policy-param expects KEY=VALUE, got {item!r}")
+        name, sep, raw = item.partition("=")
+        if sep and key is not None:
+            name = key(name)
+        if not sep or not name:
+            raise SystemExit(f"{flag}: expected KEY=VALUE, got {item!r}")
         try:
-            params[key] = json.loads(raw)
+            params[name] = json.loads(raw)
         except json.JSONDecodeError:
-            params[key] = raw
+            params[name] = raw
     return params
 
 
@@ -336,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         datefmt="%Y-%m-%d %H:%M:%S",
         force=True,
     )
-    params = {**_flag_params(args), **_policy_params(args.slo_policy_param)}
+    params = {**_flag_params(args), **json_params(args.slo_policy_param, "--slo-policy-param")}
     try:
         make_policy(args.slo_policy, **params)
     except TypeError as e:

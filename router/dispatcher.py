@@ -63,6 +63,19 @@ logger = logging.getLogger(__name__)
 REGISTER_AGAIN = "unknown or dead worker: send Register again"
 DECISION_WINDOW = 1024  # recent policy.choose latencies kept for status()
 STATUS_OWNERS = 1000  # in-flight requests whose worker status() lists (for operators and tests)
+# the event counters status() reports (and the router's metrics export as events_total{event=...})
+STATUS_EVENTS = (
+    "completed",
+    "failed",
+    "cancelled",
+    "rejected",
+    "resubmitted",
+    "migrated",
+    "migrations_skipped",
+    "workers_lost",
+    "late_chunks_dropped",
+    "duplicate_tokens_trimmed",
+)
 
 
 class NoWorkerAvailable(NoWorkerError):
@@ -319,21 +332,7 @@ class Dispatcher:
                 rid: f.owner for rid, f in itertools.islice(self._flights.items(), STATUS_OWNERS) if f.owner is not None
             },
             "routed": dict(self.routed),
-            **{
-                name: self.counters[name]
-                for name in (
-                    "completed",
-                    "failed",
-                    "cancelled",
-                    "rejected",
-                    "resubmitted",
-                    "migrated",
-                    "migrations_skipped",
-                    "workers_lost",
-                    "late_chunks_dropped",
-                    "duplicate_tokens_trimmed",
-                )
-            },
+            **{name: self.counters[name] for name in STATUS_EVENTS},
             "decision_ns": {
                 "count": self.counters["decisions"],
                 "window": len(window),

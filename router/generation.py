@@ -29,8 +29,10 @@ class Generation:
         reports: RouterReports,
         workers: Callable[[], tuple[str, ...]] = tuple,
         wall: Callable[[], float] = time.time,
+        on_finished: Callable[[GenerateCall, int], None] | None = None,
     ) -> None:
         self.call = call
+        self.on_finished = on_finished  # learns output lengths (the router's history predictor)
         self.detok = detok
         self.reports = reports
         self.workers = workers
@@ -82,7 +84,10 @@ class Generation:
         self.worker_meta = dict(chunk.meta or {})
         worker_slo = self.worker_meta.get("slo")
         tier = worker_slo.get("tier") if isinstance(worker_slo, dict) else None
-        self._score(finished=reason.get("type") != "abort", tier=tier, now=now)
+        finished = reason.get("type") != "abort"
+        self._score(finished=finished, tier=tier, now=now)
+        if finished and self.on_finished is not None:
+            self.on_finished(self.call, self.completion_tokens)
         return delta
 
     def fail(self) -> None:

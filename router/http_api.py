@@ -241,7 +241,10 @@ async def open_run(service: RouterService, call: GenerateCall, tokenizer: Router
         skip_special_tokens=params.get("skip_special_tokens", True) is not False,
         spaces_between_special_tokens=params.get("spaces_between_special_tokens", True) is not False,
     )
-    return Run(stream, Generation(call, detok, service.reports, workers=lambda: stream.workers))
+    generation = Generation(
+        call, detok, service.reports, workers=lambda: stream.workers, on_finished=service.observe_output
+    )
+    return Run(stream, generation)
 
 
 async def respond(

@@ -12,36 +12,26 @@ collector that reads the dispatcher's counters and the workers' last load report
 
 from __future__ import annotations
 
-import time
-from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from router.dispatcher import STATUS_EVENTS
 from router.views import WorkerView
-from scheduler.core.outcome import evaluate
-from scheduler.core.programs import ProgramTracker
 from scheduler.core.slo import SloSpec
 from server.slo_metrics import SloMetrics
+from server.slo_reports import SloReportKeeper
 
 ADMITTED, BEST_EFFORT = "admitted", "best_effort"
 
 
-class RouterReports:
+class RouterReports(SloReportKeeper):
     """Scores finished requests and keeps the recent reports (by rid) and the outcome counters."""
 
     def __init__(self, metrics: SloMetrics | None = None, keep_reports: int = 10_000) -> None:
-        self.metrics = metrics if metrics is not None else SloMetrics()
-        self.programs = ProgramTracker()
-        self._reports: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        self._keep = keep_reports
-
-    def begin(self, slo: SloSpec, arrival_unix: float) -> None:
-        """A request arrived: a compound program's deadline runs from its first request."""
-        if slo.program_id is not None:
-            self.programs.arrival(slo.program_id, arrival_unix)
+        super().__init__(metrics if metrics is not None else SloMetrics(), keep_reports)
 
     def finish(
         self,
@@ -54,21 +44,8 @@ class RouterReports:
         now: float | None = None,
     ) -> dict[str, Any]:
         """Score the request once (finished=False: error, abort or client gone) and count it."""
-        deadline_abs = None
-        if slo.program_id is not None and slo.deadline_ms is not None:
-            deadline_abs = self.programs.arrival(slo.program_id, arrival_unix) + slo.deadline_ms / 1000.0
-        end = token_times[-1] if finished and token_times else (time.time() if now is None else now)
-        outcome = evaluate(slo, arrival_unix, token_times, end, finished=finished, deadline_abs=deadline_abs)
         tier = tier if tier in (ADMITTED, BEST_EFFORT) else ADMITTED
-        self.metrics.record(outcome, tier)
-        report = {**outcome.to_dict(), "tier": tier}
-        self._reports[rid] = report
-        while len(self._reports) > self._keep:
-            self._reports.popitem(last=False)
-        return report
-
-    def report(self, rid: str) -> dict[str, Any] | None:
-        return self._reports.get(rid)
+        return self.score(rid, slo, arrival_unix, token_times, finished, tier, now=now)
 
     def attainment(self) -> dict[str, dict[str, float | int]]:
         return self.metrics.attainment()
@@ -77,19 +54,6 @@ class RouterReports:
         return self.metrics.tiers()
 
 
-# dispatcher.status() counters exported as sglang_slo_router_events_total{event=...}
-EVENTS = (
-    "completed",
-    "failed",
-    "cancelled",
-    "rejected",
-    "resubmitted",
-    "migrated",
-    "migrations_skipped",
-    "workers_lost",
-    "late_chunks_dropped",
-    "duplicate_tokens_trimmed",
-)
 WORKER_GAUGES: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
     ("healthy", "1 while the worker is alive", lambda w: float(w.healthy)),
     ("inflight", "Requests the router has in flight on the worker", lambda w: float(w.inflight)),
@@ -115,7 +79,7 @@ class RouterCollector(Collector):
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         status = self._status()
         events = CounterMetricFamily("sglang_slo_router_events", "Router request events", labels=["event"])
-        for name in EVENTS:
+        for name in STATUS_EVENTS:
             events.add_metric([name], float(status.get(name, 0)))
         yield events
         routed = CounterMetricFamily(

@@ -318,6 +318,25 @@ def _single_prompt(prompt: Any) -> str | list[int]:
     raise bad("prompt", "must be a string or a non-empty list of token ids")
 
 
+def _openai_params(body: Mapping[str, Any], max_tokens: Any, name: str) -> dict[str, Any]:
+    """The sampling params of an OpenAI route: the token cap (named `name`), sampling, response_format."""
+    _count(max_tokens, name)
+    params = _openai_sampling(body, max_tokens)
+    _response_format(body, params)
+    return params
+
+
+def _openai_call_fields(
+    body: dict[str, Any], headers: Mapping[str, str], default_slo: SloSpec | None
+) -> tuple[bool, str, SloSpec, OpenAIOptions]:
+    """stream, rid, SLO and the response options of an OpenAI route."""
+    stream = _opt_bool(body, "stream")
+    include_usage, continuous = _stream_options(body, stream)
+    model, rid = _model(body), _rid(body)
+    spec = _slo(body, headers, default_slo, native=False)
+    return stream, rid, spec, OpenAIOptions(model, include_usage, continuous)
+
+
 async def parse_completion(
     body: dict[str, Any],
     headers: Mapping[str, str],
@@ -333,20 +352,14 @@ async def parse_completion(
     _falsy_or_fail(body, COMPLETION_UNSUPPORTED, "not supported by the router")
     if body.get("best_of") not in (None, 1):
         raise bad("best_of", "must be 1: the router serves one completion per request")
-    max_tokens = body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS)
-    _count(max_tokens, "max_tokens")
-    params = _openai_sampling(body, max_tokens)
-    _response_format(body, params)
-    stream = _opt_bool(body, "stream")
-    include_usage, continuous = _stream_options(body, stream)
-    model, rid = _model(body), _rid(body)
-    spec = _slo(body, headers, default_slo, native=False)
+    params = _openai_params(body, body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS), "max_tokens")
+    stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
     if isinstance(prompt, str):
         ids, text = _encode(await tokenizer(), prompt, "prompt"), prompt
     else:
         ids, text = _token_ids(prompt, "prompt"), None
     call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text)
-    return call, OpenAIOptions(model, include_usage, continuous)
+    return call, options
 
 
 def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -388,16 +401,11 @@ async def parse_chat(
     name = "max_completion_tokens"
     if max_tokens is None:
         max_tokens, name = body.get("max_tokens"), "max_tokens"
-    _count(max_tokens, name)
-    params = _openai_sampling(body, max_tokens)
-    _response_format(body, params)
+    params = _openai_params(body, max_tokens, name)
     kwargs = body.get("chat_template_kwargs")
     if kwargs is not None and not isinstance(kwargs, dict):
         raise bad("chat_template_kwargs", "must be an object")
-    stream = _opt_bool(body, "stream")
-    include_usage, continuous = _stream_options(body, stream)
-    model, rid = _model(body), _rid(body)
-    spec = _slo(body, headers, default_slo, native=False)
+    stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
     tok = await tokenizer()
     try:
         ids = tok.chat_ids(messages, **(kwargs or {}))
@@ -406,4 +414,4 @@ async def parse_chat(
     if not ids:
         raise bad("messages", "the chat template produced no tokens")
     call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s)
-    return call, OpenAIOptions(model, include_usage, continuous)
+    return call, options

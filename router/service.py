@@ -55,10 +55,21 @@ class RouterConfig:
     migrate_interval_s: float | None = 0.1  # None: never ask the policy for migrations
     admission_timeout_s: float = 2.0
     reap_interval_s: float = 0.25
-    length_predictor: str | None = None
+    length_predictor: str | None = "history"  # see make_length_predictor
     default_slo: SloSpec | None = None  # for requests that carry none (None: best effort)
     incremental_streaming_output: bool = False  # SGLang's flag: native streams send deltas
     proxy_timeout_s: float = 30.0
+
+
+def make_length_predictor(spec: str | None) -> Any:
+    """`history` (default): recent answers' mean length, learned online from completions, the
+    history-based predictor GoodServe's ablation compares with; `none`: no prediction (policies
+    fall back to the client's max_new_tokens); otherwise a saved analyzer artifact (MoE, QRF)."""
+    if spec is None or spec == "none":
+        return None
+    from scheduler.core.analyzer.base import load_predictor, make_predictor
+
+    return make_predictor("history") if spec == "history" else load_predictor(spec)
 
 
 @dataclass(frozen=True)
@@ -147,11 +158,7 @@ class RouterService:
         )
         self.block_tokens = int(getattr(self.policy, "block_tokens", DEFAULT_BLOCK_TOKENS))
         self.tokenizer = tokenizer if tokenizer is not None else RouterTokenizer(config.tokenizer_path)
-        self.predictor = predictor
-        if predictor is None and config.length_predictor:
-            from scheduler.core.analyzer.base import load_predictor
-
-            self.predictor = load_predictor(config.length_predictor)
+        self.predictor = predictor if predictor is not None else make_length_predictor(config.length_predictor)
         self.reports = RouterReports()
         self.reports.metrics.registry.register(RouterCollector(self._dispatcher_status, self.views))
         self._ctx = ctx
@@ -271,8 +278,14 @@ class RouterService:
             max_new_tokens=call.max_new_tokens,
         )
 
+    def observe_output(self, call: GenerateCall, completion_tokens: int) -> None:
+        """Teach an online predictor (the history default) what this request's answer took."""
+        observe = getattr(self.predictor, "observe", None)
+        if observe is not None:
+            observe(call.slo.program_id, completion_tokens)
+
     def predict_output(self, call: GenerateCall) -> int | None:
-        """The length predictor's estimate (None without one, or when it fails)."""
+        """The length predictor's estimate, at most the client's cap (None without one, or when it fails)."""
         if self.predictor is None:
             return None
         text = call.prompt_text
@@ -283,7 +296,10 @@ class RouterService:
         except Exception:  # noqa: BLE001 - a broken predictor must not fail requests
             logger.exception("length predictor failed for %s", call.rid)
             return None
-        return max(1, math.ceil(value)) if math.isfinite(value) else None
+        if not math.isfinite(value):
+            return None
+        cap = call.max_new_tokens
+        return max(1, min(math.ceil(value), cap if cap is not None else math.inf))
 
     async def submit(self, call: GenerateCall) -> RequestStream:
         """Route the request; NoWorkerAvailable when no worker within the admission timeout."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,21 +27,61 @@ class _Tracked:
     best_effort: bool | None = None  # tier when its first token came out
 
 
-class SloReportBook:
-    """Per-request accumulation keyed by rid, plus recent reports for the OpenAI routes, whose
-    responses do not carry meta_info and get their `slo` block by response id."""
+class SloReportKeeper:
+    """Scores a request once, with compound-program deadlines (measured from the program's first
+    arrival), counts the outcome by tier and keeps the recent reports by rid. The worker's book and
+    the router's reports both score this way, so "attained" means the same behind a router."""
 
     def __init__(self, metrics: SloMetrics, keep_reports: int = 10_000) -> None:
         self.metrics = metrics
         self.programs = ProgramTracker()
-        self._live: dict[str, _Tracked] = {}
         self._reports: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._keep = keep_reports
 
-    def start(self, rid: str, slo: SloSpec, arrival: float) -> None:
-        self._live[rid] = _Tracked(slo, arrival)
+    def begin(self, slo: SloSpec, arrival: float) -> None:
+        """A request arrived: a compound program's deadline runs from its first request."""
         if slo.program_id is not None:
             self.programs.arrival(slo.program_id, arrival)
+
+    def score(
+        self,
+        rid: str,
+        slo: SloSpec,
+        arrival: float,
+        token_times: Sequence[float],
+        finished: bool,
+        tier: str,
+        now: float | None = None,
+    ) -> dict[str, Any]:
+        """The report (outcome + tier), recorded in the metrics and kept; an unfinished request
+        (or one without tokens) ends at `now` (default: the current time)."""
+        deadline_abs = None
+        if slo.program_id is not None and slo.deadline_ms is not None:
+            deadline_abs = self.programs.arrival(slo.program_id, arrival) + slo.deadline_ms / 1000.0
+        end = token_times[-1] if finished and token_times else (time.time() if now is None else now)
+        outcome = evaluate(slo, arrival, token_times, end, finished=finished, deadline_abs=deadline_abs)
+        self.metrics.record(outcome, tier)
+        report = {**outcome.to_dict(), "tier": tier}
+        self._reports[rid] = report
+        while len(self._reports) > self._keep:
+            self._reports.popitem(last=False)
+        return report
+
+    def report(self, rid: str) -> dict[str, Any] | None:
+        return self._reports.get(rid)
+
+
+class SloReportBook(SloReportKeeper):
+    """Per-request accumulation keyed by rid, plus recent reports for the OpenAI routes, whose
+    responses do not carry meta_info and get their `slo` block by response id."""
+
+    def __init__(self, metrics: SloMetrics, keep_reports: int = 10_000) -> None:
+        super().__init__(metrics, keep_reports)
+        self._live: dict[str, _Tracked] = {}
+
+    def start(self, rid: str, slo: SloSpec, arrival: float) -> None:
+        self._live[rid] = _Tracked(slo, arrival)
+        self.begin(slo, arrival)
 
     def on_output(self, meta_info: dict[str, Any]) -> None:
         """Consume one output chunk's meta_info (incremental or cumulative token stamps); on the
@@ -70,25 +111,5 @@ class SloReportBook:
 
     def _finish(self, rid: str, finished: bool) -> dict[str, Any]:
         tracked = self._live.pop(rid)
-        deadline_abs = None
-        if tracked.slo.program_id is not None and tracked.slo.deadline_ms is not None:
-            first = self.programs.arrival(tracked.slo.program_id, tracked.arrival)
-            deadline_abs = first + tracked.slo.deadline_ms / 1000.0
-        outcome = evaluate(
-            tracked.slo,
-            tracked.arrival,
-            tracked.token_times,
-            finish_time=tracked.token_times[-1] if finished and tracked.token_times else time.time(),
-            finished=finished,
-            deadline_abs=deadline_abs,
-        )
         tier = "best_effort" if tracked.best_effort else "admitted"
-        self.metrics.record(outcome, tier)
-        report = {**outcome.to_dict(), "tier": tier}
-        self._reports[rid] = report
-        while len(self._reports) > self._keep:
-            self._reports.popitem(last=False)
-        return report
-
-    def report(self, rid: str) -> dict[str, Any] | None:
-        return self._reports.get(rid)
+        return self.score(rid, tracked.slo, tracked.arrival, tracked.token_times, finished, tier)

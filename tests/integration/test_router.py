@@ -24,6 +24,9 @@ from router.policies import ROUTING_POLICIES
 from server.process import ServerProcess, free_port
 
 JOIN_TIMEOUT_S = 60.0
+API_KEY = "router-test-key"  # the router and every worker enforce it; workers present its hash
+HTTP = requests.Session()
+HTTP.headers["Authorization"] = f"Bearer {API_KEY}"
 PROMPT = [5 + (i * 7) % 500 for i in range(40)]  # ids inside the tiny model's 512-token vocabulary
 MIXED_SLOS = [
     {"ttft_ms": 30_000, "tpot_ms": 2_000},
@@ -44,8 +47,9 @@ class Pool:
 
     def worker(self, worker_id: str, *flags: str) -> ServerProcess:
         return ServerProcess(
-            *flags, "--router-address", self.address, "--worker-id", worker_id, "--slo-policy", "edf", name=worker_id
-        )
+            *flags, "--router-address", self.address, "--worker-id", worker_id, "--slo-policy", "edf",
+            "--api-key", API_KEY, name=worker_id, api_key=API_KEY,
+        )  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -64,14 +68,14 @@ def pool() -> Iterator[Pool]:
 
 def start_router(pool: Pool, policy: str, *flags: str) -> ServerProcess:
     router = ServerProcess(
-        "--worker-port", str(pool.worker_port), "--routing-policy", policy, *flags,
-        name=f"router-{policy}", module="launch_router", ready_path="/slo/status",
+        "--worker-port", str(pool.worker_port), "--routing-policy", policy, "--api-key", API_KEY, *flags,
+        name=f"router-{policy}", module="launch_router", ready_path="/slo/status", api_key=API_KEY,
     )  # fmt: skip
     return router.start()
 
 
 def healthy_workers(router: ServerProcess) -> set[str]:
-    status = requests.get(router.url + "/slo/status", headers=router.headers, timeout=5).json()
+    status = HTTP.get(router.url + "/slo/status", timeout=5).json()
     return {w["worker_id"] for w in status["workers"] if w["healthy"]}
 
 
@@ -97,7 +101,7 @@ def stream_generate(url: str, body: dict) -> tuple[list[int], dict, list[int]]:
     ids: list[int] = []
     counts: list[int] = []
     meta: dict = {}
-    with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=300) as resp:
+    with HTTP.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=300) as resp:
         assert resp.status_code == 200, resp.text
         for line in resp.iter_lines():
             if not line.startswith(b"data: ") or line == b"data: [DONE]":
@@ -132,7 +136,7 @@ def test_every_policy_serves_a_mixed_workload_with_nothing_lost(pool: Pool, poli
                 ids, meta, counts = stream_generate(router.url, b)
                 assert counts == sorted(counts) and len(ids) == meta["completion_tokens"]
                 return meta
-            resp = requests.post(router.url + "/generate", json=b, timeout=300)
+            resp = HTTP.post(router.url + "/generate", json=b, timeout=300)
             assert resp.status_code == 200, resp.text
             assert len(resp.json()["output_ids"]) == resp.json()["meta_info"]["completion_tokens"]
             return resp.json()["meta_info"]
@@ -142,7 +146,7 @@ def test_every_policy_serves_a_mixed_workload_with_nothing_lost(pool: Pool, poli
         assert [m["completion_tokens"] for m in metas] == [6 + i for i in range(8)]
         assert all(set(m["workers"]) <= set(pool.workers) and m["workers"] for m in metas)
         assert all(m["slo"]["attained"]["overall"] is not None for m in metas)
-        status = requests.get(router.url + "/slo/status", timeout=5).json()
+        status = HTTP.get(router.url + "/slo/status", timeout=5).json()
         served = status["dispatcher"]
         assert served["completed"] == 8 and served["failed"] == 0 and served["rejected"] == 0, served
         assert sum(served["routed"].values()) >= 8
@@ -155,7 +159,7 @@ def test_every_policy_serves_a_mixed_workload_with_nothing_lost(pool: Pool, poli
 def test_an_openai_client_works_through_the_router(round_robin: ServerProcess) -> None:
     import openai
 
-    client = openai.OpenAI(base_url=round_robin.url + "/v1", api_key="none")
+    client = openai.OpenAI(base_url=round_robin.url + "/v1", api_key=API_KEY)
     chat = client.chat.completions.create(
         model="tiny",
         messages=[{"role": "user", "content": "hello"}],
@@ -185,10 +189,10 @@ def test_a_frontend_program_runs_through_the_router(round_robin: ServerProcess) 
         s += "A: " + sgl.gen("a", max_tokens=5, ignore_eos=True) + "\n"
         s += "B: " + sgl.gen("b", max_tokens=5, ignore_eos=True)
 
-    backend = SloRuntimeEndpoint(round_robin.url, slo={"deadline_ms": 60_000})
+    backend = SloRuntimeEndpoint(round_robin.url, api_key=API_KEY, slo={"deadline_ms": 60_000})
     state = two_steps.run(topic="routing", backend=backend)
     assert state["a"] and state["b"]
-    status = requests.get(round_robin.url + "/slo/status", timeout=5).json()
+    status = HTTP.get(round_robin.url + "/slo/status", timeout=5).json()
     assert status["dispatcher"]["completed"] >= 2
 
 
@@ -200,18 +204,26 @@ def test_a_migrated_request_keeps_its_stream_whole(round_robin: ServerProcess, p
         deadline = time.monotonic() + 60
         while source is None:
             assert time.monotonic() < deadline, "the request never started"
-            inflight = requests.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
+            inflight = HTTP.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
             source = inflight.get("owners", {}).get("moving")
             time.sleep(0.05)
         target = next(w for w in pool.workers if w != source)
-        moved = requests.post(round_robin.url + "/slo/migrate", json={"rid": "moving", "to": target}, timeout=10)
+        moved = HTTP.post(round_robin.url + "/slo/migrate", json={"rid": "moving", "to": target}, timeout=10)
         assert moved.status_code == 200, moved.text
         ids, meta, counts = future.result(timeout=300)
     assert len(ids) == n == meta["completion_tokens"]
     assert counts == sorted(counts) and len(set(counts)) == len(counts)  # no repeated positions
     assert meta["workers"] == [source, target]
-    status = requests.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
+    status = HTTP.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
     assert status["migrated"] == 1
+
+
+def test_the_api_key_is_enforced_at_the_router_and_at_the_workers(round_robin: ServerProcess, pool: Pool) -> None:
+    for url in (round_robin.url, pool.workers["tiny-0"].url):
+        assert requests.post(url + "/generate", json=body(2), timeout=30).status_code == 401
+        wrong = {"Authorization": "Bearer nope"}
+        assert requests.post(url + "/generate", json=body(2), headers=wrong, timeout=30).status_code == 401
+    assert HTTP.post(round_robin.url + "/generate", json=body(2), timeout=60).status_code == 200
 
 
 def test_bad_requests_are_4xx_naming_the_field(round_robin: ServerProcess) -> None:
@@ -221,7 +233,7 @@ def test_bad_requests_are_4xx_naming_the_field(round_robin: ServerProcess) -> No
         ({"input_ids": [1, 2, 10**6]}, "input_ids"),
     ]
     for b, field in cases:
-        resp = requests.post(round_robin.url + "/generate", json=b, timeout=30)
+        resp = HTTP.post(round_robin.url + "/generate", json=b, timeout=30)
         assert 400 <= resp.status_code < 500, (b, resp.status_code, resp.text)
         assert field in resp.text, resp.text
 
@@ -237,7 +249,7 @@ def test_killing_a_worker_mid_stream_loses_no_request(pool: Pool) -> None:
             futures = [ex.submit(stream_generate, router.url, body(n, rid=f"k{i}")) for i in range(6)]
             deadline = time.monotonic() + 60
             while True:  # wait until the victim is streaming something
-                owners = requests.get(router.url + "/slo/status", timeout=5).json()["dispatcher"].get("owners", {})
+                owners = HTTP.get(router.url + "/slo/status", timeout=5).json()["dispatcher"].get("owners", {})
                 if victim_id in owners.values():
                     break
                 assert time.monotonic() < deadline, owners
@@ -252,7 +264,7 @@ def test_killing_a_worker_mid_stream_loses_no_request(pool: Pool) -> None:
             assert counts == sorted(counts) and len(set(counts)) == len(counts)
         moved = [meta["workers"] for _, meta, _ in results if victim_id in meta["workers"]]
         assert moved and all(w[0] == victim_id and len(w) == 2 for w in moved), moved
-        status = requests.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
+        status = HTTP.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
         assert status["workers_lost"] == 1 and status["failed"] == 0 and status["resubmitted"] >= len(moved)
         assert victim_id not in healthy_workers(router)
         assert time.monotonic() - killed_at < 120
@@ -261,9 +273,7 @@ def test_killing_a_worker_mid_stream_loses_no_request(pool: Pool) -> None:
         restarted = pool.worker(victim_id, "--model-path", "tiny")
         pool.workers[victim_id] = restarted.start()
         wait_joined(router, {victim_id})
-        metas = [
-            requests.post(router.url + "/generate", json=body(4), timeout=120).json()["meta_info"] for _ in range(3)
-        ]
+        metas = [HTTP.post(router.url + "/generate", json=body(4), timeout=120).json()["meta_info"] for _ in range(3)]
         assert any(m["workers"] == [victim_id] for m in metas)  # round robin sends it traffic again
     finally:
         router.stop()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
@@ -21,11 +20,11 @@ import httpx
 import orjson
 import zmq.asyncio
 
-from router.dispatcher import REGISTER_AGAIN
 from router.http_api import create_app
-from router.protocol import Abort, Ack, Heartbeat, Register, RequestError, Submit, TokenChunk, hash_api_key
+from router.protocol import Register, RequestError, Submit, TokenChunk, hash_api_key
 from router.service import RouterConfig, RouterService
 from router.tokenizer import RouterTokenizer, load_hf_tokenizer
+from tests.unit.router._fake_worker import FakeWorkerBase
 
 TEST_TIMEOUT_S = 20.0
 DEAD_AFTER_S = 0.6
@@ -52,7 +51,7 @@ def run(test: Callable[[], Awaitable[None]], timeout_s: float = TEST_TIMEOUT_S) 
     asyncio.run(asyncio.wait_for(test(), timeout_s))
 
 
-class ScriptedWorker:
+class ScriptedWorker(FakeWorkerBase):
     """A worker agent stand-in that streams a fixed token script; knobs make it fail."""
 
     def __init__(
@@ -71,80 +70,25 @@ class ScriptedWorker:
         stop: Any = None,  # finish as SGLang's "stop" with this `matched` after the script
         meta: dict[str, Any] | None = None,  # extra final meta_info keys
     ) -> None:
-        from router.transport import WorkerEndpoint
-
-        self.worker_id = worker_id
+        super().__init__(ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status)
         self.script = list(script if script is not None else script_ids())
         self.chunk = chunk
-        self.delay_s = delay_s
-        self.heartbeat_s = heartbeat_s
         self.api_key = api_key
-        self.error_status = error_status
         self.error_after = error_after
         self.stop_matched = stop
         self.meta = meta or {}
-        self.endpoint = WorkerEndpoint(address, worker_id, ctx=ctx)
-        self.submits: list[Submit] = []
-        self.aborts: list[str] = []
-        self.acks: list[Ack] = []
-        self.registered = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._alive = True
 
-    async def start(self, wait: bool = True) -> None:
-        self._spawn(self._receive())
-        self._spawn(self._heartbeat())
-        await self._register()
-        if wait:
-            await asyncio.wait_for(self.registered.wait(), 2.0)
-
-    async def stop(self) -> None:
-        self._alive = False
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.endpoint.close()
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _register(self) -> None:
-        await self.endpoint.send(
-            Register(
-                worker_id=self.worker_id,
-                gpu="cpu",
-                model=tiny_path(),
-                kv_capacity_tokens=4096,
-                max_running=8,
-                http_url=f"http://{self.worker_id}.test",
-                api_key_hash=hash_api_key(self.api_key) if self.api_key else None,
-                incarnation="1",
-            )
+    def register_message(self) -> Register:
+        return Register(
+            worker_id=self.worker_id,
+            gpu="cpu",
+            model=tiny_path(),
+            kv_capacity_tokens=4096,
+            max_running=8,
+            http_url=f"http://{self.worker_id}.test",
+            api_key_hash=hash_api_key(self.api_key) if self.api_key else None,
+            incarnation="1",
         )
-
-    async def _heartbeat(self) -> None:
-        seq = 0
-        while self._alive:
-            await self.endpoint.send(Heartbeat(worker_id=self.worker_id, seq=seq))
-            seq += 1
-            await asyncio.sleep(self.heartbeat_s)
-
-    async def _receive(self) -> None:
-        while True:
-            msg = await self.endpoint.recv()
-            if isinstance(msg, Ack):
-                self.acks.append(msg)
-                if msg.accepted:
-                    self.registered.set()
-                elif msg.reason == REGISTER_AGAIN:
-                    await self._register()
-            elif isinstance(msg, Submit):
-                self.submits.append(msg)
-                self._spawn(self._stream(msg))
-            elif isinstance(msg, Abort):
-                self.aborts.append(msg.rid)
 
     async def _stream(self, submit: Submit) -> None:
         await asyncio.sleep(self.delay_s)
@@ -297,11 +241,3 @@ def sse_events(body: bytes) -> list[Any]:
         payload = block[len(b"data: ") :]
         out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
     return out
-
-
-async def until(cond: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
@@ -31,17 +32,18 @@ from router.dispatcher import (
     resume_submit,
 )
 from router.policies.spread import RoundRobinPolicy
-from router.protocol import Abort, Ack, Heartbeat, Register, RequestError, Submit, TokenChunk
+from router.protocol import Register, RequestError, Submit, TokenChunk
 from router.registry import WorkerRegistry
-from router.transport import RouterEndpoint, WorkerEndpoint
+from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.slo import SloSpec
+from tests.unit.router._fake_worker import FakeWorkerBase, until
 
 TEST_TIMEOUT_S = 10.0
 DEAD_AFTER_S = 0.6  # three missed 0.2 s heartbeats
 
 
-class FakeWorker:
+class FakeWorker(FakeWorkerBase):
     """A worker agent stand-in; the knobs make it misbehave in the ways the router must survive."""
 
     def __init__(
@@ -59,51 +61,22 @@ class FakeWorker:
         resend_head: int = 0,  # on resume, wrongly resend this many delivered tokens in the first chunk
         count_resumed: bool = True,  # False: break the convention, count only the new tokens
     ) -> None:
-        self.worker_id = worker_id
-        self.delay_s = delay_s
-        self.heartbeat_s = heartbeat_s
+        super().__init__(ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status)
         self.base = base
         self.die_after = die_after
-        self.error_status = error_status
         self.ignore_abort = ignore_abort
         self.resend_head = resend_head
         self.count_resumed = count_resumed
-        self.endpoint = WorkerEndpoint(address, worker_id, ctx=ctx)
-        self.submits: list[Submit] = []
-        self.aborts: list[str] = []
-        self.acks: list[Ack] = []
         self.chunks_sent = 0
-        self.alive = True
-        self.stalled = False  # heartbeats paused, as in a long GC pause or a hung driver call
         self.generation = 0  # bumped by restart(): streams of an older process stop
-        self.registered = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> None:
-        self._spawn(self._receive())
-        self._spawn(self._heartbeat())
-        await self._register()
-        await asyncio.wait_for(self.registered.wait(), 2.0)
-
-    async def stop(self) -> None:
-        self.alive = False
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        self.endpoint.close()
-
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def restart(self) -> None:
         """A crash and a quick restart, faster than the liveness timeout: its requests are gone."""
         self.generation += 1
         await self._register()
 
-    async def _register(self) -> None:
-        reg = Register(
+    def register_message(self) -> Register:
+        return Register(
             worker_id=self.worker_id,
             gpu="cpu",
             model="m",
@@ -111,31 +84,6 @@ class FakeWorker:
             max_running=8,
             incarnation=f"p{self.generation}",
         )
-        await self.endpoint.send(reg)
-
-    async def _heartbeat(self) -> None:
-        seq = 0
-        while self.alive:
-            if not self.stalled:
-                await self.endpoint.send(Heartbeat(worker_id=self.worker_id, seq=seq))
-                seq += 1
-            await asyncio.sleep(self.heartbeat_s)
-
-    async def _receive(self) -> None:
-        while True:
-            msg = await self.endpoint.recv()
-            if isinstance(msg, Ack):
-                self.acks.append(msg)
-                if msg.accepted:
-                    self.registered.set()
-                elif msg.reason == REGISTER_AGAIN:
-                    await self._register()
-            elif isinstance(msg, Submit):
-                self.submits.append(msg)
-                if self.alive:
-                    self._spawn(self._stream(msg))
-            elif isinstance(msg, Abort):
-                self.aborts.append(msg.rid)
 
     async def _stream(self, submit: Submit) -> None:
         generation = self.generation
@@ -212,12 +160,7 @@ async def _collect(stream: RequestStream) -> list[StreamEvent]:
     return [event async for event in stream]
 
 
-async def _until(cond: Callable[[], bool], timeout_s: float = 2.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.01)
+_until = functools.partial(until, timeout_s=2.0)
 
 
 def _tokens(events: Sequence[StreamEvent]) -> list[int]:

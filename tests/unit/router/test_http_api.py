@@ -14,6 +14,7 @@ import orjson
 import zmq.asyncio
 
 from router.requests import DEFAULT_MAX_NEW_TOKENS
+from tests.unit.router._fake_worker import until
 from tests.unit.router._router_harness import (
     SCRIPT_TEXT,
     router,
@@ -21,7 +22,6 @@ from tests.unit.router._router_harness import (
     script_ids,
     sse_events,
     tiny_hf,
-    until,
 )
 
 PROMPT = "The router says"
@@ -56,6 +56,8 @@ def test_native_non_stream_matches_sglang_shape(ctx: zmq.asyncio.Context) -> Non
             assert submit.input_ids == tuple(tiny_hf().encode(PROMPT))
             assert submit.sampling_params == {"max_new_tokens": 64}
             assert submit.slo == {"class": "best_effort", "weight": 1.0} and submit.arrival_unix is not None
+            history = h.service.predictor  # the default history predictor learned this answer's length
+            assert history.predict() == len(script_ids())
 
     run(go)
 

@@ -4,6 +4,8 @@ starting the service."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import httpx
 import pytest
 import zmq.asyncio
@@ -117,8 +119,20 @@ def test_route_requests_carry_length_prefix_and_cap() -> None:
     call = GenerateCall("r1", list(range(10)), {"max_new_tokens": 20}, spec, True, 1.0, 2.0, prompt_text="hi")
     route = service.route_request(call)
     assert route.prompt_tokens == 10 and route.max_new_tokens == 20 and route.arrival_s == 2.0
-    assert route.predicted_output_tokens == 42 and predictor.seen == [("hi", 10, "p1")]
+    assert route.predicted_output_tokens == 20 and predictor.seen == [("hi", 10, "p1")]  # 42, capped by the client
+    loose = replace(call, sampling_params={"max_new_tokens": 100})
+    assert service.route_request(loose).predicted_output_tokens == 42
     assert route.prefix_hashes == prefix_hashes(list(range(10)), 4) and len(route.prefix_hashes) == 2
     assert service.status()["length_predictor"] == "stub"
-    plain = RouterService(RouterConfig(routing_policy="round_robin")).route_request(call)
+    plain = RouterService(RouterConfig(routing_policy="round_robin", length_predictor="none")).route_request(call)
     assert plain.predicted_output_tokens is None and len(plain.prefix_hashes) == 0  # 64-token blocks
+
+
+def test_the_default_predictor_learns_answer_lengths_from_completions() -> None:
+    service = RouterService(RouterConfig(routing_policy="goodserve"))
+    call = GenerateCall("r", [1, 2, 3], {"max_new_tokens": 500}, SloSpec(), True, 1.0, 2.0)
+    assert service.status()["length_predictor"] == "history"
+    assert service.route_request(call).predicted_output_tokens == 256  # nothing seen yet: its default
+    for n in (10, 20, 30):
+        service.observe_output(call, n)
+    assert service.route_request(call).predicted_output_tokens == 20  # the mean of what it saw
