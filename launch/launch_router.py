@@ -65,10 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--length-predictor",
         default="history",
-        metavar="PATH|history|none",
+        metavar="PATH|history[:Q]|none",
         help="output-length predictor the SLO-aware policies plan with: 'history' (default: recent answers' "
-        "mean, learned online), 'none' (the client's max_new_tokens), or a saved analyzer artifact "
-        "(scheduler.core.analyzer.train_cli --out: MoE, QRF)",
+        "mean, learned online), 'history:0.9' (their 90th percentile, an upper bound), 'none' (the client's "
+        "max_new_tokens), or a saved analyzer artifact (scheduler.core.analyzer.train_cli --out: MoE, QRF)",
     )
     parser.add_argument(
         "--incremental-streaming-output",
@@ -119,7 +119,8 @@ def build_service(config: Any) -> Any:
     try:
         return RouterService(config)
     except (TypeError, ValueError) as e:
-        raise SystemExit(f"--routing-policy-param: {e}") from None
+        text = str(e)
+        raise SystemExit(text if text.startswith("--") else f"--routing-policy-param: {text}") from None
     except Exception as e:  # noqa: BLE001 - an unreadable predictor artifact stops start-up clearly
         if config.length_predictor:
             raise SystemExit(f"--length-predictor: cannot load {config.length_predictor}: {e}") from None

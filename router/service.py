@@ -63,13 +63,20 @@ class RouterConfig:
 
 def make_length_predictor(spec: str | None) -> Any:
     """`history` (default): recent answers' mean length, learned online from completions, the
-    history-based predictor GoodServe's ablation compares with; `none`: no prediction (policies
+    history-based predictor GoodServe's ablation compares with; `history:Q`: their Q-quantile
+    instead (an upper bound like the QRF's, e.g. history:0.9); `none`: no prediction (policies
     fall back to the client's max_new_tokens); otherwise a saved analyzer artifact (MoE, QRF)."""
     if spec is None or spec == "none":
         return None
     from scheduler.core.analyzer.base import load_predictor, make_predictor
 
-    return make_predictor("history") if spec == "history" else load_predictor(spec)
+    kind, sep, quantile = spec.partition(":")
+    if kind == "history":
+        try:
+            return make_predictor("history", quantile=float(quantile) if sep else None)
+        except ValueError as e:
+            raise ValueError(f"--length-predictor {spec}: {e}") from None
+    return load_predictor(spec)
 
 
 @dataclass(frozen=True)

@@ -136,3 +136,13 @@ def test_the_default_predictor_learns_answer_lengths_from_completions() -> None:
     for n in (10, 20, 30):
         service.observe_output(call, n)
     assert service.route_request(call).predicted_output_tokens == 20  # the mean of what it saw
+
+
+def test_history_quantile_predictor_bounds_lengths_and_bad_specs_name_the_flag() -> None:
+    service = RouterService(RouterConfig(routing_policy="goodserve", length_predictor="history:0.9"))
+    call = GenerateCall("r", [1, 2, 3], {"max_new_tokens": 500}, SloSpec(), True, 1.0, 2.0)
+    for n in range(1, 101):
+        service.observe_output(call, n)
+    assert 85 <= service.route_request(call).predicted_output_tokens <= 95  # the 90th percentile, not the mean
+    with pytest.raises(SystemExit, match="^--length-predictor history:2"):
+        launch_router.build_service(RouterConfig(routing_policy="goodserve", length_predictor="history:2"))
