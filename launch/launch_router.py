@@ -15,6 +15,7 @@ from typing import Any
 
 from launch_server import json_params
 from router.policies import ROUTING_POLICIES
+from router.service import DEFAULT_LENGTH_PREDICTOR
 
 
 def _policy_params(pairs: list[str], policy: str) -> dict[str, Any]:
@@ -64,11 +65,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--length-predictor",
-        default="history",
+        default=DEFAULT_LENGTH_PREDICTOR,
         metavar="PATH|history[:Q]|none",
-        help="output-length predictor the SLO-aware policies plan with: 'history' (default: recent answers' "
-        "mean, learned online), 'history:0.9' (their 90th percentile, an upper bound), 'none' (the client's "
-        "max_new_tokens), or a saved analyzer artifact (scheduler.core.analyzer.train_cli --out: MoE, QRF)",
+        help="output-length predictor the SLO-aware policies plan with: 'history:Q' (default history:0.9: the "
+        "Q-quantile of recent answers' lengths, learned online, an upper bound), 'history' (their mean), 'none' "
+        "(the client's max_new_tokens), or a saved analyzer artifact (scheduler.core.analyzer.train_cli --out: "
+        "MoE, QRF)",
     )
     parser.add_argument(
         "--incremental-streaming-output",

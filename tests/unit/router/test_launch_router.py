@@ -129,7 +129,7 @@ def test_route_requests_carry_length_prefix_and_cap() -> None:
 
 
 def test_the_default_predictor_learns_answer_lengths_from_completions() -> None:
-    service = RouterService(RouterConfig(routing_policy="goodserve"))
+    service = RouterService(RouterConfig(routing_policy="goodserve", length_predictor="history"))
     call = GenerateCall("r", [1, 2, 3], {"max_new_tokens": 500}, SloSpec(), True, 1.0, 2.0)
     assert service.status()["length_predictor"] == "history"
     assert service.route_request(call).predicted_output_tokens == 256  # nothing seen yet: its default
