@@ -69,12 +69,45 @@ WORKER_GAUGES: tuple[tuple[str, str, Callable[[WorkerView], float]], ...] = (
 )
 
 
+TIER_GAUGES = (
+    ("instances", "Workers serving the TPOT tier"),
+    ("pending_instances", "Workers assigned the tier that serve none of its requests yet"),
+    ("pending", "Requests of the tier served best effort: it wants another instance"),
+)
+TIER_COUNTERS = ("routed", "promoted", "scaled_up", "best_effort", "released")
+
+
+def tier_metrics(policy_status: dict[str, Any] | None) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+    """PolyServe's per-tier autoscaling signals (a policy status with `tiers`), labelled by TPOT ms."""
+    tiers = (policy_status or {}).get("tiers")
+    if not isinstance(tiers, dict):
+        return
+    for name, doc in TIER_GAUGES:
+        family = GaugeMetricFamily(f"sglang_slo_router_tier_{name}", doc, labels=["tier_ms"])
+        for tier, signals in sorted(tiers.items()):
+            family.add_metric([tier], float(signals.get(name, 0)))
+        yield family
+    events = CounterMetricFamily(
+        "sglang_slo_router_tier_events", "Per-tier placement events", labels=["tier_ms", "event"]
+    )
+    for tier, signals in sorted(tiers.items()):
+        for name in TIER_COUNTERS:
+            events.add_metric([tier, name], float(signals.get(name, 0)))
+    yield events
+
+
 class RouterCollector(Collector):
     """Reads the router's live state at scrape time; nothing is double-booked in counters."""
 
-    def __init__(self, status: Callable[[], dict[str, Any]], views: Callable[[], list[WorkerView]]) -> None:
+    def __init__(
+        self,
+        status: Callable[[], dict[str, Any]],
+        views: Callable[[], list[WorkerView]],
+        policy_status: Callable[[], dict[str, Any] | None] | None = None,
+    ) -> None:
         self._status = status
         self._views = views
+        self._policy_status = policy_status or (lambda: None)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         status = self._status()
@@ -107,6 +140,7 @@ class RouterCollector(Collector):
             if decisions.get(key) is not None:
                 latency.add_metric([label], decisions[key] / 1e9)
         yield latency
+        yield from tier_metrics(self._policy_status())
         views = self._views()
         yield GaugeMetricFamily("sglang_slo_router_workers", "Registered workers", value=len(views))
         for name, doc, read in WORKER_GAUGES:

@@ -170,7 +170,10 @@ class RouterService:
         self.tokenizer = tokenizer if tokenizer is not None else RouterTokenizer(config.tokenizer_path)
         self.predictor = predictor if predictor is not None else make_length_predictor(config.length_predictor)
         self.reports = RouterReports()
-        self.reports.metrics.registry.register(RouterCollector(self._dispatcher_status, self.views))
+        policy_status = getattr(self.policy, "status", None)
+        self.reports.metrics.registry.register(
+            RouterCollector(self._dispatcher_status, self.views, policy_status if callable(policy_status) else None)
+        )
         self._ctx = ctx
         self._http = http_client
         self._owns_http = http_client is None

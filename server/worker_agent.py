@@ -8,8 +8,12 @@ client's would (SLO parsing, the SLO scheduler, reports). Tokens go back as Toke
 `completion_tokens` count resumed tokens too (the dispatcher's resume convention).
 
 Load reports are the black-box estimates GoodServe and PolyServe route on:
-- queue_delay_s (q_g): EMA of time-to-first-token here minus the prompt's prefill time; it
-  decays while nothing waits, so an idle worker never looks busy from an old burst;
+- queue_delay_s (q_g, GoodServe's AVGWAITTIME): the larger of the EMA of finished waits
+  (time-to-first-token here minus the prompt's prefill time) and the mean wait so far of the
+  requests still waiting for their first token. Finished waits alone lag a growing queue by
+  the very delay they measure, and a router reading them keeps sending work to a worker that
+  is already falling behind. The EMA decays while nothing waits, so an idle worker never looks
+  busy from an old burst;
 - prefill_s_per_token (p_g): the scheduler's perf model (profiled, or learned from its steps);
 - decode_s_per_token (d_g): EMA of the gap per token between a request's streamed chunks;
 - iteration_s: scheduler time per step over the last report interval.
@@ -24,7 +28,7 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,13 +103,14 @@ class LoadEstimator:
         self._tokens.append((self.clock(), tokens))
 
     def first_token(self, waited_s: float, prompt_tokens: int, prefill_s_per_token: float) -> None:
-        self.queue_delay.add(max(0.0, waited_s - prompt_tokens * prefill_s_per_token))
+        self.queue_delay.add(queued_s(waited_s, prompt_tokens, prefill_s_per_token))
 
     def decoded(self, gap_s: float, tokens: int) -> None:
         if tokens > 0 and gap_s >= 0:
             self.decode.add(gap_s / tokens)
 
-    def report_fields(self, engine: dict[str, Any]) -> dict[str, Any]:
+    def report_fields(self, engine: dict[str, Any], still_waiting: Sequence[float] = ()) -> dict[str, Any]:
+        """`still_waiting`: how long each request without a first token has queued so far."""
         now = self.clock()
         steps, stamp = engine.get("steps"), engine.get("time")
         if isinstance(steps, int) and isinstance(stamp, (int, float)):
@@ -113,8 +118,9 @@ class LoadEstimator:
                 self.iteration.add((stamp - self._last_steps[0]) / (steps - self._last_steps[1]))
             self._last_steps = (stamp, steps)
         waiting = int(engine.get("waiting") or 0)
-        if waiting == 0 and self.queue_delay.value is not None:
+        if waiting == 0 and not still_waiting and self.queue_delay.value is not None:
             self.queue_delay.value *= IDLE_DECAY
+        current = sum(still_waiting) / len(still_waiting) if still_waiting else 0.0
         while self._tokens and now - self._tokens[0][0] > TPM_WINDOW_S:
             self._tokens.popleft()
         predicted = (engine.get("perf_model") or {}).get("predicted_decode_ms") or {}
@@ -123,12 +129,17 @@ class LoadEstimator:
             "queue_len": waiting,
             "running": int(engine.get("running") or 0),
             "kv_used_tokens": int(engine.get("kv_used_tokens") or 0),
-            "queue_delay_s": self.queue_delay.get(),
+            "queue_delay_s": max(self.queue_delay.get(), current),
             "prefill_s_per_token": prefill_s_per_token(engine),
             "decode_s_per_token": self.decode.get(decode_default),
             "iteration_s": self.iteration.get(decode_default),
             "tokens_per_minute": float(sum(n for _, n in self._tokens)),
         }
+
+
+def queued_s(waited_s: float, prompt_tokens: int, prefill_s_per_token: float) -> float:
+    """The part of a wait that was queueing rather than the prompt's own prefill."""
+    return max(0.0, waited_s - prompt_tokens * prefill_s_per_token)
 
 
 def prefill_s_per_token(engine: dict[str, Any]) -> float:
@@ -151,6 +162,7 @@ class WorkerAgent:
         self._session: aiohttp.ClientSession | None = None
         self._register_sent = 0.0
         self._refused = False
+        self._no_first_token: dict[object, tuple[float, int]] = {}  # run -> (sent at, prompt tokens)
         self.incarnation = secrets.token_hex(8)
 
     # --- lifecycle ---
@@ -251,7 +263,10 @@ class WorkerAgent:
     async def _report_loop(self) -> None:
         while True:
             await asyncio.sleep(self.config.report_s)
-            fields = self.load.report_fields(self.engine_status())
+            engine = self.engine_status()
+            now, per_token = time.monotonic(), prefill_s_per_token(engine)
+            waits = [queued_s(now - sent, prompt, per_token) for sent, prompt in self._no_first_token.values()]
+            fields = self.load.report_fields(engine, waits)
             if self.registered:
                 await self._send(LoadReport(worker_id=self.config.worker_id, seq=next(self._seq), **fields))
 
@@ -286,6 +301,8 @@ class WorkerAgent:
         prompt = len(body["input_ids"])
         self.load.served(prompt)
         sent_at = last_at = time.monotonic()
+        attempt = object()
+        self._no_first_token[attempt] = (sent_at, prompt)
         seen = 0
         try:
             async with self._session.post(self.config.http_url + "/generate", json=body, headers=headers) as resp:
@@ -306,6 +323,7 @@ class WorkerAgent:
                     new = ids[seen:]
                     now = time.monotonic()
                     if new and seen == 0:
+                        self._no_first_token.pop(attempt, None)
                         self.load.first_token(now - sent_at, prompt, prefill_s_per_token(self.engine_status()))
                     elif new:
                         self.load.decoded(now - last_at, len(new))
@@ -338,6 +356,8 @@ class WorkerAgent:
             raise
         except (aiohttp.ClientError, ValueError) as exc:
             await self._error(submit.rid, 502, f"{type(exc).__name__}: {exc}")
+        finally:
+            self._no_first_token.pop(attempt, None)
 
     async def _error(self, rid: str, status: int, message: str) -> None:
         status = status if 400 <= status < 600 else 502

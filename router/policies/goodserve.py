@@ -9,9 +9,13 @@ the worker already reports an EMA, smoothing twice would only lag). H is the pre
 likely caches (leading matched blocks × `block_tokens`, from the table of what this policy sent
 where); L_out is the predicted output length (estimates.output_tokens). D_r is the time left to
 the SLO deadline (estimates.deadline_s). Among workers with T ≤ D_r the one with the largest d_g
-(slowest decode: just enough, keeping fast GPUs for urgent work) wins; the paper gives no
-tie-break, we take the larger T (least slack), then list order. With no feasible worker the one
-minimising T − D_r wins and the decision is best effort. Requests without an SLO are routed the
+(slowest decode: just enough, keeping fast GPUs for urgent work) wins. The paper gives no
+tie-break, and its black-box d_g also grows with a worker's batch, so taken literally the rule
+prefers the busier of two identical cards and herds a burst onto one of them (measured: 50 of
+80 requests on one of two A40s). So workers whose d_g is within `speed_tolerance` (default 15 %)
+of the slowest feasible one count as the same class, and among them the smallest T (most slack,
+i.e. the least loaded) wins, then list order. With no feasible worker the one minimising
+T − D_r wins and the decision is best effort. Requests without an SLO are routed the
 conventional way (least loaded), as GoodServe §5 suggests.
 
 Migration (§3.4): every `tau`-th call to `migrations` (the router calls it once per tick, so tau
@@ -19,7 +23,7 @@ counts router ticks rather than engine iterations) each running request is re-es
 workers' fresh EMAs: remaining = L_out − generated (estimates.remaining_tokens), no queueing on
 its current worker. If it will miss its deadline there, it moves to a worker with faster decode
 that meets it counting that worker's queue and the re-prefill of prompt + generated tokens
-(token-ID migration), again chosen just-enough. Each planned move adds its re-prefill time to the
+(token-ID migration), again chosen just-enough (same speed classes). Each planned move adds its re-prefill time to the
 target's queue for the rest of that check, so one tick does not pile every rescue onto one GPU.
 """
 
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from typing import TypeVar
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.estimates import (
@@ -39,6 +44,7 @@ from router.policies.estimates import (
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
 from router.views import Decision, RouteRequest, RunningView, WorkerView
 
+_C = TypeVar("_C")
 DEFAULT_BLOCK_TOKENS = 64  # tokens per prefix hash block (the benchmarks' workload block size)
 
 
@@ -49,14 +55,16 @@ class GoodServePolicy(RoutingPolicy):
         self,
         tau: int = 50,
         alpha: float = 1.0,
+        speed_tolerance: float = 0.15,
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
         default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
         max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS,
     ) -> None:
-        if tau <= 0 or not 0.0 < alpha <= 1.0:
-            raise ValueError("tau must be positive and alpha in (0, 1]")
+        if tau <= 0 or not 0.0 < alpha <= 1.0 or speed_tolerance < 0:
+            raise ValueError("tau must be positive, alpha in (0, 1] and speed_tolerance >= 0")
         self.tau = tau
         self.alpha = alpha
+        self.speed_tolerance = speed_tolerance
         self.block_tokens = block_tokens
         self.default_output_tokens = default_output_tokens
         self.table = PrefixTable(max_blocks_per_worker)
@@ -94,19 +102,17 @@ class GoodServePolicy(RoutingPolicy):
         budget = due - now
         decode = counted_tokens(req, l_out)
         hits = self.reuse(req)
-        feasible: tuple[float, float, WorkerView] | None = None  # (d_g, T, worker): max wins
+        feasible: list[tuple[float, float, WorkerView]] = []  # (d_g, T, worker)
         fallback: tuple[float, WorkerView] | None = None  # (T − D, worker): min wins
         for w in alive:
             hit = hits.get(w.worker_id, 0)
             t = self.queue_delay(w) + w.prefill_s_per_token * (req.prompt_tokens - hit) + w.decode_s_per_token * decode
             if t <= budget:
-                key = (w.decode_s_per_token, t)
-                if feasible is None or key > feasible[:2]:
-                    feasible = (key[0], key[1], w)
+                feasible.append((w.decode_s_per_token, t, w))
             elif fallback is None or t - budget < fallback[0]:
                 fallback = (t - budget, w)
-        if feasible is not None:
-            _, t, w = feasible
+        if feasible:
+            _, t, w = self.just_enough(feasible)
             reason, late = "just_enough", False
         else:
             assert fallback is not None
@@ -115,6 +121,11 @@ class GoodServePolicy(RoutingPolicy):
         self.table.record(w.worker_id, req.prefix_hashes)
         detail = {"t_est": t, "budget": budget, "reuse_tokens": float(hits.get(w.worker_id, 0))}
         return Decision(w.worker_id, reason=reason, best_effort=late, detail=detail)
+
+    def just_enough(self, candidates: Sequence[tuple[float, float, _C]]) -> tuple[float, float, _C]:
+        """The slowest speed class among feasible (d_g, T, x) candidates, and in it the smallest T."""
+        floor = max(d for d, _, _ in candidates) / (1.0 + self.speed_tolerance)
+        return min((c for c in candidates if c[0] >= floor), key=lambda c: c[1])
 
     def on_routed(self, req: RouteRequest, worker_id: str) -> None:
         self.table.record(worker_id, req.prefix_hashes)
@@ -165,20 +176,17 @@ class GoodServePolicy(RoutingPolicy):
         budget: float,
         extra_q: dict[str, float],
     ) -> tuple[str, float] | None:
-        """Just-enough among faster-decoding workers that meet the deadline after re-prefill:
-        walk the workers from slowest to fastest decode below the current one, skipping those
-        whose decode alone overruns the budget. Returns the target and its re-prefill time."""
+        """Just-enough among faster-decoding workers that meet the deadline after re-prefill,
+        skipping those whose decode alone overruns the budget. Returns the target and its
+        re-prefill time."""
         end = bisect.bisect_left(speeds, cur.decode_s_per_token)  # strictly faster only
         end = min(end, bisect.bisect_right(speeds, budget / left))
         hits = self.reuse(req) if end else {}
-        best: tuple[float, float, str, float] | None = None  # (d, T, worker, re-prefill)
-        for i in range(end - 1, -1, -1):
-            w = ladder[i]
-            if best is not None and w.decode_s_per_token < best[0]:
-                break  # slower-decode feasible worker found; ties on d already compared
+        feasible: list[tuple[float, float, tuple[str, float]]] = []  # (d, T, (worker, re-prefill))
+        for w in ladder[:end]:
             prefill = w.prefill_s_per_token * (req.prompt_tokens + generated - hits.get(w.worker_id, 0))
             q = self._q.get(w.worker_id, w.queue_delay_s)  # the smoothed q_g when alpha < 1
             t = q + extra_q.get(w.worker_id, 0.0) + prefill + w.decode_s_per_token * left
-            if t <= budget and (best is None or t > best[1]):
-                best = (w.decode_s_per_token, t, w.worker_id, prefill)
-        return None if best is None else (best[2], best[3])
+            if t <= budget:
+                feasible.append((w.decode_s_per_token, t, (w.worker_id, prefill)))
+        return self.just_enough(feasible)[2] if feasible else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.worker_agent import LoadEstimator, prefill_s_per_token
+from server.worker_agent import LoadEstimator, prefill_s_per_token, queued_s
 
 
 class Clock:
@@ -65,3 +65,13 @@ def test_prefill_cost_is_read_from_the_scheduler_snapshot() -> None:
     assert prefill_s_per_token({"prefill_ms_per_token": 0.25}) == pytest.approx(0.00025)
     assert prefill_s_per_token({}) == 0.0
     assert prefill_s_per_token({"prefill_ms_per_token": "x"}) == 0.0
+
+
+def test_requests_still_waiting_raise_the_queue_delay_at_once() -> None:
+    """A growing queue shows up before its first request starts, not a queueing delay later."""
+    est = LoadEstimator(Clock())
+    est.first_token(waited_s=0.2, prompt_tokens=0, prefill_s_per_token=0.0)
+    assert est.report_fields(engine(waiting=4), still_waiting=[3.0, 5.0])["queue_delay_s"] == pytest.approx(4.0)
+    assert est.report_fields(engine(waiting=0), still_waiting=[0.1])["queue_delay_s"] == pytest.approx(0.2)
+    assert est.queue_delay.value == pytest.approx(0.2)  # no idle decay while something still waits
+    assert queued_s(2.0, 1000, 0.001) == pytest.approx(1.0) and queued_s(0.5, 1000, 0.001) == 0.0

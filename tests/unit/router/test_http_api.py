@@ -451,6 +451,8 @@ def test_status_and_metrics(ctx: zmq.asyncio.Context) -> None:
             assert 'sglang_slo_router_worker_healthy{gpu="cpu",worker="w0"} 1.0' in metrics
             assert 'sglang_slo_requests_total{result="attained",slo_class="latency"} 1.0' in metrics
             assert "sglang_slo_router_decision_seconds" in metrics and "sglang_slo_router_routed_total" in metrics
+            assert 'sglang_slo_router_tier_instances{tier_ms="50"}' in metrics  # the autoscaling signals too
+            assert 'sglang_slo_router_tier_events_total{event="routed",tier_ms="50"} 1.0' in metrics
 
     run(go)
 

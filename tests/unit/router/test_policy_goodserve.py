@@ -39,10 +39,17 @@ def test_minimises_overshoot_when_nothing_meets_the_deadline() -> None:
     assert (d.worker_id, d.reason, d.best_effort) == ("fast", "min_overshoot", True)
 
 
-def test_tie_on_decode_speed_goes_to_the_least_slack() -> None:
-    a = worker("a", queue_delay_s=0.1, decode_s_per_token=0.05)
-    b = worker("b", queue_delay_s=2.0, decode_s_per_token=0.05)
-    assert GoodServePolicy().choose(_req(), [a, b], now=0.0).worker_id == "b"
+def test_within_a_speed_class_the_least_loaded_wins() -> None:
+    """Two identical cards: the busier one measures a slightly slower decode; it must not get
+    every request (the literal rule herds a burst onto it)."""
+    idle = worker("idle", queue_delay_s=0.1, decode_s_per_token=0.050)
+    busy = worker("busy", queue_delay_s=2.0, decode_s_per_token=0.055)
+    fast = worker("fast", queue_delay_s=0.0, decode_s_per_token=0.01)
+    assert GoodServePolicy().choose(_req(), [busy, idle, fast], now=0.0).worker_id == "idle"
+    strict = GoodServePolicy(speed_tolerance=0.0)  # the literal rule: the slower-measuring card
+    assert strict.choose(_req(), [busy, idle, fast], now=0.0).worker_id == "busy"
+    with pytest.raises(ValueError):
+        GoodServePolicy(speed_tolerance=-0.1)
 
 
 def test_prefix_reuse_makes_a_slower_worker_feasible() -> None:
@@ -112,6 +119,12 @@ def test_migration_counts_target_queue_and_reprefill() -> None:
     assert policy.migrations([_running("late", "slow")], CLUSTER, now=6.0) == [("late", "fast")]
     queued = worker("fast", queue_delay_s=5.0, prefill_s_per_token=0.0001, decode_s_per_token=0.01)
     assert policy.migrations([_running("late", "slow")], [queued, MID, SLOW], now=6.0) == []
+
+
+def test_rescues_go_to_the_least_loaded_card_of_the_slowest_class_that_meets() -> None:
+    policy = GoodServePolicy(tau=1)
+    mid_busy = worker("mid2", queue_delay_s=1.0, prefill_s_per_token=0.0002, decode_s_per_token=0.052, gpu="a100")
+    assert policy.migrations([_running("late", "slow")], [FAST, mid_busy, MID, SLOW], now=1.0) == [("late", "mid")]
 
 
 def test_migration_spreads_rescues_within_one_check() -> None:
