@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WORKER_BIND = "tcp://127.0.0.1:30100"
 DEFAULT_LENGTH_PREDICTOR = "history:0.9"
+COLD_START = 20  # finished answers the history predictor needs before it predicts
 # ReplicaAdmission parameters the router sets itself (not from --routing-policy-param)
 _ADMISSION_INTERNAL = {"self", "running_on", "clock"}
 
@@ -76,7 +77,11 @@ def make_length_predictor(spec: str | None) -> Any:
     kind, sep, quantile = spec.partition(":")
     if kind == "history":
         try:
-            return make_predictor("history", quantile=float(quantile) if sep else None)
+            # No guess before COLD_START answers: the first to finish are the short ones, and a bound
+            # learned from them sends long answers to slow cards; until then the client's cap rules.
+            return make_predictor(
+                "history", quantile=float(quantile) if sep else None, default=math.inf, min_global=COLD_START
+            )
         except ValueError as e:
             raise ValueError(f"--length-predictor {spec}: {e}") from None
     return load_predictor(spec)

@@ -18,13 +18,23 @@ from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at
 
 @register("history")
 class HistoryPredictor(LengthPredictor):
-    def __init__(self, quantile: float | None = None, window: int = 1000, min_count: int = 20, default: float = 256.0):
+    def __init__(
+        self,
+        quantile: float | None = None,
+        window: int = 1000,
+        min_count: int = 20,
+        default: float = 256.0,
+        min_global: int = 1,
+    ):
         if quantile is not None and not 0.0 < quantile < 1.0:
             raise ValueError(f"quantile must be in (0, 1) or None for the mean, got {quantile}")
         self.quantile = quantile
         self.window = window
         self.min_count = min_count
         self.default = default
+        self.min_global = (
+            min_global  # answers fewer than this: `default` (a cold start's first answers are the short ones)
+        )
         self._per_app: dict[str, deque[int]] = {}
         self._global: deque[int] = deque(maxlen=window)
 
@@ -55,6 +65,6 @@ class HistoryPredictor(LengthPredictor):
         for pool in (self._per_app.get(app_id or "", ()), self._global):
             values = np.fromiter(pool, dtype=float)
             values = values[values > generated]
-            if len(values) >= self.min_count or (pool is self._global and len(values) > 0):
+            if len(values) >= self.min_count or (pool is self._global and len(values) >= max(1, self.min_global)):
                 return floor_at_generated(self._stat(values), generated)
         return floor_at_generated(self.default, generated)

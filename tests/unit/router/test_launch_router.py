@@ -128,14 +128,15 @@ def test_route_requests_carry_length_prefix_and_cap() -> None:
     assert plain.predicted_output_tokens is None and len(plain.prefix_hashes) == 0  # 64-token blocks
 
 
-def test_the_default_predictor_learns_answer_lengths_from_completions() -> None:
+def test_the_history_predictor_learns_answer_lengths_from_completions() -> None:
     service = RouterService(RouterConfig(routing_policy="goodserve", length_predictor="history"))
     call = GenerateCall("r", [1, 2, 3], {"max_new_tokens": 500}, SloSpec(), True, 1.0, 2.0)
     assert service.status()["length_predictor"] == "history"
-    assert service.route_request(call).predicted_output_tokens == 256  # nothing seen yet: its default
-    for n in (10, 20, 30):
+    for n in range(10, 29):
         service.observe_output(call, n)
-    assert service.route_request(call).predicted_output_tokens == 20  # the mean of what it saw
+    assert service.route_request(call).predicted_output_tokens is None  # 19 answers: still the client's cap
+    service.observe_output(call, 29)
+    assert service.route_request(call).predicted_output_tokens == 20  # the mean of 10..29, rounded up
 
 
 def test_history_quantile_predictor_bounds_lengths_and_bad_specs_name_the_flag() -> None:
