@@ -45,10 +45,10 @@ from benchmarks.goodput.compare import (
     uniform_length_control,
 )
 from benchmarks.goodput.loadgen import LoadGenerator, PromptFor
-from benchmarks.goodput.metrics import RunMetrics, check_consistency
+from benchmarks.goodput.metrics import RunMetrics, check_consistency, score
 from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, Scale, profile_zero_load
-from benchmarks.goodput.records import PlannedRequest
-from benchmarks.goodput.report import markdown_table, plot, write_results
+from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.report import markdown_table, plot, read_results, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES
@@ -116,6 +116,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--out", type=Path, default=Path("results/routing"))
     r.add_argument("--no-plots", action="store_true")
     r.add_argument("--quiet", action="store_true", help="no progress bar")
+    r.add_argument(
+        "--rescore",
+        action="store_true",
+        help="start nothing: re-score the runs already in --out (per offered window) and rewrite the tables",
+    )
     args = p.parse_args(argv)
     try:
         resolve_options(args)
@@ -428,10 +433,34 @@ def measure(
         print(f"   WARNING cache flush failed: {flush_failed}", flush=True)
     before = emulation_snapshot(cluster)
     run = run_once(Target(policy, cluster.url, args), planned, prompt_for, args, rate)
+    rescore(run)
     after = emulation_snapshot(cluster)
     run["config"]["pacing"] = {name: pacing_delta(before[name], after.get(name)) for name in before}
     run["config"]["cache_flush_failed"] = flush_failed
     return run
+
+
+def offered_window(records: list[RequestRecord]) -> float | None:
+    """First to last planned arrival: the same for every policy given the same workload."""
+    sent = [r.scheduled_s for r in records]
+    span = max(sent, default=0.0) - min(sent, default=0.0)
+    return span if span > 0 else None
+
+
+def rescore(run: dict[str, Any]) -> None:
+    """Rates per second of the offered window, not of the run's makespan: every policy serves the
+    same arrivals, and one that meets an SLO on a slow card late in the drain must not lose
+    goodput for the longer drain (goodput then orders policies exactly as attained requests do)."""
+    run["metrics"] = score(run["records"], duration_s=offered_window(run["records"]))
+
+
+def rescore_saved(args: argparse.Namespace) -> int:
+    """--rescore: the tables again from the records of an earlier run (nothing is started)."""
+    runs = {mix: read_results(args.out / mix / "results.json") for mix in args.mix_list}
+    for mine in runs.values():
+        for run in mine:
+            rescore(run)
+    return finish(args, runs)
 
 
 def router_line(run: dict[str, Any]) -> str:
@@ -459,6 +488,8 @@ def header(args: argparse.Namespace, scale: Scale, spec: WorkloadSpec, policy: s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.rescore:
+        return rescore_saved(args)
     install_signal_handlers()
     export_paths()
     scales = {mix: mix_scale(mix, args.slo_scale) for mix in args.mix_list}
