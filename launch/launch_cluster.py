@@ -309,6 +309,12 @@ class Cluster:
         self.stop()
 
 
+def describe_line(process: dict[str, Any]) -> str:
+    """One console line per started process (the router has no GPU or model of its own)."""
+    kind = "router" if process["gpu"] is None else f"{process['gpu']}/{process['model']}"
+    return f"{process['name']:10} {kind:20} {process['url']}  (pid {process['pid']})"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="launch_cluster", description=__doc__.split("\n\n")[0])
     parser.add_argument("config", help="cluster YAML file")
@@ -328,7 +334,7 @@ def main(argv: list[str] | None = None) -> None:
         with Cluster(specs, spec.router, args.api_key) as cluster:
             workers = cluster.describe()
             for w in workers:
-                print(f"  {w['name']:10} {w['gpu']}/{w['model']:12} {w['url']}  (pid {w['pid']})", flush=True)
+                print(f"  {describe_line(w)}", flush=True)
             if args.workers_file:
                 args.workers_file.write_text(json.dumps(workers, indent=2))
             print(f"ready: clients use {cluster.url}; Ctrl-C stops every process", flush=True)

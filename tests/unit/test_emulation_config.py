@@ -98,3 +98,12 @@ def test_the_router_section_and_real_model_workers_parse() -> None:
 def test_bad_router_sections_are_refused_naming_the_key(data: dict, names: str) -> None:
     with pytest.raises(ClusterConfigError, match=names.replace("[", r"\[").replace("]", r"\]")):
         parse_cluster_spec(data)
+
+
+def test_the_console_line_of_every_process_formats() -> None:
+    from launch_cluster import describe_line
+
+    router = {"name": "router", "gpu": None, "model": None, "url": "http://127.0.0.1:30000", "pid": 7}
+    worker = {"name": "h100-0", "gpu": "h100", "model": "llama3-8b", "url": "http://127.0.0.1:31000", "pid": 8}
+    assert "router" in describe_line(router) and "pid 7" in describe_line(router)
+    assert "h100/llama3-8b" in describe_line(worker) and "31000" in describe_line(worker)
