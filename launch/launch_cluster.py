@@ -26,6 +26,17 @@ YAML format:
         port: 31000             # optional (only with count 1)
         args: [--max-running-requests, "64"]   # optional; this worker's own flags
       - model_path: tiny        # a real model instead of an emulated GPU (tiny, default or a path)
+      - gpu: h100
+        role: prefill           # optional prefill|decode (default: co-located); needs a router and
+                                # at least one worker of the other role
+      - gpu: h100
+        role: decode
+        tier_ms: 50             # optional --worker-tier-ms: the TPOT tier it starts in (router only)
+
+A prefill worker gets `--disaggregation-mode prefill --disaggregation-bootstrap-port P`, with P
+its HTTP port + 1000 (the next free one up when that is taken by a worker's HTTP port, the
+router's ports or another prefill worker's bootstrap port; a free port at start when the worker
+has no port); a decode worker gets `--disaggregation-mode decode`.
 """
 
 from __future__ import annotations
@@ -48,7 +59,10 @@ from server.emulation import DEFAULT_MODEL, resolve
 from server.process import ServerProcess, free_port
 
 TOP_KEYS = {"base_port", "args", "workers", "router"}
-WORKER_KEYS = {"gpu", "model", "model_path", "count", "port", "args"}
+WORKER_KEYS = {"gpu", "model", "model_path", "count", "port", "args", "role", "tier_ms"}
+ROLES = ("prefill", "decode")  # PD disaggregation; no role = co-located prefill and decode
+BOOTSTRAP_PORT_OFFSET = 1000  # a prefill worker's KV bootstrap port: its HTTP port + this (SGLang's default is
+# one fixed port, 8998, which two prefill workers on one host would both want)
 ROUTER_KEYS = {"port", "worker_port", "policy", "params", "args"}
 JOIN_TIMEOUT_S = 60.0  # workers are up; registering with the router takes a heartbeat or two
 
@@ -64,11 +78,25 @@ class WorkerSpec:
     model: str  # emulated model, or the real model path
     port: int | None
     args: list[str] = field(default_factory=list)
+    role: str | None = None  # "prefill" | "decode"; None = co-located
+    tier_ms: float | None = None  # --worker-tier-ms: the TPOT tier it starts in
+    bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port (set before argv)
 
     def argv(self) -> list[str]:
+        """launch_server flags; the worker's own `args` come last so they can override ours."""
         if self.gpu is None:
-            return ["--model-path", self.model, *self.args]
-        return ["--emulate-gpu", self.gpu, "--emulate-model", self.model, *self.args]
+            out = ["--model-path", self.model]
+        else:
+            out = ["--emulate-gpu", self.gpu, "--emulate-model", self.model]
+        if self.role == "prefill":
+            if self.bootstrap_port is None:
+                raise ValueError(f"{self.name}: a prefill worker needs its bootstrap port assigned first")
+            out += ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", str(self.bootstrap_port)]
+        elif self.role == "decode":
+            out += ["--disaggregation-mode", "decode"]
+        if self.tier_ms is not None:
+            out += ["--worker-tier-ms", f"{self.tier_ms:g}"]
+        return out + self.args
 
 
 @dataclass
@@ -126,13 +154,25 @@ def parse_router(data: Any) -> RouterSpec:
 
 
 def parse_cluster_spec(data: Any) -> ClusterSpec:
-    """The whole file: workers plus the optional router."""
-    workers = parse_cluster(data)
-    router = parse_router(data["router"]) if data.get("router") is not None else None
+    """The whole file: workers plus the optional router (whose ports no bootstrap port may take)."""
+    router = None
+    if isinstance(data, dict) and data.get("router") is not None:
+        router = parse_router(data["router"])
+    reserved = {p for p in (router.port, router.worker_port) if p is not None} if router else set()
+    workers = parse_cluster(data, reserved)
+    if router is None:
+        for i, w in enumerate(data["workers"]):
+            for key in ("role", "tier_ms"):
+                if w.get(key) is not None:
+                    raise ClusterConfigError(
+                        f"workers[{i}].{key}: needs a router section (the router splits requests between "
+                        "prefill and decode workers and assigns TPOT tiers)"
+                    )
     return ClusterSpec(workers, router)
 
 
-def parse_cluster(data: Any) -> list[WorkerSpec]:
+def parse_cluster(data: Any, reserved_ports: set[int] | frozenset[int] = frozenset()) -> list[WorkerSpec]:
+    """The workers; `reserved_ports` (the router's) are kept clear of derived bootstrap ports."""
     if not isinstance(data, dict):
         raise ClusterConfigError("the cluster file must be a mapping with a 'workers' list")
     if unknown := set(data) - TOP_KEYS:
@@ -159,8 +199,10 @@ def parse_cluster(data: Any) -> list[WorkerSpec]:
         if port is not None and (count != 1 or not isinstance(port, int)):
             raise ClusterConfigError(f"{where}.port: an integer, and only with count 1")
         own = _str_list(w.get("args", []), f"{where}.args")
+        role, tier_ms = _worker_role(w, where)
         for _ in range(count):
-            specs.append(WorkerSpec(f"{gpu or 'real'}-{len(specs)}", gpu, model, port, [*common, *own]))
+            name = f"{gpu or 'real'}-{f'{role}-' if role else ''}{len(specs)}"
+            specs.append(WorkerSpec(name, gpu, model, port, [*common, *own], role, tier_ms))
     if base_port is not None:
         taken = {s.port for s in specs if s.port is not None}
         nxt = base_port
@@ -172,7 +214,42 @@ def parse_cluster(data: Any) -> list[WorkerSpec]:
     ports = [s.port for s in specs if s.port is not None]
     if len(ports) != len(set(ports)):
         raise ClusterConfigError("workers: two workers share a port")
+    roles = {s.role for s in specs}
+    for role, other in (("decode", "prefill"), ("prefill", "decode")):
+        if role in roles and other not in roles:
+            raise ClusterConfigError(f"workers: {role} workers need at least one worker with role: {other}")
+    _assign_bootstrap_ports(specs, set(ports) | set(reserved_ports))
     return specs
+
+
+def _worker_role(w: dict[str, Any], where: str) -> tuple[str | None, float | None]:
+    """(role, tier_ms) of one worker entry."""
+    role = w.get("role")
+    if role is not None and role not in ROLES:
+        raise ClusterConfigError(f"{where}.role: must be prefill or decode (leave it out for co-located)")
+    tier = w.get("tier_ms")
+    if tier is not None:
+        if isinstance(tier, bool) or not isinstance(tier, int | float) or not tier > 0:
+            raise ClusterConfigError(f"{where}.tier_ms: must be a positive number of milliseconds")
+        if role == "prefill":
+            raise ClusterConfigError(f"{where}.tier_ms: not for a prefill worker (TPOT tiers are decode's)")
+        tier = float(tier)
+    return role, tier
+
+
+def _assign_bootstrap_ports(specs: list[WorkerSpec], taken: set[int]) -> None:
+    """Prefill workers with an HTTP port get port + BOOTSTRAP_PORT_OFFSET, or the next one up that
+    no worker, router or earlier prefill worker uses; the rest get a free port at start (Cluster)."""
+    taken = set(taken)
+    for s in specs:
+        if s.role != "prefill" or s.port is None:
+            continue
+        candidate = s.port + BOOTSTRAP_PORT_OFFSET
+        while candidate in taken:
+            candidate += 1
+        if candidate < 65536:
+            s.bootstrap_port = candidate
+            taken.add(candidate)
 
 
 def _worker_model(w: dict[str, Any], where: str) -> tuple[str | None, str]:
@@ -206,6 +283,14 @@ def load_cluster_spec(path: str | Path) -> ClusterSpec:
     return parse_cluster_spec(_read(path))
 
 
+def _free_port(taken: set[int]) -> int:
+    """A port free now and not already promised to another process of this cluster."""
+    while True:
+        port = free_port()
+        if port not in taken:
+            return port
+
+
 class Cluster:
     """The started processes; a context manager that always stops every one of them by PID."""
 
@@ -216,15 +301,27 @@ class Cluster:
         self.router: ServerProcess | None = None
         self.worker_port: int | None = None
         joins: list[str] = []
+        # Every port is fixed here, not by ServerProcess, so none can be handed out twice: a
+        # free port for one process is not yet bound when the next one is picked.
+        promised = {p for s in specs for p in (s.port, s.bootstrap_port) if p is not None}
         if router is not None:
-            self.worker_port = router.worker_port or free_port()
-            self.router = self._router_process(router, router.port)
+            self.worker_port = router.worker_port or _free_port(promised)
+            promised.add(self.worker_port)
+            self.router = self._router_process(router, router.port or _free_port(promised))
+            promised.add(self.router.port)
             joins = ["--router-address", f"tcp://127.0.0.1:{self.worker_port}"]
+        ports: list[int] = []
+        for s in specs:
+            port = s.port if s.port is not None else _free_port(promised)
+            promised.add(port)
+            ports.append(port)
+        for s in specs:
+            if s.role == "prefill" and s.bootstrap_port is None:
+                s.bootstrap_port = _free_port(promised)
+                promised.add(s.bootstrap_port)
         self.servers = [
-            ServerProcess(
-                *s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []), name=s.name, port=s.port
-            )
-            for s in specs
+            ServerProcess(*s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []), name=s.name, port=port)
+            for s, port in zip(specs, ports, strict=True)
         ]
 
     def _router_process(self, router: RouterSpec, port: int | None) -> ServerProcess:
@@ -292,6 +389,9 @@ class Cluster:
                 "name": s.name,
                 "gpu": s.gpu or "cpu",
                 "model": s.model,
+                "role": s.role,
+                "tier_ms": s.tier_ms,
+                "bootstrap_port": s.bootstrap_port,
                 "url": srv.url,
                 "pid": srv.proc.pid if srv.proc else None,
             }

@@ -29,6 +29,15 @@ CPU_DEFAULTS: list[tuple[str, str | None]] = [
     ("--max-total-tokens", "16384"),
     ("--sleep-on-idle", None),
 ]
+# PD disaggregation on CPU (../shared/notes: PD section): Mooncake over TCP, one token per page
+# (larger pages reach a Triton kernel).
+CPU_PD_DEFAULTS: list[tuple[str, str | None]] = [
+    ("--disaggregation-transfer-backend", "mooncake_tcp"),
+    ("--page-size", "1"),
+]
+# Environment the CPU PD path needs: the early cached-prefix send creates a torch.cuda.Event;
+# servers must advertise loopback, not the external interface, for KV bootstrap.
+CPU_PD_ENV = {"SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0", "SGLANG_HOST_IP": "127.0.0.1"}
 MODEL_ALIASES = ("default", "tiny")
 # Policy parameters with their own flags: flag -> constructor parameter of the policies that take it.
 POLICY_FLAGS = {
@@ -91,12 +100,37 @@ def _resolve_model(argv: list[str]) -> list[str]:
     return out
 
 
-def _with_cpu_defaults(argv: list[str]) -> list[str]:
+def _with_defaults(argv: list[str], defaults: list[tuple[str, str | None]]) -> list[str]:
     extra: list[str] = []
-    for flag, value in CPU_DEFAULTS:
+    for flag, value in defaults:
         if not _has_flag(argv, flag):
             extra += [flag] if value is None else [flag, value]
     return argv + extra
+
+
+def _with_cpu_defaults(argv: list[str]) -> list[str]:
+    argv = _with_defaults(argv, CPU_DEFAULTS)
+    if _flag_value(argv, "--disaggregation-mode") not in ("prefill", "decode"):
+        return argv
+    import os
+
+    for name, value in CPU_PD_ENV.items():
+        os.environ.setdefault(name, value)
+    return _with_defaults(argv, CPU_PD_DEFAULTS)
+
+
+def _check_transfer_backend(backend: str) -> None:
+    """Mooncake's engine is a separate wheel: say how to get it instead of failing in a child."""
+    if not backend.startswith("mooncake"):
+        return
+    try:
+        import mooncake.engine  # noqa: F401
+    except ImportError as e:
+        raise SystemExit(
+            f"--disaggregation-transfer-backend {backend}: the Mooncake transfer engine is not importable ({e}); "
+            "./slo setup installs it (mooncake-transfer-engine-non-cuda on CPU, plus libibverbs1/libnl-3-200/"
+            "libnl-route-3-200 from Debian)"
+        ) from None
 
 
 def add_slo_args(parser: argparse.ArgumentParser) -> None:
@@ -187,6 +221,12 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
     router.add_argument(
         "--router-allow-remote", action="store_true", help="allow a router address that is not loopback"
     )
+    router.add_argument(
+        "--worker-tier-ms",
+        type=float,
+        metavar="MS",
+        help="the TPOT tier (ms) this worker starts in under --routing-policy polyserve (e.g. a decode pool's tier)",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -257,9 +297,11 @@ def _default_slo(args: argparse.Namespace) -> dict[str, Any] | None:
 def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu: bool) -> dict[str, Any]:
     """The worker's identity in a router's pool; checked here so a typo stops start-up."""
     if not args.router_address:
-        if args.worker_id or args.worker_gpu:
-            raise SystemExit("--worker-id/--worker-gpu: only with --router-address")
+        if args.worker_id or args.worker_gpu or args.worker_tier_ms is not None:
+            raise SystemExit("--worker-id/--worker-gpu/--worker-tier-ms: only with --router-address")
         return {}
+    if args.worker_tier_ms is not None and not args.worker_tier_ms > 0:
+        raise SystemExit("--worker-tier-ms: must be > 0")
     from router.protocol import ProtocolError, check_worker_id
     from router.transport import check_loopback
 
@@ -278,6 +320,7 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
         "worker_id": worker_id,
         "worker_gpu": gpu,
         "router_allow_remote": args.router_allow_remote,
+        "worker_tier_ms": args.worker_tier_ms,
     }
 
 
@@ -352,6 +395,8 @@ def main(argv: list[str] | None = None) -> None:
             parse_slo(default_slo, prefix="--slo-default-")
         except SloValidationError as e:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
+    if args.disaggregation_mode in ("prefill", "decode"):
+        _check_transfer_backend(args.disaggregation_transfer_backend)
     if args.emulate_slowdown < 1.0:
         raise SystemExit("--emulate-slowdown: must be >= 1")
     if args.slo_perf_profile:

@@ -39,6 +39,7 @@ from typing import Any
 
 import zmq
 
+from router.pd import DECODE, PREFILL, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
 from router.policies.base import NoWorkerError, RoutingPolicy
 from router.protocol import (
     Abort,
@@ -75,6 +76,8 @@ STATUS_EVENTS = (
     "workers_lost",
     "late_chunks_dropped",
     "duplicate_tokens_trimmed",
+    "pd_pairs",
+    "pd_prefill_failed",
 )
 
 
@@ -123,6 +126,11 @@ class _Flight:
     first_token_s: float | None = None
     waiting_since: float | None = None  # loop time it lost its worker with none to go to
     done: bool = False
+    prefill: str | None = None  # PD: the prefill worker of the current pair, until it answers
+    prefill_hops: list[str] = field(default_factory=list)  # every prefill worker it was paired with
+    # Workers owed an Abort for an old placement. Sent (awaited) before the next Submit, because
+    # the same worker may be chosen again and an Abort arriving after its new Submit would kill it.
+    stale: list[str] = field(default_factory=list)
 
 
 class RequestStream:
@@ -146,6 +154,11 @@ class RequestStream:
     def workers(self) -> tuple[str, ...]:
         """Every worker the request was placed on, in order (for reports and debugging)."""
         return tuple(self._flight.hops)
+
+    @property
+    def prefill_workers(self) -> tuple[str, ...]:
+        """PD: every prefill worker the request was paired with, in order."""
+        return tuple(self._flight.prefill_hops)
 
     def __aiter__(self) -> RequestStream:
         return self
@@ -258,6 +271,7 @@ class Dispatcher:
         self.counters: Counter[str] = Counter()
         self.routed: Counter[str] = Counter()  # placements per worker, resumes included
         self._decision_ns: deque[int] = deque(maxlen=DECISION_WINDOW)
+        self.prefill_chooser = PrefillChooser()
 
     # --- lifecycle ---
 
@@ -332,6 +346,11 @@ class Dispatcher:
                 rid: f.owner for rid, f in itertools.islice(self._flights.items(), STATUS_OWNERS) if f.owner is not None
             },
             "routed": dict(self.routed),
+            "prefill_partners": {
+                rid: f.prefill
+                for rid, f in itertools.islice(self._flights.items(), STATUS_OWNERS)
+                if f.prefill is not None
+            },
             **{name: self.counters[name] for name in STATUS_EVENTS},
             "decision_ns": {
                 "count": self.counters["decisions"],
@@ -352,9 +371,22 @@ class Dispatcher:
 
     # --- placement ---
 
-    def _assign(self, flight: _Flight, worker_id: str) -> Submit:
-        """Make `worker_id` the owner and build its Submit, in one synchronous step (see module doc)."""
+    def _assign(self, flight: _Flight, worker_id: str, prefill: str | None = None) -> Submit:
+        """Make `worker_id` the owner and build its Submit, in one synchronous step (see module doc).
+
+        With a `prefill` partner (PD) the Submit carries a fresh bootstrap room; the same message
+        goes to both workers of the pair, and only the owner's (decode) chunks reach the client.
+        """
         msg = resume_submit(flight.submit, flight.delivered)
+        if prefill is not None:
+            reg = self.registry.registration(prefill)
+            assert reg is not None and reg.bootstrap_port is not None
+            msg = replace(msg, bootstrap=bootstrap_for(reg.http_url, reg.bootstrap_port))
+            flight.prefill = prefill
+            flight.prefill_hops.append(prefill)
+            self.prefill_chooser.on_routed(flight.route.rid, prefill, len(msg.input_ids) + len(msg.resume_output_ids))
+            self.routed[prefill] += 1
+            self.counters["pd_pairs"] += 1
         flight.owner = worker_id
         flight.hops.append(worker_id)
         self.registry.track(flight.route.rid, worker_id)
@@ -362,28 +394,62 @@ class Dispatcher:
         return msg
 
     def _release(self, flight: _Flight) -> str | None:
-        """Detach the request from its owner (whose later chunks are then ignored)."""
+        """Detach the request from its owner (whose later chunks are then ignored) and from its
+        prefill partner, which is told to stop: a new placement gets a new pair."""
         owner = flight.owner
         flight.owner = None
         self.registry.untrack(flight.route.rid)
         if owner is not None:
             self.policy.on_finished(flight.route.rid, owner)
+        self._drop_prefill(flight, abort=True)
         return owner
 
-    def _choose(self, flight: _Flight, exclude: set[str]) -> str | None:
+    def _drop_prefill(self, flight: _Flight, abort: bool) -> None:
+        prefill, flight.prefill = flight.prefill, None
+        if prefill is None:
+            return
+        self.prefill_chooser.on_done(flight.route.rid)
+        if abort:
+            flight.stale.append(prefill)
+
+    async def _flush_aborts(self, flight: _Flight) -> None:
+        stale, flight.stale = flight.stale, []
+        for worker_id in stale:
+            await self._send(worker_id, Abort(rid=flight.route.rid))
+
+    def _policy_views(
+        self, now: float, route: RouteRequest | None, exclude: set[str] | frozenset[str] = frozenset()
+    ) -> tuple[list[WorkerView], str | None]:
+        """The workers the routing policy chooses among, and (PD) the prefill partner it implies.
+
+        `exclude`d workers are shown unhealthy. Without prefill workers these are all workers. In
+        a PD pool the prefill worker is chosen first (PolyServe §4.7) and the policy sees decode
+        and co-located workers only; with no `route` (migration checks) no partner is chosen.
+        """
+        views = [replace(v, healthy=False) if v.worker_id in exclude else v for v in self.registry.views(now)]
+        if not is_pd_pool(views):
+            return views, None
+        if route is None:
+            return [v for v in views if v.role != PREFILL], None
+        choice = self.prefill_chooser.choose(route, [v for v in views if v.role == PREFILL], now)
+        return decode_side_views(views, choice), None if choice is None else choice.worker_id
+
+    def _choose(self, flight: _Flight, exclude: set[str]) -> tuple[str, str | None] | None:
+        """(owner, prefill partner or None), or None when no worker can take it."""
         now = self.clock()
-        views: list[WorkerView] = [
-            replace(v, healthy=False) if v.worker_id in exclude else v for v in self.registry.views(now)
-        ]
         t0 = time.perf_counter_ns()
+        route = resume_route(flight.route, len(flight.delivered))
         try:
-            decision = self.policy.choose(resume_route(flight.route, len(flight.delivered)), views, now)
+            views, prefill = self._policy_views(now, route, exclude)
+            decision = self.policy.choose(route, views, now)
         except NoWorkerError:
             return None
         finally:
             self._decision_ns.append(time.perf_counter_ns() - t0)
             self.counters["decisions"] += 1
-        return decision.worker_id
+        owner = decision.worker_id
+        role = next((v.role for v in views if v.worker_id == owner), None)
+        return owner, prefill if role == DECODE else None
 
     async def _place(self, flight: _Flight, exclude: Iterable[str] = ()) -> bool:
         """Send the request (resuming after what was delivered) to a policy-chosen worker.
@@ -397,20 +463,34 @@ class Dispatcher:
             return True
         excluded = set(exclude)
         while not flight.done:
-            worker_id = self._choose(flight, excluded)
-            if worker_id is None:
+            if flight.stale:
+                await self._flush_aborts(flight)
+                continue  # re-check: it may have ended meanwhile
+            choice = self._choose(flight, excluded)
+            if choice is None:
                 return False
-            identity = self.registry.identity_of(worker_id)
-            if identity is None or not self.registry.is_alive(worker_id):
+            worker_id, prefill = choice
+            gone = [
+                w
+                for w in (worker_id, prefill)
+                if w is not None and (self.registry.identity_of(w) is None or not self.registry.is_alive(w))
+            ]
+            if gone:
                 self.policy.on_finished(flight.route.rid, worker_id)
+                excluded.update(gone)
+                continue
+            msg = self._assign(flight, worker_id, prefill)
+            if not await self._send(worker_id, msg):
+                if flight.owner == worker_id:  # not connected after all; try the others
+                    self._release(flight)
                 excluded.add(worker_id)
                 continue
-            msg = self._assign(flight, worker_id)
-            if await self._send(worker_id, msg):
+            if prefill is None or flight.prefill != prefill or await self._send(prefill, msg):
                 return True
-            if flight.owner == worker_id:  # not connected after all; try the others
+            if flight.owner == worker_id:  # the decode half waits for a prefill that never comes
                 self._release(flight)
-            excluded.add(worker_id)
+                flight.stale.append(worker_id)
+            excluded.add(prefill)
         return True
 
     async def _resubmit(self, flight: _Flight, away_from: str | None, why: str) -> None:
@@ -447,6 +527,8 @@ class Dispatcher:
     def _finish(self, flight: _Flight, event: StreamEvent, outcome: str) -> None:
         flight.done = True
         self._release(flight)
+        if flight.stale:
+            self._spawn(self._flush_aborts(flight))
         self._flights.pop(flight.route.rid, None)
         self._waiting.pop(flight.route.rid, None)
         flight.queue.put_nowait(event)
@@ -458,6 +540,8 @@ class Dispatcher:
             return
         flight.done = True
         owner = self._release(flight)
+        if flight.stale:
+            self._spawn(self._flush_aborts(flight))
         self._flights.pop(flight.route.rid, None)
         self._waiting.pop(flight.route.rid, None)
         if count:
@@ -509,9 +593,11 @@ class Dispatcher:
         elif isinstance(msg, LoadReport):
             self.registry.report(msg, now)
         elif isinstance(msg, TokenChunk):
-            await self._on_chunk(msg, now)
+            if not await self._on_prefill_message(msg):
+                await self._on_chunk(msg, now)
         elif isinstance(msg, RequestError):
-            await self._on_error(msg)
+            if not await self._on_prefill_message(msg):
+                await self._on_error(msg)
         if not self.registry.is_alive(worker_id):  # reaped while it stalled, or the router restarted
             await self.endpoint.send(identity, Ack(accepted=False, reason=REGISTER_AGAIN))
 
@@ -522,6 +608,36 @@ class Dispatcher:
             self.counters["late_chunks_dropped"] += 1
             return None
         return flight
+
+    async def _on_prefill_message(self, msg: TokenChunk | RequestError) -> bool:
+        """A PD pair's prefill half answering; False when `msg` is not from a current partner.
+
+        Its tokens never reach the client (the decode half streams the same first token); its
+        finish means the KV has been handed over, its error means the pair must be redone.
+        """
+        flight = self._flights.get(msg.rid)
+        if flight is None or flight.prefill is None or flight.prefill != msg.worker_id:
+            return False
+        if isinstance(msg, RequestError):
+            await self._prefill_failed(flight, msg.status, msg.message)
+        elif msg.finish_reason is not None:
+            self._drop_prefill(flight, abort=False)
+        return True
+
+    async def _prefill_failed(self, flight: _Flight, status: int, message: str) -> None:
+        """The prefill half died or failed: abort the decode half and pair the request again."""
+        prefill, rid = flight.prefill, flight.route.rid
+        self.counters["pd_prefill_failed"] += 1
+        if flight.delivered:  # decode already streams: the KV arrived, the partner is not needed
+            self._drop_prefill(flight, abort=False)
+            return
+        owner = self._release(flight)
+        if owner is not None:
+            flight.stale.append(owner)
+        if status < 500:
+            self._finish(flight, StreamError(rid, status, message, prefill), "failed")
+            return
+        await self._resubmit(flight, prefill, f"prefill worker {prefill} failed: {message}")
 
     async def _on_chunk(self, chunk: TokenChunk, now: float) -> None:
         flight = self._owned(chunk.rid, chunk.worker_id)
@@ -601,6 +717,8 @@ class Dispatcher:
                 self._release(flight)
                 self._spawn(self._send(worker_id, Abort(rid=rid)))  # if it wakes up, it should stop
                 await self._resubmit(flight, worker_id, f"worker {worker_id} went silent")
+            for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
+                await self._prefill_failed(flight, 502, f"prefill worker {worker_id} went silent")
         if self._waiting:
             await self._retry_waiting()
 
@@ -611,7 +729,7 @@ class Dispatcher:
             for f in self._flights.values()
             if f.owner is not None and not f.done
         ]
-        moves = self.policy.migrations(running, self.registry.views(now), now)
+        moves = self.policy.migrations(running, self._policy_views(now, None)[0], now)
         for rid, target in moves:
             await self._migrate(rid, target)
 
@@ -631,14 +749,31 @@ class Dispatcher:
         if cap_reached(flight.submit, len(flight.delivered)):
             self.counters["migrations_skipped"] += 1  # nothing left to generate: let it finish
             return
+        prefill = None
+        role = next((v.role for v in self.registry.views(self.clock()) if v.worker_id == target), None)
+        if role == PREFILL:
+            self.counters["migrations_skipped"] += 1
+            return
+        if role == DECODE:  # the resumed prompt needs a prefill partner of its own
+            route = resume_route(flight.route, len(flight.delivered))
+            _, prefill = self._policy_views(self.clock(), route)
+            if prefill is None:
+                self.counters["migrations_skipped"] += 1
+                return
         self._release(flight)
-        msg = self._assign(flight, target)  # same synchronous step as the release: no chunk in between
+        msg = self._assign(flight, target, prefill)  # same synchronous step as the release: no chunk in between
         self.policy.on_routed(flight.route, target)
         self.counters["migrated"] += 1
         sent = await self._send(target, msg)
+        if sent and prefill is not None and flight.prefill == prefill:
+            await self._flush_aborts(flight)  # an old partner's Abort must not follow this Submit
+            sent = await self._send(prefill, msg)
         await self._send(source, Abort(rid=rid))
+        if flight.stale:
+            await self._flush_aborts(flight)
         if not sent and flight.owner == target and not flight.done:
             self._release(flight)
+            flight.stale.append(target)
             await self._resubmit(flight, target, f"migration target {target} unreachable")
 
     # --- sending ---

@@ -15,7 +15,16 @@ from router.service import GenerateCall
 from router.tokenizer import IncrementalDetokenizer
 
 # Worker meta_info keys the router replaces with its own view of the whole request.
-ROUTER_META = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "e2e_latency", "slo", "workers")
+ROUTER_META = (
+    "id",
+    "finish_reason",
+    "prompt_tokens",
+    "completion_tokens",
+    "e2e_latency",
+    "slo",
+    "workers",
+    "prefill_workers",
+)
 WORKER_ONLY_META = ("response_sent_to_client_ts",)  # the worker's clock and client: meaningless here
 
 
@@ -28,6 +37,7 @@ class Generation:
         detok: IncrementalDetokenizer,
         reports: RouterReports,
         workers: Callable[[], tuple[str, ...]] = tuple,
+        prefill_workers: Callable[[], tuple[str, ...]] = tuple,  # PD: the prefill halves
         wall: Callable[[], float] = time.time,
         on_finished: Callable[[GenerateCall, int], None] | None = None,
     ) -> None:
@@ -36,6 +46,7 @@ class Generation:
         self.detok = detok
         self.reports = reports
         self.workers = workers
+        self.prefill_workers = prefill_workers
         self.wall = wall
         self.output_ids: list[int] = []
         self.token_times: list[float] = []
@@ -130,6 +141,8 @@ class Generation:
         meta["e2e_latency"] = max(0.0, end - self.call.arrival_unix)
         meta["slo"] = self.report
         meta["workers"] = list(self.workers())
+        if prefill := self.prefill_workers():
+            meta["prefill_workers"] = list(prefill)
         if "slo" in self.worker_meta:
             meta["worker_slo"] = self.worker_meta["slo"]  # the last worker's view of its part
         return meta

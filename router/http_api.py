@@ -242,7 +242,12 @@ async def open_run(service: RouterService, call: GenerateCall, tokenizer: Router
         spaces_between_special_tokens=params.get("spaces_between_special_tokens", True) is not False,
     )
     generation = Generation(
-        call, detok, service.reports, workers=lambda: stream.workers, on_finished=service.observe_output
+        call,
+        detok,
+        service.reports,
+        workers=lambda: stream.workers,
+        prefill_workers=lambda: stream.prefill_workers,
+        on_finished=service.observe_output,
     )
     return Run(stream, generation)
 

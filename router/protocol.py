@@ -19,6 +19,7 @@ from router.views import WorkerView
 from scheduler.core.slo import SloValidationError, parse_slo
 
 PROTOCOL_VERSION = 1
+WORKER_ROLES = ("mixed", "prefill", "decode")
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a 128k-token prompt plus resume ids is ~2 MiB of JSON
 MAX_ID_LEN = 256
 MAX_TOKEN_ID = 2**31 - 1
@@ -165,6 +166,11 @@ class Register(Message):
     # Random per worker process: a Register with a new one is a restart (its requests are gone),
     # one with the same is a repeat (a lost Ack, a restarted router) and keeps them.
     incarnation: str | None = None
+    # PD disaggregation: "prefill" and "decode" workers are paired per request (a prefill
+    # worker's KV goes to a decode worker through SGLang's transfer engine); "mixed" does both.
+    role: str = "mixed"
+    bootstrap_port: int | None = None  # a prefill worker's KV bootstrap server (SGLang's)
+    tier_ms: float | None = None  # the TPOT tier it starts in (PolyServe), when configured
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -176,6 +182,14 @@ class Register(Message):
         _opt_str(self.api_key_hash, "api_key_hash")
         if self.incarnation is not None:
             _ident(self.incarnation, "incarnation")
+        if self.role not in WORKER_ROLES:
+            raise ProtocolError("role", f"must be one of {', '.join(WORKER_ROLES)}, got {self.role!r}")
+        if self.bootstrap_port is not None and not 0 < _count(self.bootstrap_port, "bootstrap_port") < 65536:
+            raise ProtocolError("bootstrap_port", f"must be a TCP port, got {self.bootstrap_port}")
+        if self.role == "prefill" and self.bootstrap_port is None:
+            raise ProtocolError("bootstrap_port", "a prefill worker must announce its bootstrap port")
+        if self.tier_ms is not None:
+            _set(self, "tier_ms", _rate(self.tier_ms, "tier_ms"))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -268,6 +282,9 @@ class Submit(Message):
     resume_output_ids: tuple[int, ...] = ()
     stream: bool = True
     arrival_unix: float | None = None  # when the client's request reached the router (wall clock)
+    # PD pairing: {"host", "port", "room"} of the prefill worker's KV bootstrap; the same Submit
+    # (same room) goes to the prefill and the decode worker of the pair.
+    bootstrap: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _ident(self.rid, "rid")
@@ -282,6 +299,11 @@ class Submit(Message):
         _bool(self.stream, "stream")
         if self.arrival_unix is not None:
             _set(self, "arrival_unix", _rate(self.arrival_unix, "arrival_unix"))
+        if self.bootstrap is not None:
+            _obj(self.bootstrap, "bootstrap")
+            _ident(self.bootstrap.get("host"), "bootstrap.host")
+            _count(self.bootstrap.get("port"), "bootstrap.port", minimum=1)
+            _count(self.bootstrap.get("room"), "bootstrap.room")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -383,6 +405,7 @@ def register_to_view(
         max_running=reg.max_running,
         inflight=inflight,
         tpot_tier_ms=tier,
+        role=reg.role,
         healthy=healthy,
         last_report_s=now,
     )
@@ -417,6 +440,7 @@ def load_report_to_view(
         tokens_per_minute=report.tokens_per_minute,
         inflight=inflight,
         tpot_tier_ms=tier,
+        role=registration.role,
         healthy=healthy,
         last_report_s=now,
     )

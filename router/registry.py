@@ -55,7 +55,7 @@ class WorkerRegistry:
         known = self._workers.get(msg.worker_id)
         if known is None:
             self._workers[msg.worker_id] = _Worker(
-                registration=msg, registered_s=now, last_seen_s=now, identity=identity
+                registration=msg, registered_s=now, last_seen_s=now, identity=identity, tier_ms=msg.tier_ms
             )
             self._inflight[msg.worker_id] = {}
             return Ack(accepted=True, reason="registered")

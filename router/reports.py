@@ -96,6 +96,46 @@ def tier_metrics(policy_status: dict[str, Any] | None) -> Iterator[CounterMetric
     yield events
 
 
+PD_TIER_GAUGES = (
+    ("rate_rps", "rate_rps", "Arrival rate of the TPOT tier over the sizing window (req/s)"),
+    ("mean_input_tokens", "mean_input", "Mean prompt tokens of the tier's arrivals in the window"),
+    ("mean_output_tokens", "mean_output", "Mean output tokens of the tier's completions in the window"),
+    ("feasible", "feasible", "1 when the tier's TPOT exceeds one decode step (C), else 0"),
+    ("prefill_instances", "prefill_instances", "Prefill devices the tier's load needs (fractional)"),
+    ("decode_instances", "decode_instances", "Decode devices the tier's load needs (fractional)"),
+)
+PD_GAUGES = (
+    ("ratio", "ratio", "Optimal prefill:decode device ratio for the live mix (SLOs-Serve App. A)"),
+    ("prefill_instances", "prefill_instances", "Prefill devices the live load needs (fractional)"),
+    ("decode_instances", "decode_instances", "Decode devices the live load needs (fractional)"),
+    ("goodput_per_device_rps", "goodput_per_device_rps", "Goodput bound g* per device, optimal split (Eq. 4)"),
+    ("overhead_seconds", "overhead_s", "C: step time of a one-request decode batch"),
+    ("decode_tokens_per_second", "max_token_tpt", "MaxTokenTpt: 1 / marginal decode cost per token"),
+    ("prefill_tokens_per_second", "prefill_tpt", "Prompt tokens per second of a prefill device"),
+)
+
+
+def pd_sizing_metrics(sizing: dict[str, Any] | None) -> Iterator[GaugeMetricFamily]:
+    """router.pd_sizing's dict as gauges (`sglang_slo_router_pd_*`); a value that is None (no
+    decode demand yet, no completions) is left out rather than exported as 0."""
+    if not isinstance(sizing, dict):
+        return
+    for name, key, doc in PD_GAUGES:
+        value = sizing.get(key)
+        if value is not None:
+            yield GaugeMetricFamily(f"sglang_slo_router_pd_{name}", doc, value=float(value))
+    tiers = sizing.get("tiers")
+    if not isinstance(tiers, dict):
+        return
+    for name, key, doc in PD_TIER_GAUGES:
+        family = GaugeMetricFamily(f"sglang_slo_router_pd_tier_{name}", doc, labels=["tier_ms"])
+        for tier, entry in sorted(tiers.items()):
+            value = entry.get(key)
+            if value is not None:
+                family.add_metric([tier], float(value))
+        yield family
+
+
 class RouterCollector(Collector):
     """Reads the router's live state at scrape time; nothing is double-booked in counters."""
 
@@ -104,10 +144,12 @@ class RouterCollector(Collector):
         status: Callable[[], dict[str, Any]],
         views: Callable[[], list[WorkerView]],
         policy_status: Callable[[], dict[str, Any] | None] | None = None,
+        pd_sizing: Callable[[], dict[str, Any] | None] | None = None,
     ) -> None:
         self._status = status
         self._views = views
         self._policy_status = policy_status or (lambda: None)
+        self._pd_sizing = pd_sizing or (lambda: None)
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         status = self._status()
@@ -141,6 +183,7 @@ class RouterCollector(Collector):
                 latency.add_metric([label], decisions[key] / 1e9)
         yield latency
         yield from tier_metrics(self._policy_status())
+        yield from pd_sizing_metrics(self._pd_sizing())
         views = self._views()
         yield GaugeMetricFamily("sglang_slo_router_workers", "Registered workers", value=len(views))
         for name, doc, read in WORKER_GAUGES:

@@ -24,6 +24,8 @@ import httpx
 import zmq.asyncio
 
 from router.dispatcher import Dispatcher, RequestStream
+from router.pd import DECODE, PREFILL
+from router.pd_sizing import MixTracker, profile_inputs, split_devices, tracker_sizing
 from router.policies import ROUTING_POLICIES, RoutingPolicy, accepted_params, make_routing_policy
 from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
 from router.protocol import Submit
@@ -176,8 +178,15 @@ class RouterService:
         self.predictor = predictor if predictor is not None else make_length_predictor(config.length_predictor)
         self.reports = RouterReports()
         policy_status = getattr(self.policy, "status", None)
+        self.mix = MixTracker(start=clock())  # the live mix, for the PD sizing signals
+        self._profiles: dict[str, tuple[Any, int | None] | None] = {}
         self.reports.metrics.registry.register(
-            RouterCollector(self._dispatcher_status, self.views, policy_status if callable(policy_status) else None)
+            RouterCollector(
+                self._dispatcher_status,
+                self.views,
+                policy_status if callable(policy_status) else None,
+                self.pd_sizing,
+            )
         )
         self._ctx = ctx
         self._http = http_client
@@ -296,8 +305,16 @@ class RouterService:
             max_new_tokens=call.max_new_tokens,
         )
 
+    def tier_of(self, slo: SloSpec) -> float | None:
+        """The request's TPOT tier as the policy bins it (PolyServe), else its own TPOT."""
+        tier_of = getattr(self.policy, "tier_of", None)
+        if tier_of is None:
+            return slo.tpot_ms
+        return tier_of(RouteRequest(rid="-", prompt_tokens=0, slo=slo, arrival_s=0.0))
+
     def observe_output(self, call: GenerateCall, completion_tokens: int) -> None:
         """Teach an online predictor (the history default) what this request's answer took."""
+        self.mix.on_finished(self.tier_of(call.slo), completion_tokens, self.clock())
         observe = getattr(self.predictor, "observe", None)
         if observe is not None:
             observe(call.slo.program_id, completion_tokens)
@@ -330,6 +347,7 @@ class RouterService:
             arrival_unix=call.arrival_unix,
         )
         route = self.route_request(call)
+        self.mix.on_arrival(self.tier_of(call.slo), len(call.input_ids), self.clock())
         self.reports.begin(call.slo, call.arrival_unix)
         return await self.dispatcher.submit(route, submit)
 
@@ -391,6 +409,36 @@ class RouterService:
 
     # --- status ---
 
+    def _profile(self, gpu: str) -> tuple[Any, int | None] | None:
+        if gpu not in self._profiles:
+            try:
+                self._profiles[gpu] = profile_inputs(gpu)
+            except (OSError, ValueError, KeyError):
+                self._profiles[gpu] = None
+        return self._profiles[gpu]
+
+    def pd_sizing(self) -> dict[str, Any] | None:
+        """SLOs-Serve App. A's prefill:decode split for the live mix, per TPOT tier, with the pool
+        as it is now; sized on the decode workers' GPU profile (None without one)."""
+        views = self.views()
+        prefill = [v for v in views if v.role == PREFILL]
+        decode = [v for v in views if v.role == DECODE]
+        sized_on = (decode or views or [None])[0]
+        profile = None if sized_on is None else self._profile(sized_on.gpu)
+        if profile is None:
+            return None
+        perf, kv_capacity = profile
+        sizing = tracker_sizing(self.mix, self.clock(), perf, kv_capacity_tokens=kv_capacity)
+        pool = len(prefill) + len(decode) if prefill else len(views)
+        sizing["gpu"] = sized_on.gpu
+        sizing["pool"] = {
+            "prefill_workers": len(prefill),
+            "decode_workers": len(decode),
+            "co_located_workers": len(views) - len(prefill) - len(decode),
+            "split_for_this_pool": split_devices(sizing, pool),
+        }
+        return sizing
+
     def status(self) -> dict[str, Any]:
         """GET /slo/status: policy, counters, every worker's view, per-policy signals, attainment."""
         workers = []
@@ -415,6 +463,7 @@ class RouterService:
             "dispatcher": self._dispatcher_status(),
             "workers": workers,
             "policy_status": policy_status() if callable(policy_status) else None,
+            "pd_sizing": self.pd_sizing(),
             "attainment": self.reports.attainment(),
             "tiers": self.reports.tiers(),
         }

@@ -31,6 +31,7 @@ class WorkerView:
     tokens_per_minute: float = 0.0  # prompt + output tokens served over the last minute
     inflight: int = 0  # requests the router has sent there that have not finished
     tpot_tier_ms: float | None = None  # PolyServe: the TPOT tier this instance serves; None = unassigned
+    role: str = "mixed"  # "prefill" / "decode" in a PD pool (see protocol.Register.role)
     healthy: bool = True
     last_report_s: float = 0.0  # router clock time of the last report
 

