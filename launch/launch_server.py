@@ -34,6 +34,10 @@ CPU_DEFAULTS: list[tuple[str, str | None]] = [
 CPU_PD_DEFAULTS: list[tuple[str, str | None]] = [
     ("--disaggregation-transfer-backend", "mooncake_tcp"),
     ("--page-size", "1"),
+    # SGLang checks the KV pool against memory still free after loading; with a pool of servers
+    # loading at once on one host 0.05 fails that check (measured; 0.3 passes, the KV pool itself
+    # stays capped by --max-total-tokens).
+    ("--mem-fraction-static", "0.3"),
 ]
 # Environment the CPU PD path needs: the early cached-prefix send creates a torch.cuda.Event;
 # servers must advertise loopback, not the external interface, for KV bootstrap.
@@ -109,14 +113,13 @@ def _with_defaults(argv: list[str], defaults: list[tuple[str, str | None]]) -> l
 
 
 def _with_cpu_defaults(argv: list[str]) -> list[str]:
-    argv = _with_defaults(argv, CPU_DEFAULTS)
-    if _flag_value(argv, "--disaggregation-mode") not in ("prefill", "decode"):
-        return argv
-    import os
+    if _flag_value(argv, "--disaggregation-mode") in ("prefill", "decode"):
+        import os
 
-    for name, value in CPU_PD_ENV.items():
-        os.environ.setdefault(name, value)
-    return _with_defaults(argv, CPU_PD_DEFAULTS)
+        for name, value in CPU_PD_ENV.items():
+            os.environ.setdefault(name, value)
+        argv = _with_defaults(argv, CPU_PD_DEFAULTS)  # before the CPU defaults: they win over those
+    return _with_defaults(argv, CPU_DEFAULTS)
 
 
 def _check_transfer_backend(backend: str) -> None:
@@ -424,6 +427,14 @@ def main(argv: list[str] | None = None) -> None:
         if mixed and not args.speculative_algorithm:
             args.enable_mixed_chunk = True
     server_args = ServerArgs.from_cli_args(args)
+    if server_args.disaggregation_mode == "prefill" and args.slo_policy != "fcfs":
+        from scheduler.core.dynamic_chunking import startup_chunk_size
+
+        # PolyServe dynamic chunking (§4.7) runs steps at B and finishes a request of < 2B tokens
+        # in one step; SGLang sizes its buffers on the start-up value, so that is 2B.
+        if server_args.chunked_prefill_size and server_args.chunked_prefill_size > 0:
+            doubled = startup_chunk_size(server_args.chunked_prefill_size)
+            server_args.override("sglang-slo dynamic chunking", chunked_prefill_size=doubled)
     config = SloServerConfig(
         policy=args.slo_policy,
         policy_params=params,

@@ -21,6 +21,7 @@ from server.cpu_support import activate_if_requested
 
 activate_if_requested()  # before sglang imports, in a spawned child outside the project venv
 
+from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
 from sglang.srt.managers import scheduler as sglang_scheduler_module
 from sglang.srt.managers.io_struct import AbortReq
 
@@ -31,6 +32,7 @@ from scheduler.core.analyzer.online import BoundAccuracy, LiveLengthBounds
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.clock import WallClock
 from scheduler.core.compound import CompoundDeadlines
+from scheduler.core.dynamic_chunking import ChunkStep, budget_from_startup, dynamic_chunk
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer, SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model
@@ -135,6 +137,19 @@ def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
     return None
 
 
+def _uncached_len(req: Any) -> int:
+    """Tokens still to prefill: prompt (+ output, after a retraction) past the matched/cached
+    prefix. For a waiting request the prefix is its last match (SGLang re-matches on admission)."""
+    prefix = getattr(req, "prefix_indices", None)
+    return len(req.origin_input_ids) + len(req.output_ids) - (len(prefix) if prefix is not None else 0)
+
+
+def _disagg_mode(scheduler: Any) -> str:
+    """SGLang's DisaggregationMode value: null, prefill or decode."""
+    mode = getattr(scheduler, "disaggregation_mode", None)
+    return str(getattr(mode, "value", mode or "null"))
+
+
 def _extend_of(req: Any) -> tuple[int, int]:
     """(tokens this extend step computes, context length after it) for one prefilling request:
     SGLang 0.5.17 keeps the step's token range in `extend_range`."""
@@ -158,6 +173,10 @@ class SloScheduler(_BaseScheduler):
         self.slo_knobs_on = self.slo_config.policy != "fcfs"  # fcfs stays stock SGLang
         self.slo_oracle = self.slo_config.policy.endswith(ORACLE_SUFFIX)  # benchmarks only
         self.slo_batch_cap: int | None = None
+        self.slo_decode_cap: int | None = None  # PD decode: admission cap at the last pass
+        self.slo_solo_pass = False  # PD prefill: this pass finishes one request whole, alone
+        self.slo_dyn_passes = 0  # PD prefill: passes that chose to finish a request whole
+        self.slo_dyn_whole = 0  # ... and did (its last chunk ran in that step)
         self.slo_best_effort_waiting = 0
         self.slo_accuracy = BoundAccuracy()
         self.slo_compound = CompoundDeadlines(_pattern_library(self.slo_config.program_patterns))
@@ -174,7 +193,7 @@ class SloScheduler(_BaseScheduler):
             self.slo_config.length_predictor, self.slo_config.predictor_quantile
         )
         super().__init__(*args, **kwargs)
-        self.slo_startup_chunk = self.chunked_prefill_size  # a plan never exceeds it
+        self._slo_init_engine_limits()
         # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
         # its wall time is not the iteration's, so it must not train the perf model.
         self.slo_timing_ok = not (self.enable_overlap and self.device != "cpu")
@@ -189,6 +208,18 @@ class SloScheduler(_BaseScheduler):
                 self.slo_config.status_address, self.slo_status_snapshot, self.slo_config.status_interval_s
             )
         logger.info("SLO scheduler active: policy=%s", self.slo_config.policy)
+
+    def _slo_init_engine_limits(self) -> None:
+        """What the engine started with, and the normal-pass prefill budget derived from it."""
+        self.slo_startup_chunk = self.chunked_prefill_size  # a plan never exceeds it
+        self.slo_max_running = self.max_running_requests  # configured; the decode cap lowers it per pass
+        self.slo_pd_mode = _disagg_mode(self)
+        # A PD prefill worker chunks dynamically (PolyServe §4.7): its launcher starts it at 2B
+        # (startup_chunk_size) so that a whole-finish step fits the buffers sized at start-up.
+        self.slo_chunk_budget = self.slo_startup_chunk
+        if self._slo_dynamic_chunking():
+            self.slo_chunk_budget = budget_from_startup(self.slo_startup_chunk)
+            self.chunked_prefill_size = self.slo_chunk_budget
 
     # ---- token timestamps -------------------------------------------------------------
     def init_output_streamer(self) -> None:
@@ -293,7 +324,7 @@ class SloScheduler(_BaseScheduler):
             waiting=[self._request_view(r) for r in self.waiting_queue],
             running=[self._request_view(r) for r in running_batch.reqs],
             max_running_requests=self.max_running_requests,
-            chunk_size=self.chunked_prefill_size or 0,
+            chunk_size=self.slo_chunk_budget or 0,  # the last pass's value would only ratchet down
             free_kv_tokens=int(self.token_to_kv_pool_allocator.available_size()),
             total_kv_tokens=int(self.max_total_num_tokens),
             step=self.slo_step,
@@ -301,6 +332,7 @@ class SloScheduler(_BaseScheduler):
 
     # ---- applying the plan ---------------------------------------------------------------
     def get_new_batch_prefill(self, running_batch: Any) -> Any:
+        """Normal and PD prefill workers (SGLang's disagg prefill loop calls this too)."""
         self.slo_step += 1
         self.slo_pending_preempt = set()  # a plan's preemptions hold for its own pass only
         if self.waiting_queue:
@@ -314,13 +346,78 @@ class SloScheduler(_BaseScheduler):
             except Exception:  # a policy bug must not take the engine down: keep SGLang's order
                 self.slo_plan_errors += 1
                 logger.exception("SLO policy %s failed at step %d", self.slo_config.policy, self.slo_step)
+        if self._slo_dynamic_chunking():
+            return self._prefill_dynamic_chunk(running_batch)
         return super().get_new_batch_prefill(running_batch)
+
+    def _slo_dynamic_chunking(self) -> bool:
+        """PD prefill worker, SLO knobs on (fcfs stays stock SGLang), chunked prefill on."""
+        return self.slo_pd_mode == "prefill" and self.slo_knobs_on and bool(self.slo_startup_chunk)
+
+    def _prefill_dynamic_chunk(self, running_batch: Any) -> Any:
+        """One PD prefill pass under PolyServe's dynamic chunking: the next request to prefill
+        (the one being chunked, else the queue's head in the plan's order) is finished whole
+        when B < remaining < 2B, alone in its step; otherwise the budget is B. SGLang reads
+        `chunked_prefill_size` per pass as PrefillAdder's rem_chunk_tokens (max_prefill_tokens
+        only stops further admissions once chunking is on, so it does not cap the step)."""
+        budget = self.slo_chunk_budget
+        step, target = ChunkStep(budget, True), None
+        try:
+            target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
+            if target is not None:
+                step = dynamic_chunk(budget, _uncached_len(target), self.page_size, self.slo_startup_chunk)
+        except Exception:  # never let the rule take the engine down: chunk at B
+            self.slo_plan_errors += 1
+            logger.exception("dynamic chunking failed at step %d", self.slo_step)
+        self.chunked_prefill_size, self.slo_solo_pass = step.chunk, not step.admit_others
+        try:
+            out = super().get_new_batch_prefill(running_batch)
+        finally:
+            self.chunked_prefill_size, self.slo_solo_pass = budget, False
+        if not step.admit_others:
+            self.slo_dyn_passes += 1
+            batch = getattr(out, "batch_to_run", None)
+            if batch is not None and any(r is target for r in batch.reqs) and self.chunked_req is not target:
+                self.slo_dyn_whole += 1
+        return out
+
+    def get_new_prebuilt_batch(self, running_batch: Any) -> Any:
+        """PD decode worker: admits transferred requests, up to min(req_to_token_pool.size,
+        max_running_requests) in SGLang. The SLO batch cap (PolyServe §3.4) lowers that bound
+        for this pass, and the waiting requests are taken in the policy's order."""
+        self.slo_step += 1  # SGLang's decode loop never calls get_new_batch_prefill
+        cap = self._slo_decode_cap(running_batch) if self.waiting_queue else None
+        if cap is None or cap >= self.max_running_requests:
+            return super().get_new_prebuilt_batch(running_batch)
+        configured, self.max_running_requests = self.max_running_requests, cap
+        try:
+            return super().get_new_prebuilt_batch(running_batch)
+        finally:
+            self.max_running_requests = configured
+
+    def _slo_decode_cap(self, running_batch: Any) -> int | None:
+        """Order the decode worker's waiting requests and return this pass's running-batch cap.
+        Nothing is dropped or preempted here: these requests already hold transferred KV."""
+        try:
+            view = self.slo_engine_view(running_batch)
+            plan = self.slo_policy.plan(view)
+            self._order_waiting(plan)
+            cap = self._knob_values(plan, view)[0] if self.slo_knobs_on else None
+        except Exception:  # a policy bug must not take the engine down: SGLang's admission
+            self.slo_plan_errors += 1
+            logger.exception("SLO policy %s failed at decode step %d", self.slo_config.policy, self.slo_step)
+            cap = None
+        self.slo_decode_cap = cap
+        return cap
 
     def _apply_plan(self, plan: StepPlan) -> None:
         if plan.preempt:
             self.slo_pending_preempt = set(plan.preempt)
         if plan.drop:
             self._drop_waiting(plan.drop)
+        self._order_waiting(plan)
+
+    def _order_waiting(self, plan: StepPlan) -> None:
         if plan.order is not None or plan.best_effort:
             # Admitted requests first in the policy's order; the best-effort tier runs on what
             # is left of this step's budget (SLOs-Serve §4.1), so declined requests still run.
@@ -338,15 +435,24 @@ class SloScheduler(_BaseScheduler):
                     "step %d: %s deferred to the best-effort tier by %s", self.slo_step, rid, self.slo_config.policy
                 )
 
-    def _apply_knobs(self, plan: StepPlan, view: EngineView, running_batch: Any) -> None:
+    def _knob_values(self, plan: StepPlan, view: EngineView) -> tuple[int | None, int | None]:
         """Batch cap and prefill chunk: the plan's own, else derived from the perf model."""
-        if not self.slo_knobs_on:
-            return
         cap, chunk = plan.batch_cap, plan.chunk_size
         if (cap is None or chunk is None) and self.slo_perf.ready:
             knobs = batch_knobs(view, self.slo_perf)
             cap = cap if cap is not None else knobs.batch_cap
             chunk = chunk if chunk is not None else knobs.chunk_size
+        return cap, chunk
+
+    def _apply_knobs(self, plan: StepPlan, view: EngineView, running_batch: Any) -> None:
+        if not self.slo_knobs_on:
+            return
+        if self.slo_pd_mode == "prefill":
+            # No decode shares a PD prefill step: TPOT-derived caps and chunks do not apply
+            # (PolyServe §3.4); the step budget is dynamic chunking's.
+            self.slo_batch_cap = None
+            return
+        cap, chunk = self._knob_values(plan, view)
         self.slo_batch_cap = cap
         # Without mixed batches every prefill step stalls all decodes, so a smaller chunk only
         # adds steps: the chunk knob applies to mixed batching alone.
@@ -373,6 +479,8 @@ class SloScheduler(_BaseScheduler):
         allocatable = super().get_num_allocatable_reqs(running_bs)
         if self.slo_batch_cap is not None:
             allocatable = min(allocatable, self.slo_batch_cap - running_bs)
+        if self.slo_solo_pass:  # SGLang stops admitting once its step list reaches this count
+            allocatable = min(allocatable, 1)
         return allocatable
 
     # ---- measuring the engine ----------------------------------------------------------------
@@ -437,6 +545,8 @@ class SloScheduler(_BaseScheduler):
                 continue
             if self.enable_hicache_storage:
                 self.tree_cache.release_aborted_request(req.rid)
+            if self.slo_pd_mode == "prefill":
+                self._release_pd_prefill(req)
             self.ipc_channels.send_to_tokenizer.send_output(
                 AbortReq(
                     finished_reason={
@@ -452,6 +562,15 @@ class SloScheduler(_BaseScheduler):
             logger.debug("dropped %s: %s", req.rid, reason)
         self.waiting_queue[:] = keep
 
+    def _release_pd_prefill(self, req: Any) -> None:
+        """What SGLang's abort_request frees for a queued PD prefill request: its metadata
+        buffer slot, and the KV sender when bootstrap is still pending."""
+        pending = getattr(req, "pending_bootstrap", False)
+        maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)
+        sender = getattr(req, "disagg_kv_sender", None)
+        if pending and sender is not None and hasattr(sender, "abort"):
+            sender.abort()
+
     # ---- status ----------------------------------------------------------------------------
     def _slo_kv_used_tokens(self) -> int | None:
         """KV tokens held by requests (cached prefixes that could be evicted count as free)."""
@@ -466,7 +585,8 @@ class SloScheduler(_BaseScheduler):
             "policy": self.slo_config.policy,
             "waiting": len(self.waiting_queue),
             "running": len(self.running_batch.reqs),
-            "max_running_requests": self.max_running_requests,
+            "max_running_requests": self.slo_max_running,  # not the decode cap's per-pass value
+            "disaggregation_mode": self.slo_pd_mode,
             "chunked_prefill_size": self.chunked_prefill_size,
             "steps": self.slo_step,
             "kv_capacity_tokens": int(self.max_total_num_tokens),
@@ -478,6 +598,11 @@ class SloScheduler(_BaseScheduler):
             "batch_cap": self.slo_batch_cap,
             "chunk_size": self.chunked_prefill_size,
             "startup_chunk_size": self.slo_startup_chunk,
+            "chunk_budget": self.slo_chunk_budget,
+            "dynamic_chunking": {"whole_finish_passes": self.slo_dyn_passes, "finished_whole": self.slo_dyn_whole}
+            if self._slo_dynamic_chunking()
+            else None,
+            "decode_cap": self.slo_decode_cap if self.slo_pd_mode == "decode" else None,
             "mixed_batching": bool(self.is_mixed_chunk),
             "best_effort_waiting": self.slo_best_effort_waiting,
             "perf_model": {

@@ -57,8 +57,8 @@ class PdPool:
 
 def _worker(worker_port: int, worker_id: str, mode: str, slowdown: str) -> ServerProcess:
     flags = ["--disaggregation-mode", mode, "--emulate-gpu", "h100", "--emulate-slowdown", slowdown]
-    if mode == "prefill":
-        flags += ["--disaggregation-bootstrap-port", str(free_port())]
+    if mode == "prefill":  # B = 1024: LONG_PROMPT (1500) is one whole-finish step, not two chunks
+        flags += ["--disaggregation-bootstrap-port", str(free_port()), "--chunked-prefill-size", "1024"]
     return ServerProcess(
         *flags, "--router-address", f"tcp://127.0.0.1:{worker_port}", "--worker-id", worker_id,
         "--slo-policy", "edf", name=worker_id,
@@ -107,6 +107,9 @@ def test_a_pd_pair_returns_the_tokens_of_a_co_located_server(pd: PdPool, tiny_se
         assert meta["slo"] is not None  # scored once, at the router, for the pair
     status = pd.status()
     assert status["dispatcher"]["pd_pairs"] >= len(PROMPTS)
+    for wid in ("decode-0", "decode-1"):
+        engine = requests.get(pd.workers[wid].url + "/slo/status", timeout=5).json()["engine"]
+        assert engine["disaggregation_mode"] == "decode" and engine["dynamic_chunking"] is None
     roles = {w["worker_id"]: w["role"] for w in status["workers"]}
     assert roles == {"prefill-0": "prefill", "prefill-1": "prefill", "decode-0": "decode", "decode-1": "decode"}
 
@@ -159,6 +162,10 @@ def test_a_prefill_worker_killed_mid_prefill_loses_nothing(pd: PdPool) -> None:
     other = "prefill-1" if victim == "prefill-0" else "prefill-0"
     assert meta["prefill_workers"] == [victim, other]
     assert pd.status()["dispatcher"]["pd_prefill_failed"] >= 1
+    engine = requests.get(pd.workers[other].url + "/slo/status", timeout=5).json()["engine"]
+    assert engine["disaggregation_mode"] == "prefill"
+    assert engine["startup_chunk_size"] == 2048 and engine["chunk_budget"] == 1024  # started at 2B
+    assert engine["dynamic_chunking"]["finished_whole"] >= 1  # PolyServe §4.7: 1500 tokens in one step
 
 
 def test_a_decode_worker_killed_mid_stream_loses_nothing(pd: PdPool) -> None:
