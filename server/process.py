@@ -21,6 +21,8 @@ import psutil
 import requests
 
 READY_TIMEOUT_S = float(os.environ.get("SGLANG_SLO_TEST_READY_TIMEOUT", "300"))
+PORT_RETRIES = 2  # a picked port can be taken (by any process's outgoing connection) before we bind
+PORT_TAKEN = "address already in use"
 
 
 def free_port() -> int:
@@ -41,19 +43,35 @@ class ServerProcess:
         ready_path: str = "/health",
         api_key: str | None = None,
     ) -> None:
-        self.port = port or free_port()
-        self.args = [*args, "--host", "127.0.0.1", "--port", str(self.port)]
+        self.base_args = list(args)
+        self._set_port(port or free_port())
         self.module = module
         self.env = env
         self.cwd = cwd
-        self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = Path(tempfile.mkstemp(prefix=f"sglang-slo-{name}-", suffix=".log")[1])
         self.ready_path = ready_path
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
+    def _set_port(self, port: int) -> None:
+        self.port = port
+        self.args = [*self.base_args, "--host", "127.0.0.1", "--port", str(port)]
+        self.url = f"http://127.0.0.1:{port}"
+
     def start(self) -> ServerProcess:
+        """Start and wait until ready; a server whose HTTP port was taken meanwhile is started
+        again on a fresh port (`url` and `port` follow)."""
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                return self._start_once()
+            except RuntimeError as exc:
+                if attempt == PORT_RETRIES or PORT_TAKEN not in str(exc) or f"{self.port})" not in str(exc):
+                    raise
+            self._set_port(free_port())
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> ServerProcess:
         started = time.monotonic()
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
@@ -78,6 +96,8 @@ class ServerProcess:
             assert self.proc is not None
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self._port_taken():  # uvicorn gave up, but SGLang's other processes may linger
+                raise RuntimeError(f"port {self.port} taken:\n{self.log_tail()}")
             try:
                 if requests.get(self.url + self.ready_path, headers=self.headers, timeout=2).status_code == 200:
                     return
@@ -85,6 +105,13 @@ class ServerProcess:
                 pass
             time.sleep(0.5)
         raise TimeoutError(f"server not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}")
+
+    def _port_taken(self) -> bool:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return False
+        return f"{self.port}): {PORT_TAKEN}" in text
 
     def status_when(self, ok: Callable[[dict], bool], timeout: float = 5.0) -> dict:
         """/slo/status once `ok` holds (the scheduler publishes its part periodically)."""

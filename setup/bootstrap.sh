@@ -29,7 +29,8 @@ fi
 log() { printf '[sglang-slo setup] %s\n' "$*" >&2; }
 
 # PD disaggregation on CPU: SGLang's mooncake_tcp backend needs Mooncake's non-CUDA wheel, which
-# links libibverbs and libnl even for TCP. Debian packages only where we may install them.
+# links libibverbs and libnl even for TCP. Debian packages only where we may install them; where
+# the native engine cannot load, the CPU import hook serves server/cpu_support/py_transfer_engine.
 PD_LIBS=(libibverbs1 libnl-3-200 libnl-route-3-200)
 MOONCAKE_CPU="mooncake-transfer-engine-non-cuda==0.3.13.post1"
 install_pd_transfer_engine() {
@@ -43,8 +44,7 @@ install_pd_transfer_engine() {
       DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
         { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
     else
-      log "PD transfer engine: ${missing[*]} missing and no root: prefill/decode disaggregation stays off"
-      return 0
+      log "PD transfer engine: ${missing[*]} missing and no root: PD uses the project's pure-Python engine"
     fi
   fi
   "${PIP[@]}" install "$MOONCAKE_CPU"

@@ -1,6 +1,7 @@
-"""Import-time fixes for CPU machines: a substitute `sgl_kernel` and a torchvision guard.
+"""Import-time fixes for CPU machines: a substitute `sgl_kernel`, a torchvision guard, and a
+pure-Python `mooncake.engine` where Mooncake's native engine cannot load (PD disaggregation).
 
-Both are meta-path finders, so they cost nothing until the module is imported and step aside
+All are meta-path finders, so they cost nothing until the module is imported and step aside
 when the real thing works (a real `sgl_kernel` install, a torchvision whose C extension loads).
 """
 
@@ -9,11 +10,13 @@ from __future__ import annotations
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import os
 import sys
 from pathlib import Path
 from types import ModuleType
 
 SUBSTITUTE_NAME = "sgl_kernel"
+MOONCAKE, MOONCAKE_ENGINE = "mooncake", "mooncake.engine"
 
 
 class _SubstituteLoader(importlib.abc.Loader):
@@ -24,6 +27,56 @@ class _SubstituteLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         return None
+
+
+class _ModuleLoader(importlib.abc.Loader):
+    """Serves a module built by a function (`make` returns the module's attributes)."""
+
+    def __init__(self, make: object) -> None:
+        self.make = make
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        module = ModuleType(spec.name)
+        module.__dict__.update(self.make())  # type: ignore[operator]
+        return module
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+def _python_engine() -> dict[str, object]:
+    from server.cpu_support.py_transfer_engine import TransferEngine
+
+    return {"TransferEngine": TransferEngine, "__doc__": "sglang-slo's pure-Python Mooncake TransferEngine"}
+
+
+def _native_loads(spec: importlib.machinery.ModuleSpec | None) -> bool:
+    """Whether a native extension's shared libraries resolve (dlopen), without importing it."""
+    if spec is None or not spec.origin:
+        return False
+    import ctypes
+
+    try:
+        ctypes.CDLL(spec.origin)
+    except OSError:
+        return False
+    return True
+
+
+def _mooncake_spec(fullname: str, path: object) -> importlib.machinery.ModuleSpec | None:
+    """None (the real module) unless Mooncake's engine cannot load or the Python one is asked for."""
+    from server.cpu_support.py_transfer_engine import PYTHON_ENGINE_ENV
+
+    forced = os.environ.get(PYTHON_ENGINE_ENV) == "python"
+    if fullname == MOONCAKE:
+        if importlib.machinery.PathFinder.find_spec(MOONCAKE) is not None:
+            return None
+        spec = importlib.machinery.ModuleSpec(fullname, _ModuleLoader(dict), is_package=True)
+        spec.submodule_search_locations = []  # an empty package: only our engine lives in it
+        return spec
+    if not forced and _native_loads(importlib.machinery.PathFinder.find_spec(fullname, path)):  # type: ignore[arg-type]
+        return None
+    return importlib.machinery.ModuleSpec(fullname, _ModuleLoader(_python_engine))
 
 
 class _CpuImportFinder(importlib.abc.MetaPathFinder):
@@ -38,6 +91,8 @@ class _CpuImportFinder(importlib.abc.MetaPathFinder):
             self._torchvision_guarded = True
             _guard_torchvision()
             return None
+        if fullname in (MOONCAKE, MOONCAKE_ENGINE):
+            return _mooncake_spec(fullname, path)
         if fullname != SUBSTITUTE_NAME:
             return None  # submodules (sgl_kernel.mamba, ...) stay missing: SGLang falls back
         if self._real_sgl_kernel is None:
