@@ -164,7 +164,21 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("status not an error", _wire(MESSAGES[6], status=200), "status"),
     ("accepted not a bool", _wire(Ack(accepted=True), accepted="yes"), "accepted"),
     ("http_url not a string", _wire(REGISTER, http_url=80), "http_url"),
+    ("unknown role", _wire(REGISTER, role="both"), "role"),
+    ("prefill without a bootstrap port", _wire(REGISTER, role="prefill"), "bootstrap_port"),
+    ("bootstrap port out of range", _wire(REGISTER, role="prefill", bootstrap_port=70000), "bootstrap_port"),
+    ("negative tier", _wire(REGISTER, tier_ms=-5), "tier_ms"),
+    ("bootstrap not an object", _wire(SUBMIT, bootstrap=[1]), "bootstrap"),
+    ("bootstrap without a room", _wire(SUBMIT, bootstrap={"host": "h", "port": 1}), "bootstrap.room"),
+    ("bootstrap port a string", _wire(SUBMIT, bootstrap={"host": "h", "port": "1", "room": 2}), "bootstrap.port"),
 ]
+
+
+def test_pd_fields_round_trip() -> None:
+    reg = Register(**{**REGISTER.__dict__, "role": "prefill", "bootstrap_port": 8998, "tier_ms": 50})
+    assert decode(reg.to_wire()) == reg and reg.tier_ms == 50.0
+    sub = Submit(**{**SUBMIT.__dict__, "bootstrap": {"host": "127.0.0.1", "port": 8998, "room": 2**62}})
+    assert decode(sub.to_wire()) == sub
 
 
 @pytest.mark.parametrize(("raw", "field"), [(r, f) for _, r, f in MALFORMED], ids=[c[0] for c in MALFORMED])
