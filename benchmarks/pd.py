@@ -130,6 +130,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mixes", default="polyserve,chatbot,summarizer", help=f"of {', '.join(MIX_SETUPS)}")
     p.add_argument("--units", type=int)
     p.add_argument("--rates", help="units/s in wall time, comma-separated")
+    p.add_argument(
+        "--mix-rates", action="append", default=[], metavar="MIX=R1,R2", help="rates of one mix (repeatable)"
+    )
     p.add_argument("--target", type=float, default=0.9, help="attainment at which goodput is reported")
     p.add_argument("--length-scale", type=float, default=0.5)
     p.add_argument("--max-prompt", type=int, default=1024)
@@ -152,6 +155,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.policy_list = [x.strip() for x in args.policies.split(",") if x.strip()]
     args.mix_list = [x.strip() for x in args.mixes.split(",") if x.strip()]
     args.rate_list = [float(x) for x in args.rates.split(",") if x.strip()]
+    args.rates_of = {m: args.rate_list for m in MIX_SETUPS}
+    for item in args.mix_rates:
+        mix, _, rates = item.partition("=")
+        if mix not in MIX_SETUPS or not rates:
+            p.error(f"--mix-rates takes MIX=R1,R2 with MIX one of {', '.join(MIX_SETUPS)}, got {item!r}")
+        args.rates_of[mix] = [float(x) for x in rates.split(",") if x.strip()]
     if bad := [x for x in args.policy_list if x not in ROUTING_POLICIES]:
         p.error(f"unknown routing policy {bad[0]!r}")
     if bad := [x for x in args.mix_list if x not in MIX_SETUPS]:
@@ -190,9 +199,10 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
     by_config: dict[str, list[dict[str, Any]]] = {}
     for run in runs:
         by_config.setdefault(run["label"], []).append(run)
-    lines = [f"### {mix}", "", "| layout / policy | " + " | ".join(f"att @ {r:g}" for r in args.rate_list)]
+    rates = args.rates_of[mix]
+    lines = [f"### {mix}", "", "| layout / policy | " + " | ".join(f"att @ {r:g}" for r in rates)]
     lines[-1] += f" | rate @ {args.target:.0%} | App. A bound (units/s) |"
-    lines.append("|---|" + "---|" * (len(args.rate_list) + 2))
+    lines.append("|---|" + "---|" * (len(rates) + 2))
     capacity: dict[str, float | None] = {}
     for label, mine in by_config.items():
         points = [(run["rate"], _metrics(run)["attainment"]) for run in mine]
@@ -204,7 +214,7 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
         per_device = bound.get("goodput_per_device_rps")
         size = mine[-1]["config"].get("layout_size", 0)
         optimum = None if per_device is None else per_device * size / args.slowdown
-        cells = [f"{att[r]:.1%}" if r in att else "-" for r in args.rate_list]
+        cells = [f"{att[r]:.1%}" if r in att else "-" for r in rates]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown} | {_fmt(optimum)} |")
     best_baseline = max(
         (c for label, c in capacity.items() if c is not None and not label.endswith("/polyserve")), default=None
@@ -237,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                 scale = mix_scale(margs.mix_list[0], args.slo_scale)
                 spec = workload(margs, margs.mix_list[0])
                 for policy in args.policy_list:
-                    for rate in args.rate_list:
+                    for rate in args.rates_of[mix_name]:
                         if k:
                             cluster.restart_router(router_spec(policy, scale, margs))
                         k += 1

@@ -43,3 +43,10 @@ def test_unknown_mixes_and_policies_are_refused() -> None:
         parse_args(["--mixes", "nope"])
     with pytest.raises(SystemExit):
         parse_args(["--policies", "nope"])
+
+
+def test_a_mix_can_have_its_own_rates() -> None:
+    args = parse_args(["--rates", "4,8", "--mix-rates", "chatbot=1,2"])
+    assert args.rates_of["chatbot"] == [1.0, 2.0] and args.rates_of["polyserve"] == [4.0, 8.0]
+    with pytest.raises(SystemExit):
+        parse_args(["--mix-rates", "nope=1"])
