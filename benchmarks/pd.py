@@ -7,8 +7,8 @@ fresh router on the same workers. PolyServe's evaluation (§5.2) compares PD-Pol
 PD/CO-Random and PD/CO-Minimal (here: random and least_request) and reports goodput at 90 %
 attainment; this prints, per mix, attainment and goodput at each rate and the rate where
 attainment crosses the target (linear between the measured rates around it), plus SLOs-Serve
-App. A's per-device goodput bound for the mix (the router's /slo/status sizing), the
-"optimal" PolyServe's 92.5 % refers to.
+App. A's goodput bound for the mix on this many devices (the router's /slo/status sizing, in
+the emulation's dilated time), the "optimal" PolyServe's 92.5 % refers to.
 
 Mixes: polyserve (PolyServe's TTFT choices and TPOT tiers on Azure conversation lengths),
 chatbot (SLOs-Serve's tight/loose tiers on Azure conversation lengths: decode-heavy) and
@@ -213,7 +213,7 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
         bound = mine[-1]["config"].get("pd_sizing") or {}
         per_device = bound.get("goodput_per_device_rps")
         size = mine[-1]["config"].get("layout_size", 0)
-        optimum = None if per_device is None else per_device * size / args.slowdown
+        optimum = None if per_device is None else per_device * size  # the router sized it in wall time
         cells = [f"{att[r]:.1%}" if r in att else "-" for r in rates]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown} | {_fmt(optimum)} |")
     best_baseline = max(

@@ -287,7 +287,10 @@ def pd_sizing(
         ctx = context_of(t)
         if kv_capacity_tokens is not None and ctx > 0 and kv_capacity_tokens / ctx < slots:
             slots, entry["memory_bound"] = kv_capacity_tokens / ctx, True
-        d_n = t.rate_rps * o * tpot_s / slots
+        # A memory-bound batch steps faster than the TPOT: a request holds its slot for O steps
+        # of BatchTime(slots) = slots / MaxTokenTpt + C, not O·TPOT.
+        step_s = min(tpot_s, slots / max_token_tpt + overhead_s)
+        d_n = t.rate_rps * o * step_s / slots
         entry["slots_per_instance"] = slots
         entry["decode_instances"] = d_n
         decode_tps += t.rate_rps * o

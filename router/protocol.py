@@ -171,6 +171,7 @@ class Register(Message):
     role: str = "mixed"
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap server (SGLang's)
     tier_ms: float | None = None  # the TPOT tier it starts in (PolyServe), when configured
+    time_scale: float = 1.0  # an emulated GPU's slowdown: its steps take this many times the card's
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -190,6 +191,9 @@ class Register(Message):
             raise ProtocolError("bootstrap_port", "a prefill worker must announce its bootstrap port")
         if self.tier_ms is not None:
             _set(self, "tier_ms", _rate(self.tier_ms, "tier_ms"))
+        if _rate(self.time_scale, "time_scale") < 1.0:
+            raise ProtocolError("time_scale", f"must be >= 1, got {self.time_scale}")
+        _set(self, "time_scale", float(self.time_scale))
 
 
 @dataclass(frozen=True, kw_only=True)

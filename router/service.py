@@ -34,6 +34,7 @@ from router.reports import RouterCollector, RouterReports
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView, WorkerView
+from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.slo import SloSpec
 
 logger = logging.getLogger(__name__)
@@ -428,9 +429,14 @@ class RouterService:
         if profile is None:
             return None
         perf, kv_capacity = profile
+        reg = self.registry.registration(sized_on.worker_id)
+        scale = 1.0 if reg is None else reg.time_scale
+        if scale != 1.0:  # an emulated card in dilated time: so are the clients' TPOTs
+            perf = SlowedPerfModel(perf, scale)
         sizing = tracker_sizing(self.mix, self.clock(), perf, kv_capacity_tokens=kv_capacity)
         pool = len(prefill) + len(decode) if prefill else len(views)
         sizing["gpu"] = sized_on.gpu
+        sizing["time_scale"] = scale
         sizing["pool"] = {
             "prefill_workers": len(prefill),
             "decode_workers": len(decode),

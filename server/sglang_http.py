@@ -108,6 +108,7 @@ def _join_router(
         role=mode if mode in ("prefill", "decode") else "mixed",
         bootstrap_port=server_args.disaggregation_bootstrap_port if mode == "prefill" else None,
         tier_ms=config.worker_tier_ms,
+        time_scale=config.emulate_slowdown if config.emulate_profile else 1.0,
     )
     start_agent_thread(agent, engine)
 

@@ -77,6 +77,7 @@ class AgentConfig:
     role: str = "mixed"  # "prefill" / "decode" under PD disaggregation
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port
     tier_ms: float | None = None  # the TPOT tier it starts in
+    time_scale: float = 1.0  # --emulate-slowdown of an emulated GPU
 
 
 class Ema:
@@ -217,6 +218,7 @@ class WorkerAgent:
             role=self.config.role,
             bootstrap_port=self.config.bootstrap_port,
             tier_ms=self.config.tier_ms,
+            time_scale=self.config.time_scale,
         )
 
     async def _register(self) -> None:

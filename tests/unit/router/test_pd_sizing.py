@@ -101,7 +101,10 @@ def test_the_kv_cache_caps_a_decode_instance() -> None:
     s = pd_sizing(mix((50, 2.0, 1000, 100)), overhead_s=0.01, max_token_tpt=10_000, kv_capacity_tokens=10_000)
     tier = s["tiers"]["50"]
     assert tier["memory_bound"] is True and tier["slots_per_instance"] == pytest.approx(10_000 / 1050)
-    assert tier["decode_instances"] == pytest.approx(2 * 100 * 0.05 / (10_000 / 1050))  # λ·O·TPOT in flight
+    # the memory-bound batch steps in 9.52/10k + 10 ms, not the 50 ms TPOT: λ·O·step in flight
+    slots = 10_000 / 1050
+    step = slots / 10_000 + 0.01
+    assert tier["decode_instances"] == pytest.approx(2 * 100 * step / slots)
 
 
 def test_perf_constants_from_a_step_time_model() -> None:

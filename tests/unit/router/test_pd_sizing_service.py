@@ -17,7 +17,9 @@ class Clock:
         return self.t
 
 
-def _register(service: RouterService, wid: str, role: str, gpu: str = "h100", tier: float | None = None) -> None:
+def _register(
+    service: RouterService, wid: str, role: str, gpu: str = "h100", tier: float | None = None, scale: float = 1.0
+) -> None:
     port = 9100 if role == "prefill" else None
     reg = Register(
         worker_id=wid,
@@ -28,6 +30,7 @@ def _register(service: RouterService, wid: str, role: str, gpu: str = "h100", ti
         role=role,
         bootstrap_port=port,
         tier_ms=tier,
+        time_scale=scale,
     )
     assert service.registry.register(reg, service.clock()).accepted
 
@@ -69,3 +72,17 @@ def test_no_sizing_without_a_profile_for_the_gpu() -> None:
     _register(service, "c0", "mixed", gpu="cpu")
     assert service.status()["pd_sizing"] is None
     assert "sglang_slo_router_pd_ratio" not in generate_latest(service.reports.metrics.registry).decode()
+
+
+def test_an_emulated_pool_is_sized_in_its_dilated_time() -> None:
+    plain = RouterService(RouterConfig(routing_policy="round_robin"), clock=Clock())
+    slowed = RouterService(RouterConfig(routing_policy="round_robin"), clock=Clock())
+    _register(plain, "d0", "mixed")
+    _register(slowed, "d0", "mixed", scale=16)
+    for service in (plain, slowed):
+        service.mix.on_arrival(100.0, 500, service.clock())
+        service.mix.on_finished(100.0, 50, service.clock())
+    a, b = plain.pd_sizing(), slowed.pd_sizing()
+    assert a is not None and b is not None and b["time_scale"] == 16.0
+    assert abs(b["overhead_s"] - 16 * a["overhead_s"]) < 1e-9
+    assert abs(b["max_token_tpt"] - a["max_token_tpt"] / 16) < 1e-6 * a["max_token_tpt"]
