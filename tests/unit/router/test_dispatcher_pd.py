@@ -32,7 +32,6 @@ class PdFakeWorker(FakeWorker):
     def __init__(self, *args: Any, role: str, rooms: dict[int, asyncio.Event], **kw: Any) -> None:
         self.role = role
         self.rooms = rooms
-        self.answer = True  # a prefill worker that stops answering (hung) keeps its heartbeats
         self.spent_aborts: list[str] = []  # aborts followed by a new Submit of the same rid
         super().__init__(*args, **kw)
 
@@ -60,7 +59,7 @@ class PdFakeWorker(FakeWorker):
             await super()._stream(submit)
             return
         await asyncio.sleep(self.delay_s)
-        if not self.alive or not self.answer or submit.rid in self.aborts:
+        if not self.alive or submit.rid in self.aborts:
             return
         if self.error_status is not None:
             err = RequestError(rid=submit.rid, worker_id=self.worker_id, status=self.error_status, message="pf")
