@@ -41,8 +41,17 @@ CPU_PD_DEFAULTS: list[tuple[str, str | None]] = [
 ]
 # Environment the CPU PD path needs: the early cached-prefix send creates a torch.cuda.Event;
 # servers must advertise loopback, not the external interface, for KV bootstrap.
+# Speculative decoding on CPU (../shared/notes: speculative section): SGLang's intel_amx backend on
+# our pure-torch ops (server/cpu_support/speculation.py); a draft model needs a larger pool share.
+CPU_SPEC_DEFAULTS: list[tuple[str, str | None]] = [
+    ("--attention-backend", "intel_amx"),
+    ("--mem-fraction-static", "0.2"),
+]
+SLO_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")  # SGLang's adaptive-capable workers
+DEFAULT_SPEC_STEPS = "0,1,2,3,4"
+EMULATED_DRAFT_RATIO = 0.1  # an EAGLE head (one layer + LM head) on Llama-3-8B reads ~10 % of its weights
 CPU_PD_ENV = {"SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0", "SGLANG_HOST_IP": "127.0.0.1"}
-MODEL_ALIASES = ("default", "tiny")
+MODEL_ALIASES = ("default", "tiny", "tiny-draft")
 # Policy parameters with their own flags: flag -> constructor parameter of the policies that take it.
 POLICY_FLAGS = {
     "--slo-alpha": ("alpha", float, "service-gain degradation exponent α (Tempo Eq. 1-3)"),
@@ -79,25 +88,34 @@ def _wants_cpu(argv: list[str]) -> bool:
 
 
 def _resolve_model(argv: list[str]) -> list[str]:
-    """Fill in or expand the model path: default (SmolLM2) or tiny, prepared on first use."""
-    from server.models import ensure_default_model, ensure_tiny_model
+    """Fill in or expand the model path: default (SmolLM2) or tiny, prepared on first use; the
+    same aliases work for a STANDALONE draft (--speculative-draft-model-path)."""
+    from server.models import ensure_default_model
 
-    value = _flag_value(argv, "--model-path", "--model")
-    if value is None:
-        return argv + ["--model-path", str(ensure_default_model())]
+    if _flag_value(argv, "--model-path", "--model") is None:
+        argv = argv + ["--model-path", str(ensure_default_model())]
+    argv = _expand_alias(argv, ("--model-path", "--model"))
+    return _expand_alias(argv, ("--speculative-draft-model-path",))
+
+
+def _expand_alias(argv: list[str], flags: tuple[str, ...]) -> list[str]:
+    from server.models import ensure_default_model, ensure_tiny_draft_model, ensure_tiny_model
+
+    value = _flag_value(argv, *flags)
     if value not in MODEL_ALIASES:
         return argv
-    path = str(ensure_default_model() if value == "default" else ensure_tiny_model())
+    build = {"default": ensure_default_model, "tiny": ensure_tiny_model, "tiny-draft": ensure_tiny_draft_model}
+    path = str(build[value]())
     out = []
     skip = False
     for i, a in enumerate(argv):
         if skip:
             skip = False
             continue
-        if a in ("--model-path", "--model") and i + 1 < len(argv):
+        if a in flags and i + 1 < len(argv):
             out += [a, path]
             skip = True
-        elif a.startswith(("--model-path=", "--model=")):
+        elif a.startswith(tuple(f + "=" for f in flags)):
             out.append(a.split("=", 1)[0] + "=" + path)
         else:
             out.append(a)
@@ -113,6 +131,11 @@ def _with_defaults(argv: list[str], defaults: list[tuple[str, str | None]]) -> l
 
 
 def _with_cpu_defaults(argv: list[str]) -> list[str]:
+    if _flag_value(argv, "--speculative-algorithm"):
+        from server.cpu_support.speculation import enable_cpu_speculation
+
+        enable_cpu_speculation()  # before ServerArgs are resolved: keeps intel_amx selected
+        argv = _with_defaults(argv, CPU_SPEC_DEFAULTS)
     if _flag_value(argv, "--disaggregation-mode") in ("prefill", "decode"):
         import os
 
@@ -209,6 +232,36 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="run the emulated card K times slower (dilated time) when the host cannot keep up with it; "
         "clients scale their SLOs by K (default 1: the card's own speed)",
+    )
+    spec = parser.add_argument_group(
+        "SLO-adaptive speculation", "with --speculative-algorithm EAGLE|EAGLE3|STANDALONE (SLOs-Serve §3.2.3)"
+    )
+    spec.add_argument(
+        "--slo-speculation",
+        action="store_true",
+        help="choose the speculation length each batch from the running requests' TPOT tiers, the measured "
+        "acceptance and the performance model (replaces SGLang's acceptance-only --speculative-adaptive)",
+    )
+    spec.add_argument(
+        "--slo-spec-steps",
+        default=DEFAULT_SPEC_STEPS,
+        metavar="S1,S2,...",
+        help=f"candidate speculation lengths, one runtime state each (default {DEFAULT_SPEC_STEPS}; 0 = no drafting)",
+    )
+    spec.add_argument(
+        "--slo-spec-draft-ratio",
+        type=float,
+        metavar="R",
+        help="a draft step's cost relative to the target's decode step (default: the measured draft/target "
+        f"weight ratio; {EMULATED_DRAFT_RATIO} under --emulate-gpu, an EAGLE head on Llama-3-8B)",
+    )
+    spec.add_argument(
+        "--slo-spec-margin",
+        type=float,
+        default=0.05,
+        metavar="M",
+        help="hysteresis: switch length only for a predicted gain above M (default 0.05), held for 8 batches; "
+        "a length that would miss a TPOT another keeps is left at once",
     )
     router = parser.add_argument_group("router worker", "join an sglang-slo router's pool (python -m launch_router)")
     router.add_argument(
@@ -327,6 +380,42 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
     }
 
 
+def _speculation_settings(args: argparse.Namespace, emulation: Any) -> dict[str, Any] | None:
+    """Checks the SLO speculation flags and sizes SGLang's speculation to the longest candidate
+    (its buffers are allocated once; shorter lengths reuse them)."""
+    if not args.slo_speculation:
+        if args.slo_spec_draft_ratio is not None or args.slo_spec_steps != DEFAULT_SPEC_STEPS:
+            raise SystemExit("--slo-spec-steps/--slo-spec-draft-ratio: only with --slo-speculation")
+        if args.slo_spec_margin != 0.05:
+            raise SystemExit("--slo-spec-margin: only with --slo-speculation")
+        return None
+    algorithm = (args.speculative_algorithm or "").upper()
+    if algorithm not in SLO_SPEC_ALGORITHMS:
+        raise SystemExit(
+            f"--slo-speculation: needs --speculative-algorithm {'|'.join(SLO_SPEC_ALGORITHMS)} "
+            f"(got {args.speculative_algorithm or 'none'}); SGLang's NGRAM worker has no per-batch length"
+        )
+    try:
+        steps = sorted({int(x) for x in args.slo_spec_steps.split(",") if x.strip()})
+    except ValueError:
+        steps = []
+    if not steps or steps[0] < 0 or steps[-1] < 1 or steps[-1] > 16:
+        raise SystemExit(f"--slo-spec-steps: lengths in 0..16, at least one >= 1; got {args.slo_spec_steps!r}")
+    if args.speculative_eagle_topk not in (None, 1):
+        raise SystemExit("--speculative-eagle-topk: SLO speculation runs chains (topk 1), as SGLang's adaptive path")
+    if args.slo_spec_draft_ratio is not None and not args.slo_spec_draft_ratio >= 0:
+        raise SystemExit("--slo-spec-draft-ratio: must be >= 0")
+    if not args.slo_spec_margin >= 0:
+        raise SystemExit("--slo-spec-margin: must be >= 0")
+    args.speculative_num_steps = steps[-1]
+    args.speculative_eagle_topk = 1
+    args.speculative_num_draft_tokens = steps[-1] + 1
+    ratio = args.slo_spec_draft_ratio
+    if ratio is None and emulation is not None:
+        ratio = EMULATED_DRAFT_RATIO  # the tiny self-draft's ratio (1.0) is not the emulated card's
+    return {"candidates": steps, "draft_ratio": ratio, "margin": args.slo_spec_margin}
+
+
 def _cuda_name() -> str:
     import torch
 
@@ -400,6 +489,7 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
     if args.disaggregation_mode in ("prefill", "decode"):
         _check_transfer_backend(args.disaggregation_transfer_backend)
+    speculation = _speculation_settings(args, emulation)
     if args.emulate_slowdown < 1.0:
         raise SystemExit("--emulate-slowdown: must be >= 1")
     if args.slo_perf_profile:
@@ -447,6 +537,7 @@ def main(argv: list[str] | None = None) -> None:
         emulate_profile=str(emulation.profile) if emulation else None,
         emulate_name=emulation.name if emulation else None,
         emulate_slowdown=args.emulate_slowdown,
+        speculation=speculation,
         **_router_settings(args, server_args.port, emulation, on_cpu),
     )
     base = f"http://{server_args.host}:{server_args.port}"

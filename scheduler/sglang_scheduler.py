@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from server.cpu_support import activate_if_requested
+from server.cpu_support.speculation import enable_if_requested as enable_cpu_speculation_if_requested
 
 activate_if_requested()  # before sglang imports, in a spawned child outside the project venv
+enable_cpu_speculation_if_requested()  # CPU speculation: the launcher's runtime fixes, here too
 
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
 from sglang.srt.managers import scheduler as sglang_scheduler_module
@@ -43,9 +45,13 @@ from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.types import EngineView, RequestView, StepPlan
 from scheduler.sglang_preemption import retract_requests
+from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
 from server.slo_reports import TIER_KEY, TOKEN_TS_KEY
 from server.slo_request import ORACLE_HINT_PARAM, read_injected
 from server.status_channel import StatusPublisher
+from speculative.acceptance import expected_tokens
+from speculative.controller import SloSpeculation
+from speculative.cost import SpecCost
 
 logger = logging.getLogger("sglang_slo.scheduler")
 
@@ -192,6 +198,8 @@ class SloScheduler(_BaseScheduler):
         self.slo_lengths = self._load_length_predictor(
             self.slo_config.length_predictor, self.slo_config.predictor_quantile
         )
+        self.slo_spec: SloSpeculation | None = None  # set when the draft worker is built
+        self.slo_spec_cost_ratio = 0.0  # draft step / target decode step, for pacing and timing
         super().__init__(*args, **kwargs)
         self._slo_init_engine_limits()
         # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
@@ -220,6 +228,37 @@ class SloScheduler(_BaseScheduler):
         if self._slo_dynamic_chunking():
             self.slo_chunk_budget = budget_from_startup(self.slo_startup_chunk)
             self.chunked_prefill_size = self.slo_chunk_budget
+
+    # ---- speculation -------------------------------------------------------------------
+    def maybe_init_draft_worker(self) -> None:
+        super().maybe_init_draft_worker()
+        settings = self.slo_config.speculation
+        if self.draft_worker is None:
+            return
+        measured = measured_draft_ratio(self.draft_worker, self.tp_worker.model_runner)
+        given = (settings or {}).get("draft_ratio")
+        self.slo_spec_cost_ratio = float(given if given is not None else measured or 0.0)
+        if settings is not None:
+            self.slo_spec = attach_slo_controller(
+                self.draft_worker, settings["candidates"], self.slo_spec_cost_ratio, settings.get("margin", 0.05)
+            )
+
+    def _slo_spec_steps(self) -> int:
+        """Drafted tokens per decode request in the next decode batch (0 without speculation)."""
+        if self.draft_worker is None:
+            return 0
+        if self.slo_spec is not None:
+            return self.slo_spec.current
+        return int(getattr(self.draft_worker, "speculative_num_steps", 0) or 0)
+
+    def _slo_update_speculation(self, running_batch: Any, view: EngineView | None) -> None:
+        if self.slo_spec is None or not running_batch.reqs or not self.slo_perf.ready:
+            return
+        try:
+            self.slo_spec.update(view or self.slo_engine_view(running_batch), self.slo_perf)
+        except Exception:  # the length choice must not take the engine down: keep the current one
+            self.slo_plan_errors += 1
+            logger.exception("SLO speculation failed at step %d", self.slo_step)
 
     # ---- token timestamps -------------------------------------------------------------
     def init_output_streamer(self) -> None:
@@ -335,6 +374,7 @@ class SloScheduler(_BaseScheduler):
         """Normal and PD prefill workers (SGLang's disagg prefill loop calls this too)."""
         self.slo_step += 1
         self.slo_pending_preempt = set()  # a plan's preemptions hold for its own pass only
+        view = None
         if self.waiting_queue:
             try:
                 view = self.slo_engine_view(running_batch)
@@ -346,6 +386,7 @@ class SloScheduler(_BaseScheduler):
             except Exception:  # a policy bug must not take the engine down: keep SGLang's order
                 self.slo_plan_errors += 1
                 logger.exception("SLO policy %s failed at step %d", self.slo_config.policy, self.slo_step)
+        self._slo_update_speculation(running_batch, view)
         if self._slo_dynamic_chunking():
             return self._prefill_dynamic_chunk(running_batch)
         return super().get_new_batch_prefill(running_batch)
@@ -439,7 +480,13 @@ class SloScheduler(_BaseScheduler):
         """Batch cap and prefill chunk: the plan's own, else derived from the perf model."""
         cap, chunk = plan.batch_cap, plan.chunk_size
         if (cap is None or chunk is None) and self.slo_perf.ready:
-            knobs = batch_knobs(view, self.slo_perf)
+            steps = self._slo_spec_steps()
+            if steps > 0 and self.slo_spec is not None:
+                # a speculative batch may last Acc(s) TPOTs and costs its drafts and verify tokens
+                perf = SpecCost(self.slo_perf, self.slo_spec_cost_ratio).at_steps(steps)
+                knobs = batch_knobs(view, perf, expected_tokens(self.slo_spec.acceptance.alpha, steps))
+            else:
+                knobs = batch_knobs(view, self.slo_perf)
             cap = cap if cap is not None else knobs.batch_cap
             chunk = chunk if chunk is not None else knobs.chunk_size
         return cap, chunk
@@ -488,18 +535,26 @@ class SloScheduler(_BaseScheduler):
         """Times each forward pass for the online perf model (synchronous on CPU; with CUDA
         overlap scheduling this measures launch, see README)."""
         shape = _batch_shape(batch)
+        steps = self._slo_spec_steps() if shape is not None and shape[0] == 0 else 0
         started = time.perf_counter()
         result = super().run_batch(batch, *args, **kwargs)
         if shape is None:
             return result
+        prefill, decodes, kv = shape
+        spec_tokens = decodes * steps  # a speculative decode verifies s drafts per request
         if self.slo_pacer is not None:  # emulated GPU: the step lasts what the profile says
-            measured = self.slo_pacer.finish(started, self.slo_pacer.target_s(*shape))
+            target = SpecCost(self.slo_pacer.model, self.slo_spec_cost_ratio).step_time(
+                prefill, decodes, kv, spec_tokens, steps
+            )
+            measured = self.slo_pacer.finish(started, target)
             self._log_distortion()
         elif self.slo_timing_ok:
             measured = time.perf_counter() - started
         else:
             return result
-        self.slo_perf.observe(*shape, 0, measured)
+        # the target's model learns target work only: the drafts' share is the draft cost's
+        draft = SpecCost(self.slo_perf, self.slo_spec_cost_ratio).draft_time(decodes, kv, steps)
+        self.slo_perf.observe(prefill, decodes, kv, spec_tokens, max(measured - draft, 1e-6))
         return result
 
     def _log_distortion(self) -> None:
@@ -580,6 +635,17 @@ class SloScheduler(_BaseScheduler):
             return None
         return max(0, int(self.max_total_num_tokens - free))
 
+    def _slo_speculation_status(self) -> dict[str, Any] | None:
+        if self.draft_worker is None:
+            return None
+        base = {
+            "algorithm": str(self.server_args.speculative_algorithm),
+            "draft_cost_ratio": round(self.slo_spec_cost_ratio, 4),
+        }
+        if self.slo_spec is None:  # SGLang's fixed length (or its own adaptive params)
+            return {**base, "slo_adaptive": False, "steps": self._slo_spec_steps()}
+        return {**base, "slo_adaptive": True, **self.slo_spec.status()}
+
     def slo_status_snapshot(self) -> dict[str, Any]:
         return {
             "policy": self.slo_config.policy,
@@ -629,6 +695,7 @@ class SloScheduler(_BaseScheduler):
                 "kv_token_capacity": int(self.max_total_num_tokens),
                 **self.slo_pacer.report().to_dict(),
             },
+            "speculation": self._slo_speculation_status(),
             "length_predictor": None
             if self.slo_lengths is None
             else {"name": self.slo_lengths.predictor.name, "predictions": self.slo_lengths.predictions},

@@ -19,6 +19,7 @@ import orjson
 from scheduler.core.slo import SloSpec, SloValidationError
 from server.slo_reports import SloReportBook
 from server.slo_request import extract_slo, inject_native, inject_openai
+from server.spec_metrics import speculation_exposition
 
 NATIVE_PATHS = frozenset({"/generate"})
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -228,7 +229,7 @@ class SloMiddleware:
 
         plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
         await self.app({**scope, "headers": plain}, receive, capture)  # uncompressed, so we can append
-        ours = self.book.metrics.exposition()
+        ours = self.book.metrics.exposition() + speculation_exposition(self.status().get("engine") or {})
         if captured["status"] == 200:
             body = b"".join(captured["body"]).rstrip(b"\n") + b"\n" + ours
         else:

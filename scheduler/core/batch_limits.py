@@ -64,21 +64,24 @@ def _ttft_need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: 
     return need
 
 
-def batch_knobs(view: EngineView, perf: PerfModel) -> BatchKnobs:
-    tpot = tightest_tpot(view)
-    if tpot is None:
+def batch_knobs(view: EngineView, perf: PerfModel, tokens_per_step: float = 1.0) -> BatchKnobs:
+    """`tokens_per_step`: output tokens a decode gains per batch (Acc(s) under speculation, with
+    `perf` then costing the drafts and verify tokens): the batch may last that many TPOTs."""
+    tightest = tightest_tpot(view)
+    if tightest is None:
         return BatchKnobs(None, None, None)
+    tpot = tightest * tokens_per_step
     decodes = len(view.running)
     kv = sum(r.prompt_len + r.generated for r in view.running)
     per_req_kv = kv / decodes if decodes else float(sum(r.prompt_len for r in view.waiting) / max(len(view.waiting), 1))
     if perf.step_time(0, 1, int(per_req_kv)) > tpot:
         # Not even one request can meet the tightest target: throttling everyone else would
         # not save it, so leave batch and chunk to SGLang.
-        return BatchKnobs(None, None, tpot)
+        return BatchKnobs(None, None, tightest)
     cap = perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests)
     chunk = None
     if view.chunk_size > 0:
         fit = _chunk_for_budget(perf, tpot, decodes, kv, view.chunk_size)
         need = _ttft_need(view, perf, decodes, kv, view.chunk_size)
         chunk = min(view.chunk_size, max(fit, need, MIN_CHUNK))
-    return BatchKnobs(max(cap, 1), chunk, tpot)
+    return BatchKnobs(max(cap, 1), chunk, tightest)

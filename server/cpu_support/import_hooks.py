@@ -29,6 +29,16 @@ class _SubstituteLoader(importlib.abc.Loader):
         return None
 
 
+class _SubmoduleLoader(importlib.abc.Loader):
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        from server.cpu_support.sgl_kernel_substitute import make_submodule
+
+        return make_submodule(spec.name.split(".", 1)[1])  # type: ignore[return-value]
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
 class _ModuleLoader(importlib.abc.Loader):
     """Serves a module built by a function (`make` returns the module's attributes)."""
 
@@ -93,15 +103,27 @@ class _CpuImportFinder(importlib.abc.MetaPathFinder):
             return None
         if fullname in (MOONCAKE, MOONCAKE_ENGINE):
             return _mooncake_spec(fullname, path)
-        if fullname != SUBSTITUTE_NAME:
-            return None  # submodules (sgl_kernel.mamba, ...) stay missing: SGLang falls back
+        if fullname != SUBSTITUTE_NAME and not fullname.startswith(SUBSTITUTE_NAME + "."):
+            return None
         if self._real_sgl_kernel is None:
             self._real_sgl_kernel = importlib.machinery.PathFinder.find_spec(SUBSTITUTE_NAME) is not None
         if self._real_sgl_kernel:
             return None
+        if fullname != SUBSTITUTE_NAME:
+            return self._submodule_spec(fullname)
         spec = importlib.machinery.ModuleSpec(fullname, _SubstituteLoader(), is_package=True)
         spec.submodule_search_locations = []
         return spec
+
+    @staticmethod
+    def _submodule_spec(fullname: str) -> importlib.machinery.ModuleSpec | None:
+        """The few submodules SGLang imports ops from (sgl_kernel.speculative); others stay
+        missing so SGLang's fallbacks run."""
+        from server.cpu_support.sgl_kernel_substitute import SUBMODULES
+
+        if fullname.split(".", 1)[1] not in SUBMODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _SubmoduleLoader())
 
 
 def _guard_torchvision() -> None:

@@ -1,10 +1,11 @@
 """A CPU stand-in for `sgl_kernel`, whose only PyPI builds are CUDA ones.
 
 SGLang's CPU path imports a few `*_cpu` ops at module level and calls some of them while
-serving (KV copies, request-to-token-pool writes). Those are implemented here in plain torch.
-Names SGLang imports at module level but does not call in plain CPU serving resolve to stubs
-that raise, naming the op, when called. Any other name fails at import time like a missing
-symbol, so SGLang's own `except ImportError` fallbacks keep working: nothing fails silently.
+serving (KV copies, request-to-token-pool writes), and more under speculative decoding (tree
+build and verify, draft cache locations: spec_ops.py; the intel_amx backend's attention ops,
+registered as `torch.ops.sgl_kernel.*`: cpu_attention_ops.py). All are implemented in plain
+torch. Any other name fails at import time like a missing symbol, so SGLang's own
+`except ImportError` fallbacks keep working: nothing fails silently.
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from typing import Any
 
 import torch
 
-
-class MissingCpuKernel(NotImplementedError):
-    pass
+from server.cpu_support.cpu_attention_ops import register_attention_ops
+from server.cpu_support.spec_ops import SPEC_OPS
 
 
 def assign_req_to_token_pool_cpu(
@@ -67,33 +67,10 @@ def copy_all_layer_kv_cache_cpu(
 IMPLEMENTED: dict[str, Callable[..., Any]] = {
     "assign_req_to_token_pool_cpu": assign_req_to_token_pool_cpu,
     "copy_all_layer_kv_cache_cpu": copy_all_layer_kv_cache_cpu,
+    **SPEC_OPS,
 }
-
-
-def _missing(qualified: str) -> Callable[..., Any]:
-    def fail(*args: Any, **kwargs: Any) -> Any:
-        raise MissingCpuKernel(
-            f"{qualified} has no CPU implementation in sglang-slo's sgl_kernel substitute; "
-            "this SGLang feature needs the CUDA sgl-kernel package or a pure-torch port"
-        )
-
-    fail.__name__ = qualified.rsplit(".", 1)[-1]
-    fail.__qualname__ = qualified
-    return fail
-
-
-# Imported at module level by SGLang's CPU path; only called by features we do not run on CPU
-# (speculative decoding). Calling one raises MissingCpuKernel naming it.
-CALL_TIME_STUBS = (
-    "assign_draft_cache_locs_contiguous_cpu",
-    "assign_extend_cache_locs_cpu",
-    "build_tree_kernel_efficient_cpu",
-    "verify_tree_greedy_cpu",
-    "fill_accept_out_cache_loc_cpu",
-    "fill_bonus_tokens_cpu",
-    "rotate_input_ids_cpu",
-    "build_draft_decode_metadata_cpu",
-)
+# Submodules SGLang imports from (NGRAM: `from sgl_kernel.speculative import ...`).
+SUBMODULES: dict[str, tuple[str, ...]] = {"speculative": ("reconstruct_indices_from_tree_mask",)}
 
 
 class SubstituteModule(ModuleType):
@@ -107,10 +84,19 @@ class SubstituteModule(ModuleType):
 
 
 def make_module() -> ModuleType:
+    register_attention_ops()  # SGLang's intel_amx backend reads them from torch.ops after `import sgl_kernel`
     module = SubstituteModule("sgl_kernel", __doc__)
     module.__version__ = "0.0.0+sglang-slo-cpu"
     for name, fn in IMPLEMENTED.items():
         setattr(module, name, fn)
-    for name in CALL_TIME_STUBS:
-        setattr(module, name, _missing(f"sgl_kernel.{name}"))
+    return module
+
+
+def make_submodule(name: str) -> ModuleType | None:
+    """`sgl_kernel.<name>` if SGLang imports ops from it, else None (the import fails)."""
+    if name not in SUBMODULES:
+        return None
+    module = SubstituteModule(f"sgl_kernel.{name}", __doc__)
+    for op in SUBMODULES[name]:
+        setattr(module, op, IMPLEMENTED[op])
     return module

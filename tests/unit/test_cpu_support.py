@@ -15,12 +15,11 @@ from hypothesis import strategies as st
 from server.cpu_support import import_hooks
 from server.cpu_support.import_hooks import SUBSTITUTE_NAME, _CpuImportFinder, install_import_hooks
 from server.cpu_support.sgl_kernel_substitute import (
-    CALL_TIME_STUBS,
     IMPLEMENTED,
-    MissingCpuKernel,
     assign_req_to_token_pool_cpu,
     copy_all_layer_kv_cache_cpu,
     make_module,
+    make_submodule,
 )
 
 FAST = settings(max_examples=60, deadline=None)
@@ -165,23 +164,22 @@ def test_copy_matches_reference_property(num_rows, data, seed):
 # --- the substitute module ------------------------------------------------------------------------
 
 
-def test_module_exposes_implemented_ops_and_stubs():
+def test_module_exposes_implemented_ops():
     mod = make_module()
     assert mod.__name__ == "sgl_kernel"
     assert "cpu" in mod.__version__
     for name, fn in IMPLEMENTED.items():
         assert getattr(mod, name) is fn
-    for name in CALL_TIME_STUBS:
-        assert callable(getattr(mod, name))
+    # the intel_amx backend reads its attention ops from torch.ops after importing sgl_kernel
+    assert callable(torch.ops.sgl_kernel.decode_attention_cpu)
+    assert callable(torch.ops.sgl_kernel.extend_attention_cpu)
 
 
-@pytest.mark.parametrize("name", CALL_TIME_STUBS)
-def test_call_time_stub_raises_naming_the_op(name):
-    stub = getattr(make_module(), name)
-    assert stub.__name__ == name
-    with pytest.raises(MissingCpuKernel, match=rf"sgl_kernel\.{name}\b"):
-        stub(torch.zeros(1), pool_len=3)
-    assert issubclass(MissingCpuKernel, NotImplementedError)
+def test_speculative_submodule_serves_ngram_op_and_nothing_else():
+    sub = make_submodule("speculative")
+    assert sub.__name__ == "sgl_kernel.speculative"
+    assert sub.reconstruct_indices_from_tree_mask is IMPLEMENTED["reconstruct_indices_from_tree_mask"]
+    assert make_submodule("mamba") is None
 
 
 @pytest.mark.parametrize("name", ["merge_state_v2", "fused_add_rmsnorm", "silu_and_mul_cpu"])
@@ -263,6 +261,8 @@ def test_substitute_import_end_to_end_without_submodules(monkeypatch):
         assert mod.copy_all_layer_kv_cache_cpu is copy_all_layer_kv_cache_cpu
         with pytest.raises(ModuleNotFoundError):
             importlib.import_module("sgl_kernel.mamba")
+        spec_mod = importlib.import_module("sgl_kernel.speculative")
+        assert spec_mod.reconstruct_indices_from_tree_mask is IMPLEMENTED["reconstruct_indices_from_tree_mask"]
     finally:
         for k in [k for k in sys.modules if k == SUBSTITUTE_NAME or k.startswith(SUBSTITUTE_NAME + ".")]:
             sys.modules.pop(k)

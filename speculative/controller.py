@@ -1,0 +1,188 @@
+"""The SLO-driven speculation length: what SGLang's adaptive controller asks each batch.
+
+SGLang 0.5.17's `AdaptiveController` pre-builds one runtime state per candidate length and asks
+its `params` object `get_steps_for_batch(bs)` before every decode, feeding back
+`on_verify_complete(accepted_per_req, bs)`. SGLang's own params pick the length from acceptance
+alone. This object has the same interface but picks the length the SLOs-Serve optimiser gives
+for the running requests' TPOT tiers (`update`, called by the scheduler each pass), the measured
+α and the performance model. It changes length only when the gain is clear for a while
+(hysteresis), or at once when the current length would miss a TPOT that another can keep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from scheduler.core.types import EngineView, PerfModel, RequestView
+from speculative.acceptance import AcceptanceTracker, expected_tokens
+from speculative.cost import SpecCost
+from speculative.length_choice import LengthChoice, Tier, best, choose_per_tier, choose_uniform
+
+
+def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: float) -> float | None:
+    """A request's TPOT, tightened while it is behind its deadline-based SLO (SLOs-Serve §3.2.3:
+    "we strengthen its SLO when a request falls behind"): the debt is repaid over the next
+    `catch_up_tokens` tokens, never asking more than `floor` of the TPOT."""
+    if r.slo.tpot_ms is None or r.best_effort_tier:
+        return None
+    tpot = r.slo.tpot_ms / 1000.0
+    due = r.next_token_due()
+    if due is None or r.first_token_time is None or now <= due:
+        return tpot
+    return max(tpot * floor, tpot - (now - due) / catch_up_tokens)
+
+
+def tiers_of(running: Sequence[RequestView], now: float, catch_up_tokens: int, floor: float) -> list[Tier]:
+    counts: dict[float, int] = {}
+    for r in running:
+        tpot = effective_tpot_s(r, now, catch_up_tokens, floor)
+        if tpot is not None:
+            key = round(tpot, 4)
+            counts[key] = counts.get(key, 0) + 1
+    return [Tier(t, n) for t, n in sorted(counts.items())]
+
+
+class SloSpeculation:
+    def __init__(
+        self,
+        candidates: Sequence[int],
+        draft_ratio: float,
+        initial: int | None = None,
+        alpha_prior: float = 0.7,
+        margin: float = 0.05,
+        dwell: int = 8,
+        catch_up_tokens: int = 16,
+        tighten_floor: float = 0.25,
+    ) -> None:
+        steps = sorted({int(s) for s in candidates})
+        if not steps or steps[0] < 0:
+            raise ValueError(f"candidate steps must be non-negative ints, got {list(candidates)}")
+        self.candidates = steps
+        self.draft_ratio = draft_ratio
+        self.current = initial if initial in steps else steps[-1]
+        self.acceptance = AcceptanceTracker(prior=alpha_prior)
+        self.margin = margin
+        self.dwell = dwell
+        self.catch_up_tokens = catch_up_tokens
+        self.tighten_floor = tighten_floor
+        self._pending: int | None = None
+        self._pending_for = 0
+        self.switches = 0
+        self.decisions = 0
+        self.tightened = 0
+        self.last: LengthChoice | None = None
+        self.last_best: LengthChoice | None = None
+        self.per_tier: LengthChoice | None = None
+        self.tiers: list[Tier] = []
+        self.steps_used: dict[int, int] = {}  # verifies run at each length
+
+    # ---- SGLang's AdaptiveSpeculativeParams interface ----------------------------------------
+    @property
+    def candidate_steps(self) -> list[int]:
+        return self.candidates
+
+    def set_cuda_graph_bs(self, cuda_graph_bs: list[int] | None) -> None:
+        self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
+
+    def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
+        return getattr(self, "_cuda_graph_bs", None)
+
+    def get_steps_for_batch(self, batch_size: int) -> int:
+        return self.current
+
+    def on_verify_complete(self, accepted_per_req: list[int], batch_size: int) -> int | None:
+        """α learning only: lengths change in `update`, where the SLOs are known."""
+        self.acceptance.observe(accepted_per_req, self.current)
+        self.steps_used[self.current] = self.steps_used.get(self.current, 0) + 1
+        return None
+
+    # ---- the SLO decision ----------------------------------------------------------------------
+    def update(self, view: EngineView, perf: PerfModel) -> int:
+        """Re-decide the length for the running requests; returns the length now in force."""
+        self.tiers = tiers_of(view.running, view.now, self.catch_up_tokens, self.tighten_floor)
+        self.tightened = sum(
+            1
+            for r in view.running
+            if (t := effective_tpot_s(r, view.now, self.catch_up_tokens, self.tighten_floor)) is not None
+            and t < r.slo.tpot_ms / 1000.0
+        )
+        if not self.tiers:
+            return self.current  # no TPOT to keep: nothing to trade, stay put
+        cost = SpecCost(perf, self.draft_ratio)
+        kv = sum(r.prompt_len + r.generated for r in view.running)
+        limit = view.chunk_size if view.chunk_size > 0 else 8192
+        alpha = self.acceptance.alpha
+        choices = choose_uniform(cost, self.tiers, alpha, self.candidates, kv, limit)
+        self.per_tier = choose_per_tier(cost, self.tiers, alpha, self.candidates, kv, limit)
+        winner = best(choices)
+        self.last_best = winner
+        self.decisions += 1
+        if winner is None:
+            return self.current
+        now = choices[self.current]
+        self._consider(winner, now)
+        self.last = choices[self.current]
+        return self.current
+
+    def _consider(self, winner: LengthChoice, now: LengthChoice) -> None:
+        if winner.steps == self.current:
+            self._pending, self._pending_for = None, 0
+            return
+        if winner.feasible and not now.feasible:
+            self._switch(winner.steps)  # the current length misses a TPOT another keeps: now
+            return
+        clear_gain = winner.prefill_rate > now.prefill_rate * (1.0 + self.margin)
+        if not clear_gain and now.feasible:
+            self._pending, self._pending_for = None, 0
+            return
+        if self._pending != winner.steps:
+            self._pending, self._pending_for = winner.steps, 0
+        self._pending_for += 1
+        if self._pending_for >= self.dwell:
+            self._switch(winner.steps)
+
+    def _switch(self, steps: int) -> None:
+        self.current = steps
+        self.switches += 1
+        self._pending, self._pending_for = None, 0
+
+    def tokens_per_verify(self) -> float:
+        """Acc(s) at the current length: how many TPOTs one batch may take."""
+        return expected_tokens(self.acceptance.alpha, self.current)
+
+    def status(self) -> dict[str, Any]:
+        def brief(c: LengthChoice | None) -> dict[str, Any] | None:
+            if c is None:
+                return None
+            return {
+                "steps": c.steps,
+                "batch_time_ms": round(1000 * c.batch_time_s, 3),
+                "prefill_budget": c.prefill_budget,
+                "prefill_tokens_per_s": round(c.prefill_rate, 1),
+                "feasible": c.feasible,
+            }
+
+        per_tier = self.per_tier
+        return {
+            "steps": self.current,
+            "candidate_steps": self.candidates,
+            "alpha": round(self.acceptance.alpha, 4),
+            "mean_accepted_drafts": self.acceptance.mean_accepted(),
+            "verifies": self.acceptance.verifies,
+            "steps_used": {str(k): v for k, v in sorted(self.steps_used.items())},
+            "tokens_per_verify": round(self.tokens_per_verify(), 3),
+            "draft_ratio": self.draft_ratio,
+            "tiers": [{"tpot_ms": round(1000 * t.tpot_s, 2), "requests": t.requests} for t in self.tiers],
+            "tightened_requests": self.tightened,
+            "switches": self.switches,
+            "decisions": self.decisions,
+            "current": brief(self.last),
+            "best_uniform": brief(self.last_best),
+            "per_tier_optimum": None
+            if per_tier is None
+            else {
+                **(brief(per_tier) or {}),
+                "lengths": {str(round(1000 * k, 2)): v for k, v in per_tier.per_tier.items()},
+            },
+        }

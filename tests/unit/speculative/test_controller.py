@@ -1,0 +1,287 @@
+"""SloSpeculation: the SLO-driven speculation length behind SGLang's adaptive-speculation hooks.
+
+Views are real RequestView/EngineView/SloSpec objects on a hand-set clock; the performance
+model is a one-term roofline (7.8 ms per pass plus 15 µs per token) with draft passes at 1/4.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
+from scheduler.core.slo import SloClass, SloSpec
+from scheduler.core.types import EngineView, RequestView
+from speculative.controller import SloSpeculation, effective_tpot_s, tiers_of
+from speculative.cost import SpecCost
+from speculative.length_choice import Tier, best, choose_uniform
+
+PERF = RooflinePerfModel([RooflineTerm(k_tokens=2.0**-16, k_spec=0.0, k_kv=0.0, b=2.0**-7)])
+DRAFT_RATIO = 0.25
+CANDIDATES = [0, 1, 2, 3, 4]
+CHUNK = 8192
+NOW = 1.0
+
+
+def latency_slo(tpot_ms: float, ttft_ms: float = 10_000.0) -> SloSpec:
+    return SloSpec(ttft_ms=ttft_ms, tpot_ms=tpot_ms, slo_class=SloClass.LATENCY)
+
+
+def decoding(rid: str, tpot_ms: float, generated: int = 10, ttft_ms: float = 10_000.0) -> RequestView:
+    """A request decoding since t = 0.05, its next token due at ttft + generated·tpot."""
+    return RequestView(
+        rid=rid,
+        slo=latency_slo(tpot_ms, ttft_ms),
+        arrival=0.0,
+        prompt_len=1000,
+        generated=generated,
+        first_token_time=0.05,
+    )
+
+
+def view(*groups: tuple[float, int], now: float = NOW, extra: list[RequestView] | None = None) -> EngineView:
+    running = [decoding(f"{tpot}-{i}", tpot) for tpot, n in groups for i in range(n)]
+    running += extra or []
+    return EngineView(
+        now=now,
+        waiting=[],
+        running=running,
+        max_running_requests=256,
+        chunk_size=CHUNK,
+        free_kv_tokens=100_000,
+        total_kv_tokens=200_000,
+    )
+
+
+def uniform_choices(tpot_ms: float, n: int, alpha: float = 0.7) -> dict:
+    return choose_uniform(SpecCost(PERF, DRAFT_RATIO), [Tier(tpot_ms / 1000, n)], alpha, CANDIDATES, 0, CHUNK)
+
+
+def controller(**kw) -> SloSpeculation:
+    return SloSpeculation(CANDIDATES, DRAFT_RATIO, **kw)
+
+
+# ---------------------------------------------------------------- construction and SGLang's hooks
+
+
+def test_constructor_normalises_candidates() -> None:
+    c = SloSpeculation([3, 1, 3, 2], 0.1)
+    assert c.candidate_steps == [1, 2, 3]
+    assert c.get_steps_for_batch(1) == 3  # no valid initial: the longest
+    assert SloSpeculation([1, 2, 3], 0.1, initial=2).get_steps_for_batch(64) == 2
+    assert SloSpeculation([1, 2, 3], 0.1, initial=7).get_steps_for_batch(64) == 3
+    for bad in ([], [-1, 2]):
+        with pytest.raises(ValueError):
+            SloSpeculation(bad, 0.1)
+
+
+def test_adaptive_controller_interface() -> None:
+    c = controller(initial=2)
+    assert c.candidate_steps == CANDIDATES
+    assert all(c.get_steps_for_batch(bs) == 2 for bs in (1, 7, 64, 512))  # one length per batch
+    assert c.cuda_graph_bs_for_step(2) is None  # CUDA graphs off until told otherwise
+    c.set_cuda_graph_bs([16, 1, 8])
+    assert [c.cuda_graph_bs_for_step(s) for s in CANDIDATES] == [[1, 8, 16]] * len(CANDIDATES)
+    c.set_cuda_graph_bs([])
+    assert c.cuda_graph_bs_for_step(1) is None
+    c.set_cuda_graph_bs(None)
+    assert c.cuda_graph_bs_for_step(1) is None
+
+
+def test_on_verify_complete_feeds_alpha_and_counts_steps() -> None:
+    c = controller(initial=2, alpha_prior=0.7)
+    assert c.on_verify_complete([2, 2, 2, 2], 4) is None  # never switches from the verify path
+    # 8 of 8 judged drafts accepted, pooled with the prior's 5.6 of 8
+    assert c.acceptance.alpha == pytest.approx((0.98 * 5.6 + 8) / (0.98 * 8 + 8))
+    c.on_verify_complete([0, 1], 2)
+    assert c.acceptance.verifies == 2
+    assert c.acceptance.mean_accepted() == pytest.approx(9 / 6)
+    assert c.steps_used == {2: 2}
+    assert c.tokens_per_verify() == pytest.approx(1 + c.acceptance.alpha + c.acceptance.alpha**2)
+
+
+def test_verifies_without_drafts_count_but_teach_nothing() -> None:
+    c = controller(initial=0, alpha_prior=0.6)
+    c.on_verify_complete([0, 0, 0], 3)
+    assert c.steps_used == {0: 1}
+    assert c.acceptance.alpha == 0.6
+    assert c.acceptance.verifies == 0
+
+
+def test_learned_alpha_drives_the_length() -> None:
+    c = controller(initial=2, margin=0.0, dwell=1)
+    for _ in range(60):
+        c.on_verify_complete([0] * 8, 8)  # every draft rejected
+    assert c.acceptance.alpha < 0.01
+    assert c.update(view((30, 32)), PERF) == 0  # drafts are pure cost now
+    assert c.get_steps_for_batch(32) == 0
+    assert c.switches == 1
+
+
+# ---------------------------------------------------------------- hysteresis
+
+
+def test_scenarios_are_what_the_hysteresis_tests_assume() -> None:
+    tight = uniform_choices(8, 32)
+    assert not tight[0].feasible and best(tight).feasible and best(tight).steps == 2
+    base = uniform_choices(30, 32)
+    assert best(base).steps == 2 and base[0].feasible
+    assert best(uniform_choices(30, 128)).steps == 1
+    loose = uniform_choices(100, 32)  # loose TPOT: speculation gains next to nothing
+    assert best(loose).prefill_rate < 1.01 * loose[0].prefill_rate
+
+
+def test_small_gain_never_switches() -> None:
+    choices = uniform_choices(30, 32)
+    gain = best(choices).prefill_rate / choices[0].prefill_rate - 1  # ≈ 10 %
+    assert gain > 0.05
+    c = controller(initial=0, margin=gain + 0.005, dwell=2)
+    for _ in range(30):
+        assert c.update(view((30, 32)), PERF) == 0
+    assert c.switches == 0
+    assert c.decisions == 30
+    assert c.last_best.steps == 2  # it did see the better length
+
+
+def test_clear_gain_switches_after_dwell_updates() -> None:
+    choices = uniform_choices(30, 32)
+    gain = best(choices).prefill_rate / choices[0].prefill_rate - 1
+    c = controller(initial=0, margin=gain - 0.005, dwell=3)
+    assert c.update(view((30, 32)), PERF) == 0
+    assert c.update(view((30, 32)), PERF) == 0
+    assert c.update(view((30, 32)), PERF) == 2
+    assert c.get_steps_for_batch(32) == 2
+    assert c.switches == 1
+    assert c.last.steps == 2
+    for _ in range(5):  # and it stays
+        assert c.update(view((30, 32)), PERF) == 2
+    assert c.switches == 1
+
+
+@pytest.mark.parametrize(
+    "interruption",
+    [
+        ((100, 32),),  # no clear gain over the current length for a moment: pending reset
+        ((30, 128),),  # a different winner for a moment: the count restarts for it
+    ],
+)
+def test_dwell_needs_consecutive_updates(interruption: tuple) -> None:
+    c = controller(initial=0, margin=0.05, dwell=3)
+    a = view((30, 32))
+    assert [c.update(a, PERF), c.update(a, PERF)] == [0, 0]
+    c.update(view(*interruption), PERF)
+    assert c.get_steps_for_batch(32) == 0
+    assert [c.update(a, PERF), c.update(a, PERF)] == [0, 0]
+    assert c.update(a, PERF) == 2
+    assert c.switches == 1
+
+
+def test_infeasible_current_switches_at_once() -> None:
+    c = controller(initial=0, margin=10.0, dwell=100)  # hysteresis as sticky as it gets
+    assert c.update(view((8, 32)), PERF) == 2  # 8 ms with no drafts cannot carry 32 decodes
+    assert c.switches == 1
+    assert c.last.feasible
+
+
+def test_no_tpot_requests_keep_the_length() -> None:
+    c = controller(initial=3)
+    assert c.update(view(), PERF) == 3
+    best_effort = RequestView("be", SloSpec(), arrival=0.0, prompt_len=100, generated=5, first_token_time=0.1)
+    declined = decoding("declined", 8)
+    declined.best_effort_tier = True
+    assert c.update(view(extra=[best_effort, declined]), PERF) == 3
+    assert c.decisions == 0 and c.tiers == []
+
+
+# ---------------------------------------------------------------- tightening behind-schedule requests
+
+
+def test_effective_tpot_on_time_is_the_slo() -> None:
+    r = decoding("r", 50, generated=10, ttft_ms=100)  # token 10 due at 0.1 + 0.5 = 0.6 s
+    assert r.next_token_due() == pytest.approx(0.6)
+    assert effective_tpot_s(r, 0.5, 16, 0.25) == pytest.approx(0.05)
+    assert effective_tpot_s(r, 0.6, 16, 0.25) == pytest.approx(0.05)
+
+
+def test_effective_tpot_tightens_when_behind() -> None:
+    r = decoding("r", 50, generated=10, ttft_ms=100)
+    # 0.16 s late, repaid over 16 tokens: 10 ms less per token
+    assert effective_tpot_s(r, 0.76, 16, 0.25) == pytest.approx(0.04)
+    assert effective_tpot_s(r, 0.76, 8, 0.25) == pytest.approx(0.03)
+    # never below floor · TPOT
+    assert effective_tpot_s(r, 5.0, 16, 0.25) == pytest.approx(0.0125)
+    assert effective_tpot_s(r, 5.0, 16, 0.5) == pytest.approx(0.025)
+
+
+def test_effective_tpot_leaves_other_requests_alone() -> None:
+    not_started = RequestView("q", latency_slo(50, 100), arrival=0.0, prompt_len=10)
+    assert effective_tpot_s(not_started, 5.0, 16, 0.25) == pytest.approx(0.05)
+    no_tpot = RequestView("t", SloSpec(ttft_ms=100, slo_class=SloClass.LATENCY), 0.0, 10, first_token_time=0.1)
+    assert effective_tpot_s(no_tpot, 5.0, 16, 0.25) is None
+    declined = decoding("d", 50, ttft_ms=100)
+    declined.best_effort_tier = True
+    assert effective_tpot_s(declined, 5.0, 16, 0.25) is None
+
+
+def test_tiers_group_requests_by_effective_tpot() -> None:
+    late = decoding("late", 50, generated=10, ttft_ms=100)
+    on_time = [decoding(f"r{i}", 50) for i in range(3)]
+    loose = [decoding(f"l{i}", 200) for i in range(2)]
+    tiers = tiers_of([late, *on_time, *loose], 0.76, 16, 0.25)
+    assert tiers == [Tier(0.04, 1), Tier(0.05, 3), Tier(0.2, 2)]
+
+
+def test_update_counts_tightened_requests_and_binds_their_tier() -> None:
+    late = decoding("late", 30, generated=10, ttft_ms=100)  # due at 0.4 s
+    c = controller(initial=1)
+    c.update(view((30, 8), now=0.56, extra=[late]), PERF)  # 0.16 s late: 30 → 20 ms
+    assert c.tightened == 1
+    assert c.tiers == [Tier(0.02, 1), Tier(0.03, 8)]
+    assert c.last.batch_time_s == pytest.approx(0.02 * c.tokens_per_verify())
+
+
+# ---------------------------------------------------------------- status
+
+
+STATUS_KEYS = {
+    "steps",
+    "candidate_steps",
+    "alpha",
+    "mean_accepted_drafts",
+    "verifies",
+    "steps_used",
+    "tokens_per_verify",
+    "draft_ratio",
+    "tiers",
+    "tightened_requests",
+    "switches",
+    "decisions",
+    "current",
+    "best_uniform",
+    "per_tier_optimum",
+}
+
+
+def test_status_before_any_decision_is_json() -> None:
+    st = controller(initial=1).status()
+    assert set(st) == STATUS_KEYS
+    assert json.loads(json.dumps(st, allow_nan=False)) == st
+    assert st["steps"] == 1 and st["current"] is None and st["per_tier_optimum"] is None
+    assert st["mean_accepted_drafts"] is None
+
+
+def test_status_after_decisions_is_json_and_consistent() -> None:
+    c = controller(initial=0, margin=0.05, dwell=1)
+    c.on_verify_complete([1, 2, 0], 3)
+    c.update(view((30, 16), (100, 8)), PERF)
+    st = c.status()
+    assert set(st) == STATUS_KEYS
+    assert json.loads(json.dumps(st, allow_nan=False)) == st  # plain JSON types, string keys
+    assert st["steps"] == c.get_steps_for_batch(24) == st["current"]["steps"]
+    assert st["steps_used"] == {"0": 1}
+    assert st["tiers"] == [{"tpot_ms": 30.0, "requests": 16}, {"tpot_ms": 100.0, "requests": 8}]
+    assert st["decisions"] == 1 and st["switches"] == c.switches
+    assert set(st["current"]) == {"steps", "batch_time_ms", "prefill_budget", "prefill_tokens_per_s", "feasible"}
+    assert set(st["per_tier_optimum"]["lengths"]) == {"30.0", "100.0"}
+    assert st["per_tier_optimum"]["prefill_tokens_per_s"] >= st["best_uniform"]["prefill_tokens_per_s"]
