@@ -380,12 +380,12 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
     }
 
 
-def _speculation_settings(args: argparse.Namespace, emulation: Any) -> dict[str, Any] | None:
+def _speculation_settings(args: argparse.Namespace) -> dict[str, Any] | None:
     """Checks the SLO speculation flags and sizes SGLang's speculation to the longest candidate
     (its buffers are allocated once; shorter lengths reuse them)."""
     if not args.slo_speculation:
-        if args.slo_spec_draft_ratio is not None or args.slo_spec_steps != DEFAULT_SPEC_STEPS:
-            raise SystemExit("--slo-spec-steps/--slo-spec-draft-ratio: only with --slo-speculation")
+        if args.slo_spec_steps != DEFAULT_SPEC_STEPS:
+            raise SystemExit("--slo-spec-steps: only with --slo-speculation")
         if args.slo_spec_margin != 0.05:
             raise SystemExit("--slo-spec-margin: only with --slo-speculation")
         return None
@@ -403,17 +403,27 @@ def _speculation_settings(args: argparse.Namespace, emulation: Any) -> dict[str,
         raise SystemExit(f"--slo-spec-steps: lengths in 0..16, at least one >= 1; got {args.slo_spec_steps!r}")
     if args.speculative_eagle_topk not in (None, 1):
         raise SystemExit("--speculative-eagle-topk: SLO speculation runs chains (topk 1), as SGLang's adaptive path")
-    if args.slo_spec_draft_ratio is not None and not args.slo_spec_draft_ratio >= 0:
-        raise SystemExit("--slo-spec-draft-ratio: must be >= 0")
     if not args.slo_spec_margin >= 0:
         raise SystemExit("--slo-spec-margin: must be >= 0")
     args.speculative_num_steps = steps[-1]
     args.speculative_eagle_topk = 1
     args.speculative_num_draft_tokens = steps[-1] + 1
+    return {"candidates": steps, "margin": args.slo_spec_margin}
+
+
+def _draft_ratio(args: argparse.Namespace, emulation: Any) -> float | None:
+    """A draft step's cost relative to the target's, for pacing and the length choice of every
+    draft-model speculation (fixed or SLO-adaptive); None: measured from the loaded weights."""
     ratio = args.slo_spec_draft_ratio
-    if ratio is None and emulation is not None:
-        ratio = EMULATED_DRAFT_RATIO  # the tiny self-draft's ratio (1.0) is not the emulated card's
-    return {"candidates": steps, "draft_ratio": ratio, "margin": args.slo_spec_margin}
+    if ratio is not None:
+        if not args.speculative_algorithm:
+            raise SystemExit("--slo-spec-draft-ratio: only with --speculative-algorithm")
+        if not ratio >= 0:
+            raise SystemExit("--slo-spec-draft-ratio: must be >= 0")
+        return ratio
+    if emulation is not None and (args.speculative_algorithm or "").upper() in SLO_SPEC_ALGORITHMS:
+        return EMULATED_DRAFT_RATIO  # the tiny draft's weights say nothing of the emulated card's draft
+    return None
 
 
 def _cuda_name() -> str:
@@ -489,7 +499,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{e.field.replace('_', '-')}: {e.message}") from None
     if args.disaggregation_mode in ("prefill", "decode"):
         _check_transfer_backend(args.disaggregation_transfer_backend)
-    speculation = _speculation_settings(args, emulation)
+    speculation = _speculation_settings(args)
+    spec_draft_ratio = _draft_ratio(args, emulation)
     if args.emulate_slowdown < 1.0:
         raise SystemExit("--emulate-slowdown: must be >= 1")
     if args.slo_perf_profile:
@@ -538,6 +549,7 @@ def main(argv: list[str] | None = None) -> None:
         emulate_name=emulation.name if emulation else None,
         emulate_slowdown=args.emulate_slowdown,
         speculation=speculation,
+        spec_draft_ratio=spec_draft_ratio,
         **_router_settings(args, server_args.port, emulation, on_cpu),
     )
     base = f"http://{server_args.host}:{server_args.port}"

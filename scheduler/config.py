@@ -35,8 +35,8 @@ class SloServerConfig:
     worker_gpu: str | None = None  # the GPU kind it reports (heterogeneity-aware routing)
     router_allow_remote: bool = False  # connect to a router off this machine
     worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
-    # SLO-adaptive speculation: {"candidates": [lengths], "draft_ratio": float | None (measured)}
-    speculation: dict[str, Any] | None = None
+    speculation: dict[str, Any] | None = None  # SLO-adaptive speculation: {"candidates", "margin"}
+    spec_draft_ratio: float | None = None  # draft step / target decode step (None: measured weights)
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -43,13 +43,13 @@ from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.slo import SloSpec, SloValidationError
+from scheduler.core.slos_serve.spec_length import acceptance
 from scheduler.core.types import EngineView, RequestView, StepPlan
 from scheduler.sglang_preemption import retract_requests
 from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
 from server.slo_reports import TIER_KEY, TOKEN_TS_KEY
 from server.slo_request import ORACLE_HINT_PARAM, read_injected
 from server.status_channel import StatusPublisher
-from speculative.acceptance import expected_tokens
 from speculative.controller import SloSpeculation
 from speculative.cost import SpecCost
 
@@ -235,8 +235,8 @@ class SloScheduler(_BaseScheduler):
         settings = self.slo_config.speculation
         if self.draft_worker is None:
             return
+        given = self.slo_config.spec_draft_ratio
         measured = measured_draft_ratio(self.draft_worker, self.tp_worker.model_runner)
-        given = (settings or {}).get("draft_ratio")
         self.slo_spec_cost_ratio = float(given if given is not None else measured or 0.0)
         if settings is not None:
             self.slo_spec = attach_slo_controller(
@@ -484,7 +484,7 @@ class SloScheduler(_BaseScheduler):
             if steps > 0 and self.slo_spec is not None:
                 # a speculative batch may last Acc(s) TPOTs and costs its drafts and verify tokens
                 perf = SpecCost(self.slo_perf, self.slo_spec_cost_ratio).at_steps(steps)
-                knobs = batch_knobs(view, perf, expected_tokens(self.slo_spec.acceptance.alpha, steps))
+                knobs = batch_knobs(view, perf, acceptance(steps, self.slo_spec.acceptance.alpha))
             else:
                 knobs = batch_knobs(view, self.slo_perf)
             cap = cap if cap is not None else knobs.batch_cap

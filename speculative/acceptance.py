@@ -1,23 +1,13 @@
-"""Draft acceptance: the expected tokens a verify yields, and α learned from verify results.
+"""Draft acceptance α, learned from the engine's verify results.
 
 SLOs-Serve App. D models each drafted token as accepted with probability α, independently, until
 the first rejection; a verify of `s` drafted tokens then yields Acc(s) = (1 − α^(s+1)) / (1 − α)
-tokens (the accepted prefix plus the target's own bonus token).
+tokens (scheduler.core.slos_serve.spec_length.acceptance).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-ALPHA_FLOOR, ALPHA_CEIL = 0.0, 0.999  # α = 1 makes Acc(s) = s + 1; keep the formula finite
-
-
-def expected_tokens(alpha: float, steps: int) -> float:
-    """Acc(s): tokens one request gains from a verify of `steps` drafted tokens."""
-    if steps <= 0:
-        return 1.0
-    a = min(max(alpha, ALPHA_FLOOR), ALPHA_CEIL)
-    return (1.0 - a ** (steps + 1)) / (1.0 - a)
 
 
 def batch_alpha(accepted_per_req: Sequence[int], steps: int) -> float | None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from scheduler.core.slos_serve.spec_length import acceptance
 from scheduler.core.types import EngineView, PerfModel, RequestView
-from speculative.acceptance import AcceptanceTracker, expected_tokens
+from speculative.acceptance import AcceptanceTracker
 from speculative.cost import SpecCost
 from speculative.length_choice import LengthChoice, Tier, best, choose_per_tier, choose_uniform
 
@@ -149,7 +150,7 @@ class SloSpeculation:
 
     def tokens_per_verify(self) -> float:
         """Acc(s) at the current length: how many TPOTs one batch may take."""
-        return expected_tokens(self.acceptance.alpha, self.current)
+        return acceptance(self.current, self.acceptance.alpha)
 
     def status(self) -> dict[str, Any]:
         def brief(c: LengthChoice | None) -> dict[str, Any] | None:

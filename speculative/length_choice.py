@@ -8,6 +8,12 @@ that rejected drafts waste them.
 
 `choose_uniform` solves it for one length per batch, which is what SGLang's verify path runs.
 `choose_per_tier` is the paper's form (a length per tier); we report it beside the one we run.
+
+The policy core's `optimize_spec_lengths` (scheduler/core/slos_serve/spec_length.py) answers the
+same question inside the slos policy's DP, with a fixed α and the draft folded into the perf
+model. The engine needs more: the lengths SGLang pre-built runtime states for, an explicit draft
+cost, and which lengths would miss a TPOT outright (to leave them at once). Both share Acc(s)
+and Time2BS.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from speculative.acceptance import expected_tokens
+from scheduler.core.slos_serve.batch_formation import prefill_capacity
+from scheduler.core.slos_serve.spec_length import acceptance
 from speculative.cost import SpecCost
 
 MAX_PREFILL_SEARCH = 16384
@@ -38,33 +45,30 @@ class LengthChoice:
     per_tier: dict[float, int] = field(default_factory=dict)  # TPOT_l -> sl_l
 
 
-def _prefill_budget(cost: SpecCost, budget_s: float, n: int, kv: int, spec: int, draft: int, limit: int) -> int:
-    """Largest prefill chunk P ≤ limit whose batch still fits budget_s (0 if none)."""
-    if cost.step_time(1, n, kv + 1, spec, draft) > budget_s:
-        return 0
-    lo, hi = 1, limit + 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if cost.step_time(mid, n, kv + mid, spec, draft) <= budget_s:
-            lo = mid
-        else:
-            hi = mid
-    return lo
+class _Drafting:
+    """The perf-model interface with the batch's draft passes added, for the shared Time2BS."""
+
+    def __init__(self, cost: SpecCost, draft_steps: int) -> None:
+        self.cost, self.draft_steps = cost, draft_steps
+
+    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
+        return self.cost.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, self.draft_steps)
 
 
 def _evaluate(
     cost: SpecCost, tiers: Sequence[Tier], lengths: Sequence[int], alpha: float, kv: int, limit: int
 ) -> LengthChoice:
     n = sum(t.requests for t in tiers)
-    batch_time = min(t.tpot_s * expected_tokens(alpha, s) for t, s in zip(tiers, lengths))
+    batch_time = min(t.tpot_s * acceptance(s, alpha) for t, s in zip(tiers, lengths))
     spec = sum(t.requests * s for t, s in zip(tiers, lengths))
     draft = max(lengths)
     exec_time = cost.step_time(0, n, kv, spec, draft)
     feasible = exec_time <= batch_time
-    budget = _prefill_budget(cost, batch_time, n, kv, spec, draft, limit) if feasible else 0
+    # SLOs-Serve's Time2BS (the policy core's), on the batch's cost including its drafts
+    budget = min(limit, int(prefill_capacity(_Drafting(cost, draft), batch_time, n, kv, spec))) if feasible else 0
     # a budget capped by the engine's chunk limit ends the batch before T: the rate is per the
     # batch's own time then (the paper's budget / T assumes every batch fills T)
-    took = cost.step_time(budget, n, kv + budget, spec, draft) if budget else batch_time
+    took = cost.step_time(budget, n, kv, spec, draft) if budget > 0 else batch_time
     return LengthChoice(
         steps=draft,
         batch_time_s=batch_time,
@@ -117,7 +121,7 @@ def _shortest_reaching(tpot_s: float, target_s: float, alpha: float, candidates:
     """App. D's closed form, over the candidates: the fewest drafts for which this tier's own
     allowance TPOT·Acc(s) still covers the batch time."""
     for s in sorted(candidates):
-        if tpot_s * expected_tokens(alpha, s) >= target_s - 1e-12:
+        if tpot_s * acceptance(s, alpha) >= target_s - 1e-12:
             return s
     return None
 
@@ -136,7 +140,7 @@ def choose_per_tier(
     winner = None
     for binding in tiers:
         for s in candidates:
-            target = binding.tpot_s * expected_tokens(alpha, s)
+            target = binding.tpot_s * acceptance(s, alpha)
             lengths = [_shortest_reaching(t.tpot_s, target, alpha, candidates) for t in tiers]
             if any(sl is None for sl in lengths):
                 continue  # a tighter tier cannot keep up with this batch time at any length

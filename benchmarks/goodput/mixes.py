@@ -215,16 +215,26 @@ def _polyserve(req: TraceRequest, rng: random.Random, scale: Scale) -> Body:
 
 
 # SLOs-Serve Tab. 1: tight = 3x zero-load TTFT and 50 ms TPOT, loose = 5x and 100 ms (paired).
-SLOS_SERVE_TIERS = ((3.0, 50.0), (5.0, 100.0))
+SLOS_TIGHT, SLOS_LOOSE = (3.0, 50.0), (5.0, 100.0)
+SLOS_SERVE_TIERS = (SLOS_TIGHT, SLOS_LOOSE)
 
 
-def _slos_serve(req: TraceRequest, rng: random.Random, scale: Scale) -> Body:
-    slowdown, tpot = rng.choice(SLOS_SERVE_TIERS)
+def _slos_tier(slowdown: float, tpot: float, req: TraceRequest, scale: Scale) -> Body:
     return {
         "class": "latency",
         "ttft_ms": _ms(slowdown * scale.zero_load_ttft_ms(req.prompt_tokens)),
         "tpot_ms": _ms(tpot * scale.tpot_factor),
     }
+
+
+def _slos_serve(req: TraceRequest, rng: random.Random, scale: Scale) -> Body:
+    return _slos_tier(*rng.choice(SLOS_SERVE_TIERS), req, scale)
+
+
+def _slos_app(ttft_slowdown: float, tpot_ms: float) -> Drawer:
+    """One application of SLOs-Serve Tab. 1/2: ChatBot is loose on prefill and decode, Coder
+    loose on prefill and tight on decode."""
+    return lambda req, rng, scale: _slos_tier(ttft_slowdown, tpot_ms, req, scale)
 
 
 # GoodServe §5: E2E deadline = relaxation x solo latency (the paper uses 1, 1.5, ..., 3).
@@ -273,6 +283,8 @@ MIXES: dict[str, Mix] = {
     ),
     "polyserve": Mix({"latency": 1}, {"latency": _polyserve}),
     "slos-serve": Mix({"latency": 1}, {"latency": _slos_serve}),
+    "slos-chatbot": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_LOOSE[1])}),
+    "slos-coder": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_TIGHT[1])}),
     "goodserve": Mix({"deadline": 1}, {"deadline": _goodserve}),
     "none": Mix({"none": 1}, {"none": _no_slo}),
 }

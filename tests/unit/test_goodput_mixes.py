@@ -276,11 +276,23 @@ def test_uneven_calibration_scales_short_prompts_more() -> None:
     assert scale.tpot_factor == 1
 
 
+FIXED_SLO_MIXES = ("none", "slos-chatbot", "slos-coder")  # one SLO per application: nothing is drawn
+
+
+def test_slos_serve_applications_have_their_papers_tiers() -> None:
+    trace = flat(50)
+    chat = apply_mix(trace, "slos-chatbot", SCALE1, seed=1)
+    coder = apply_mix(trace, "slos-coder", SCALE1, seed=1)
+    assert {p.slo["tpot_ms"] for p in chat} == {100.0} and {p.slo["tpot_ms"] for p in coder} == {50.0}
+    for a, b in zip(chat, coder):  # both loose on prefill: 5x the zero-load TTFT
+        assert a.slo["ttft_ms"] == b.slo["ttft_ms"] == round(5 * SCALE1.zero_load_ttft_ms(a.req.prompt_tokens), 1)
+
+
 @pytest.mark.parametrize("mix", sorted(MIXES))
 def test_deterministic_for_a_seed(mix: str) -> None:
     trace = flat(500) + dag_programs(20, start=100.0)
     assert apply_mix(trace, mix, SCALE1, seed=11) == apply_mix(trace, mix, SCALE1, seed=11)
-    if mix != "none":
+    if mix not in FIXED_SLO_MIXES:
         assert apply_mix(trace, mix, SCALE1, seed=11) != apply_mix(trace, mix, SCALE1, seed=12)
 
 

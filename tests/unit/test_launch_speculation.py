@@ -7,7 +7,13 @@ import types
 
 import pytest
 
-from launch_server import DEFAULT_SPEC_STEPS, EMULATED_DRAFT_RATIO, _speculation_settings, _with_cpu_defaults
+from launch_server import (
+    DEFAULT_SPEC_STEPS,
+    EMULATED_DRAFT_RATIO,
+    _draft_ratio,
+    _speculation_settings,
+    _with_cpu_defaults,
+)
 from server.cpu_support import speculation
 
 
@@ -44,14 +50,21 @@ def test_cpu_speculation_gets_intel_amx_and_a_larger_pool() -> None:
 
 def test_settings_size_sglang_to_the_longest_candidate() -> None:
     args = _args(slo_spec_steps="3,0,1")
-    settings = _speculation_settings(args, emulation=None)
-    assert settings == {"candidates": [0, 1, 3], "draft_ratio": None, "margin": 0.05}
+    settings = _speculation_settings(args)
+    assert settings == {"candidates": [0, 1, 3], "margin": 0.05}
     assert (args.speculative_num_steps, args.speculative_eagle_topk, args.speculative_num_draft_tokens) == (3, 1, 4)
 
 
 def test_emulation_defaults_the_draft_cost_to_the_emulated_cards() -> None:
-    assert _speculation_settings(_args(), emulation=object())["draft_ratio"] == EMULATED_DRAFT_RATIO
-    assert _speculation_settings(_args(slo_spec_draft_ratio=0.3), emulation=object())["draft_ratio"] == 0.3
+    emulated = object()
+    assert _draft_ratio(_args(), emulated) == EMULATED_DRAFT_RATIO
+    assert _draft_ratio(_args(slo_speculation=False), emulated) == EMULATED_DRAFT_RATIO  # fixed lengths too
+    assert _draft_ratio(_args(slo_spec_draft_ratio=0.3), emulated) == 0.3
+    assert _draft_ratio(_args(), None) is None  # a real engine: measured from the weights
+    assert _draft_ratio(_args(speculative_algorithm="NGRAM"), emulated) is None  # no draft model
+    for bad in ({"slo_spec_draft_ratio": -1.0}, {"slo_spec_draft_ratio": 0.2, "speculative_algorithm": None}):
+        with pytest.raises(SystemExit, match="--slo-spec-draft-ratio"):
+            _draft_ratio(_args(**bad), None)
 
 
 @pytest.mark.parametrize(
@@ -63,7 +76,6 @@ def test_emulation_defaults_the_draft_cost_to_the_emulated_cards() -> None:
         ({"slo_spec_steps": "1,x"}, "--slo-spec-steps"),
         ({"slo_spec_steps": "1,40"}, "--slo-spec-steps"),
         ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk"),
-        ({"slo_spec_draft_ratio": -1.0}, "--slo-spec-draft-ratio"),
         ({"slo_spec_margin": -0.1}, "--slo-spec-margin"),
         ({"slo_speculation": False, "slo_spec_steps": "1,2"}, "--slo-spec-steps"),
         ({"slo_speculation": False, "slo_spec_margin": 0.2}, "--slo-spec-margin"),
@@ -71,11 +83,11 @@ def test_emulation_defaults_the_draft_cost_to_the_emulated_cards() -> None:
 )
 def test_bad_settings_stop_start_up_naming_the_flag(changes: dict, flag: str) -> None:
     with pytest.raises(SystemExit, match=flag):
-        _speculation_settings(_args(**changes), emulation=None)
+        _speculation_settings(_args(**changes))
 
 
 def test_no_speculation_no_settings() -> None:
-    assert _speculation_settings(_args(slo_speculation=False), emulation=None) is None
+    assert _speculation_settings(_args(slo_speculation=False)) is None
 
 
 class _FakeBackend:

@@ -166,6 +166,7 @@ def _scheduler(mode: DisaggregationMode, policy: str = "edf", startup_chunk: int
     s.slo_batch_cap = s.slo_decode_cap = None
     s.slo_solo_pass = False
     s.slo_pending_preempt = set()
+    s.draft_worker, s.slo_spec, s.slo_spec_cost_ratio = None, None, 0.0  # no speculation
     s.disaggregation_mode = mode
     s.chunked_prefill_size = startup_chunk
     s.max_running_requests = 64

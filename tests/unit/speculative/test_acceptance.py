@@ -1,61 +1,13 @@
-"""Draft acceptance (SLOs-Serve App. D): Acc(s), the per-verify MLE of α, and the EMA tracker."""
+"""Draft acceptance (SLOs-Serve App. D): the per-verify MLE of α and the pooled tracker
+(Acc(s) itself is the policy core's `acceptance`, tested in tests/unit/core/test_slos_serve.py)."""
 
 from __future__ import annotations
 
-import math
 import random
 
 import pytest
 
-from speculative.acceptance import ALPHA_CEIL, AcceptanceTracker, batch_alpha, expected_tokens
-
-# ---------------------------------------------------------------- expected_tokens: Acc(s)
-
-
-@pytest.mark.parametrize(
-    ("alpha", "steps", "want"),
-    [
-        (0.5, 1, 1.5),  # 1 + α
-        (0.5, 2, 1.75),  # 1 + α + α²
-        (0.5, 3, 1.875),
-        (0.8, 4, (1 - 0.8**5) / 0.2),
-        (0.6, 4, 1 + 0.6 + 0.36 + 0.216 + 0.1296),
-        (0.0, 5, 1.0),  # every draft rejected: only the target's bonus token
-    ],
-)
-def test_expected_tokens_matches_geometric_sum(alpha: float, steps: int, want: float) -> None:
-    assert expected_tokens(alpha, steps) == pytest.approx(want, rel=1e-12)
-
-
-@pytest.mark.parametrize("alpha", [0.0, 0.3, 0.9, 1.0])
-def test_zero_or_negative_steps_yield_one_token(alpha: float) -> None:
-    assert expected_tokens(alpha, 0) == 1.0
-    assert expected_tokens(alpha, -3) == 1.0
-
-
-@pytest.mark.parametrize("steps", [1, 2, 4, 8])
-def test_alpha_one_is_finite_and_near_s_plus_one(steps: int) -> None:
-    acc = expected_tokens(1.0, steps)
-    assert math.isfinite(acc)
-    assert steps + 1 - 0.05 < acc <= steps + 1
-    # α beyond 1 is clamped the same way instead of growing without bound
-    assert expected_tokens(1.7, steps) == acc
-    assert expected_tokens(ALPHA_CEIL, steps) == acc
-
-
-def test_negative_alpha_clamps_to_zero() -> None:
-    assert expected_tokens(-0.5, 4) == 1.0
-
-
-def test_expected_tokens_increases_with_steps_and_alpha() -> None:
-    for alpha in (0.2, 0.6, 0.9):
-        accs = [expected_tokens(alpha, s) for s in range(8)]
-        assert all(a < b for a, b in zip(accs, accs[1:]))
-        assert all(acc < 1 / (1 - alpha) for acc in accs)  # the s → ∞ limit
-    for steps in (1, 3, 6):
-        accs = [expected_tokens(a, steps) for a in (0.1, 0.4, 0.7, 0.95)]
-        assert all(a < b for a, b in zip(accs, accs[1:]))
-
+from speculative.acceptance import AcceptanceTracker, batch_alpha
 
 # ---------------------------------------------------------------- batch_alpha: the MLE of one verify
 

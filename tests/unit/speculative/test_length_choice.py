@@ -13,7 +13,7 @@ import random
 import pytest
 
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm, load_perf_model, profile_path
-from speculative.acceptance import expected_tokens
+from scheduler.core.slos_serve.spec_length import acceptance
 from speculative.cost import SpecCost
 from speculative.length_choice import (
     LengthChoice,
@@ -33,17 +33,18 @@ def hand_cost(draft_ratio: float = 0.25) -> SpecCost:
 
 
 def assert_budget_is_maximal(cost: SpecCost, tiers: list[Tier], c: LengthChoice, kv: int, limit: int) -> None:
-    """The budget fits the batch time and one more prefill token would not (or the limit binds)."""
+    """The budget fits the batch time and one more prefill token would not (or the limit binds);
+    the context the decodes attend is what costs KV reads (Time2BS, as the policy core has it)."""
     n = sum(t.requests for t in tiers)
     spec = sum(t.requests * c.per_tier[t.tpot_s] for t in tiers)
     if not c.feasible:
         assert c.prefill_budget == 0
         return
     if c.prefill_budget > 0:
-        assert cost.step_time(c.prefill_budget, n, kv + c.prefill_budget, spec, c.steps) <= c.batch_time_s
+        assert cost.step_time(c.prefill_budget, n, kv, spec, c.steps) <= c.batch_time_s
     if c.prefill_budget < limit:
         over = c.prefill_budget + 1
-        assert cost.step_time(over, n, kv + over, spec, c.steps) > c.batch_time_s
+        assert cost.step_time(over, n, kv, spec, c.steps) > c.batch_time_s
 
 
 # ---------------------------------------------------------------- SpecCost
@@ -118,8 +119,8 @@ def test_batch_time_is_bound_by_the_tightest_tier() -> None:
     tiers = [Tier(2.0**-3, 8), Tier(2.0**-5, 8)]
     choices = choose_uniform(hand_cost(), tiers, 0.5, [0, 1, 2], kv_tokens=0)
     for s, c in choices.items():
-        assert c.batch_time_s == min(t.tpot_s * expected_tokens(0.5, s) for t in tiers)
-        assert c.batch_time_s == 2.0**-5 * expected_tokens(0.5, s)
+        assert c.batch_time_s == min(t.tpot_s * acceptance(s, 0.5) for t in tiers)
+        assert c.batch_time_s == 2.0**-5 * acceptance(s, 0.5)
         assert c.per_tier == {2.0**-3: s, 2.0**-5: s}
         assert_budget_is_maximal(hand_cost(), tiers, c, 0, 16384)
 
@@ -136,10 +137,10 @@ def test_kv_tokens_enter_the_budget() -> None:
     cost = SpecCost(kv_model, 0.0)
     plain = choose_uniform(cost, ONE_TIER, 0.5, [0], kv_tokens=0)[0]
     long_ctx = choose_uniform(cost, ONE_TIER, 0.5, [0], kv_tokens=64 * 100)[0]
-    # each prefill token costs 1 unit plus 1/64 unit of the KV it adds: P · 65/64 ≤ 512 - 16 - 64
-    assert plain.prefill_budget == 432 * 64 // 65 == 425
-    # 6400 KV tokens already there cost 100 units more
-    assert long_ctx.prefill_budget == 332 * 64 // 65 == 326
+    # each prefill token costs 1 unit: P ≤ 512 - 16 - 64
+    assert plain.prefill_budget == 432
+    # 6400 KV tokens the decodes attend cost 100 units more
+    assert long_ctx.prefill_budget == 332
     assert_budget_is_maximal(cost, ONE_TIER, long_ctx, 64 * 100, 16384)
 
 
@@ -269,7 +270,7 @@ def test_per_tier_keeps_every_tier_and_never_loses_to_uniform() -> None:
         lengths = [per_tier.per_tier[t.tpot_s] for t in sorted(tiers, key=lambda t: t.tpot_s)]
         assert lengths == sorted(lengths, reverse=True)  # looser tiers draft no more
         assert per_tier.steps == max(lengths)
-        allowances = [t.tpot_s * expected_tokens(alpha, per_tier.per_tier[t.tpot_s]) for t in tiers]
+        allowances = [t.tpot_s * acceptance(per_tier.per_tier[t.tpot_s], alpha) for t in tiers]
         assert per_tier.batch_time_s == min(allowances)  # some tier binds ...
         assert all(a >= per_tier.batch_time_s for a in allowances)  # ... and every tier keeps up
         assert_budget_is_maximal(cost, tiers, per_tier, kv, limit)

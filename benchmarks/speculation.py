@@ -1,0 +1,196 @@
+"""SLO-adaptive vs fixed-length vs no speculation, on SLOs-Serve's ChatBot and Coder (issue #9).
+
+One emulated GPU (Llama-3-8B profile, every forward pass K = --slowdown times slower) serves the
+same planned workload under each configuration:
+- `none`: no speculation (SGLang's mixed prefill+decode batches, as our server runs on a GPU);
+- `fixed:S`: STANDALONE speculation at SGLang's fixed length S;
+- `slo`: STANDALONE with --slo-speculation, the length chosen per batch (SLOs-Serve §3.2.3).
+The draft is the tiny model's perturbed copy (server/models.py: it agrees with the target on
+about as many tokens as a real draft does); its step is charged --draft-ratio of the target's
+decode step on the emulated card (an EAGLE head on Llama-3-8B reads ~10 % of the weights). All
+configurations run the same policy (--policy). SLOs: the paper's Tab. 2 — ChatBot 5x zero-load
+TTFT and 100 ms TPOT, Coder 5x and 50 ms — on the card's times, times K. Lengths: Azure
+conversation (ChatBot) and code (Coder) traces, as in the paper's Tab. 4.
+
+Prints per mix the attainment at each rate and the rate where it crosses --target (linear
+between measured rates), the capacity ratios to `none` and to the fixed length, and per run the
+lengths the engine used, the α it measured and how well the emulation kept pace.
+
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.speculation                       # ~50 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.speculation --quick --mixes coder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import requests
+
+from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
+from benchmarks.goodput.compare import Target, describe, header_run, run_once
+from benchmarks.goodput.loadgen import LengthControl
+from benchmarks.goodput.metrics import check_consistency
+from benchmarks.goodput.report import write_results
+from benchmarks.goodput.workload import plan
+from benchmarks.pd import crossing
+from benchmarks.routing import export_paths, mix_scale, prompt_builder, workload
+from benchmarks.workloads.text import PromptText
+
+MIX_SETUPS = {"chatbot": ("slos-chatbot", "azure-conv"), "coder": ("slos-coder", "azure-code")}
+DRAFT = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft"]
+FULL = {"units": 60, "rates": "chatbot=1,2,3;coder=1,2,3", "max_output": 128, "drain_timeout": 150.0}
+QUICK = {"units": 12, "rates": "chatbot=2;coder=2", "max_output": 32, "drain_timeout": 60.0}
+
+
+def config_flags(name: str, draft_ratio: float) -> list[str]:
+    """Server flags of one configuration: none, fixed:S or slo."""
+    if name == "none":
+        return []
+    ratio = ["--slo-spec-draft-ratio", str(draft_ratio)]
+    if name == "slo":
+        return [*DRAFT, *ratio, "--slo-speculation"]
+    kind, _, steps = name.partition(":")
+    if kind != "fixed" or not steps.isdigit() or int(steps) < 1:
+        raise ValueError(f"configuration {name!r}: none, fixed:S (S >= 1) or slo")
+    s = int(steps)
+    return [*DRAFT, *ratio, "--speculative-num-steps", str(s), "--speculative-eagle-topk", "1",
+            "--speculative-num-draft-tokens", str(s + 1)]  # fmt: skip
+
+
+def parse_rates(text: str, mixes: list[str]) -> dict[str, list[float]]:
+    """`chatbot=1,2;coder=2` (or one list for every mix)."""
+    if "=" not in text:
+        return {m: [float(x) for x in text.split(",") if x] for m in mixes}
+    out: dict[str, list[float]] = {}
+    for part in text.split(";"):
+        mix, _, values = part.partition("=")
+        out[mix.strip()] = [float(x) for x in values.split(",") if x]
+    missing = [m for m in mixes if m not in out]
+    if missing:
+        raise SystemExit(f"--rates: no rates for {', '.join(missing)}")
+    return out
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.speculation", description=__doc__.split("\n\n")[0])
+    p.add_argument("--configs", default="none,fixed:3,slo")
+    p.add_argument("--mixes", default="chatbot,coder", help=f"of {', '.join(MIX_SETUPS)}")
+    p.add_argument("--rates", help=f"units/s per mix, e.g. {FULL['rates']!r}")
+    p.add_argument("--gpu", default="h100")
+    p.add_argument("--slowdown", type=float, default=16.0)
+    p.add_argument("--draft-ratio", type=float, default=0.1, help="draft step / target decode step (emulated)")
+    p.add_argument("--policy", default="edf", help="--slo-policy of every configuration")
+    p.add_argument("--max-running-requests", type=int, default=32)
+    p.add_argument("--units", type=int)
+    p.add_argument("--length-scale", type=float, default=1.0)
+    p.add_argument("--max-prompt", type=int, default=2048)
+    p.add_argument("--max-output", type=int)
+    p.add_argument("--drain-timeout", type=float)
+    p.add_argument("--target", type=float, default=0.9)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="a few requests per run, one rate")
+    p.add_argument("--data-dir", help="traces folder (default $SGLANG_SLO_DATA or ../shared/data)")
+    p.add_argument("--out", type=Path, default=Path("results/speculation"))
+    args = p.parse_args(argv)
+    preset = QUICK if args.quick else FULL
+    for key, value in preset.items():
+        if getattr(args, key, None) is None:
+            setattr(args, key, value)
+    args.config_list = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for name in args.config_list:
+        config_flags(name, args.draft_ratio)  # fail on a typo before any server starts
+    args.mix_list = [m.strip() for m in args.mixes.split(",") if m.strip()]
+    unknown = [m for m in args.mix_list if m not in MIX_SETUPS]
+    if unknown:
+        p.error(f"--mixes: unknown {', '.join(unknown)}")
+    args.rates_of = parse_rates(args.rates, args.mix_list)
+    # what benchmarks.goodput's run_once reads
+    args.control, args.client_max_tokens, args.duration = LengthControl.HINT, 1024, None
+    args.quiet, args.bin_s = True, None
+    return args
+
+
+def speculation_line(status: dict[str, Any] | None) -> str:
+    engine = (status or {}).get("engine") or {}
+    spec, emu = engine.get("speculation") or {}, engine.get("emulation") or {}
+    used = spec.get("steps_used") or {}
+    verifies = sum(used.values())
+    mean = sum(int(k) * v for k, v in used.items()) / verifies if verifies else None
+    parts = [f"late steps {emu.get('late_share', 0):.1%}"]
+    if spec:
+        parts.append(f"length now {spec.get('steps')}")
+        if mean is not None:
+            parts.append(f"mean {mean:.2f} over {verifies} verifies, used {used}")
+        if spec.get("alpha") is not None:
+            parts.append(f"alpha {spec['alpha']:.3f}")
+    return "   spec: " + ", ".join(parts)
+
+
+def flush(url: str) -> None:
+    """Each run replays the same prompts: empty the prefix cache first."""
+    requests.post(url + "/flush_cache", timeout=60)
+
+
+def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    rates = args.rates_of[mix]
+    lines = [f"### {mix} (attainment at units/s; capacity at {args.target:.0%})", ""]
+    lines.append("| config | " + " | ".join(f"{r:g}" for r in rates) + " | capacity |")
+    lines.append("|---|" + "---|" * (len(rates) + 1))
+    capacity: dict[str, float | None] = {}
+    for config in args.config_list:
+        mine = {r["rate"]: r["metrics"].attainment for r in runs if r["label"] == config}
+        cap, note = crossing(sorted(mine.items()), args.target)
+        capacity[config] = cap
+        cells = [f"{mine[r]:.0%}" if r in mine else "-" for r in rates]
+        lines.append(f"| {config} | " + " | ".join(cells) + f" | {note} |")
+    base = capacity.get("none")
+    for config, cap in capacity.items():
+        if config != "none" and cap and base:
+            lines.append(f"\n{config} / none capacity: {cap / base:.2f}x")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    install_signal_handlers()
+    export_paths()
+    text = PromptText(resolve_model("tiny"))
+    runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.mix_list}
+    common = ["--emulate-gpu", args.gpu, "--emulate-slowdown", f"{args.slowdown:g}", "--slo-policy", args.policy,
+              "--max-running-requests", str(args.max_running_requests)]  # fmt: skip
+    try:
+        for config in args.config_list:
+            print(f"== {config}", flush=True)
+            server = BenchServer("tiny", [*common, *config_flags(config, args.draft_ratio)], name=config).start()
+            try:
+                target = Target(config, server.url, args)
+                for mix in args.mix_list:
+                    slo_mix, trace = MIX_SETUPS[mix]
+                    margs = argparse.Namespace(**{**vars(args), "trace": trace})
+                    spec, scale = workload(margs, slo_mix), mix_scale(slo_mix, args.slowdown)
+                    for rate in args.rates_of[mix]:
+                        flush(server.url)
+                        print(f"-- {mix} / {config} @ {rate:g} units/s", flush=True)
+                        run = run_once(target, plan(spec, rate, scale), prompt_builder(text, spec), margs, rate)
+                        runs[mix].append(header_run(run, {"config": config, "mix": mix}))
+                        print(describe(run) + "\n" + speculation_line(run["config"]["slo_status"]), flush=True)
+                        write_results(args.out / mix, runs[mix])
+            finally:
+                server.stop()
+    finally:
+        stop_all()
+    sections = [summary(m, runs[m], args) for m in args.mix_list]
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "results.md").write_text("\n".join(sections))
+    (args.out / "args.json").write_text(json.dumps({k: str(v) for k, v in vars(args).items()}))
+    print("\n" + "\n".join(sections), flush=True)
+    bad = [r for mine in runs.values() for r in mine if r["metrics"].lost or check_consistency(r["metrics"])]
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
