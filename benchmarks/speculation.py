@@ -42,7 +42,7 @@ from benchmarks.workloads.text import PromptText
 
 MIX_SETUPS = {"chatbot": ("slos-chatbot", "azure-conv"), "coder": ("slos-coder", "azure-code")}
 DRAFT = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft"]
-FULL = {"units": 60, "rates": "chatbot=1,2,3;coder=1,2,3", "max_output": 128, "drain_timeout": 150.0}
+FULL = {"units": 60, "rates": "chatbot=0.5,1,1.5;coder=0.5,1,1.5", "max_output": 128, "drain_timeout": 150.0}
 QUICK = {"units": 12, "rates": "chatbot=2;coder=2", "max_output": 32, "drain_timeout": 60.0}
 
 
@@ -130,6 +130,15 @@ def speculation_line(status: dict[str, Any] | None) -> str:
     return "   spec: " + ", ".join(parts)
 
 
+def warm_up(url: str) -> None:
+    """The first forward passes of a fresh server (and its draft) are slow on CPU: spend them
+    before measuring, so no configuration pays them inside a run (measured: 4.7 s, late steps)."""
+    for n_prompt, n_out in ((16, 8), (1500, 8), (16, 48)):
+        ids = [5 + (i * 7) % 500 for i in range(n_prompt)]
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}
+        requests.post(url + "/generate", json=body, timeout=300).raise_for_status()
+
+
 def flush(url: str) -> None:
     """Each run replays the same prompts: empty the prefix cache first."""
     requests.post(url + "/flush_cache", timeout=60)
@@ -167,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"== {config}", flush=True)
             server = BenchServer("tiny", [*common, *config_flags(config, args.draft_ratio)], name=config).start()
             try:
+                warm_up(server.url)
                 target = Target(config, server.url, args)
                 for mix in args.mix_list:
                     slo_mix, trace = MIX_SETUPS[mix]

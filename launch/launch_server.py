@@ -260,7 +260,7 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         metavar="M",
-        help="hysteresis: switch length only for a predicted gain above M (default 0.05), held for 8 batches; "
+        help="hysteresis: switch length only for a predicted gain above M (default 0.05), held for 4 passes; "
         "a length that would miss a TPOT another keeps is left at once",
     )
     router = parser.add_argument_group("router worker", "join an sglang-slo router's pool (python -m launch_router)")

@@ -52,7 +52,7 @@ class SloSpeculation:
         initial: int | None = None,
         alpha_prior: float = 0.7,
         margin: float = 0.05,
-        dwell: int = 8,
+        dwell: int = 4,
         catch_up_tokens: int = 16,
         tighten_floor: float = 0.25,
     ) -> None:
