@@ -44,7 +44,8 @@ def attach_slo_controller(
         spec_worker.adaptive_controller = AdaptiveController(spec_worker)
     initial = int(spec_worker.speculative_num_steps)
     steps = sorted(set(candidates) | {initial})
-    controller = SloSpeculation(steps, draft_ratio, initial=initial, margin=margin)
+    # SGLang runs prefill in batches of its own under speculation (no mixed chunk)
+    controller = SloSpeculation(steps, draft_ratio, initial=initial, margin=margin, mixed_batches=False)
     spec_worker.adaptive_controller.params = controller
     logger.info("SLO speculation: candidate lengths %s, draft/target cost %.3f", steps, draft_ratio)
     return controller

@@ -55,6 +55,7 @@ class SloSpeculation:
         dwell: int = 4,
         catch_up_tokens: int = 16,
         tighten_floor: float = 0.25,
+        mixed_batches: bool = True,
     ) -> None:
         steps = sorted({int(s) for s in candidates})
         if not steps or steps[0] < 0:
@@ -67,6 +68,7 @@ class SloSpeculation:
         self.dwell = dwell
         self.catch_up_tokens = catch_up_tokens
         self.tighten_floor = tighten_floor
+        self.mixed_batches = mixed_batches  # does prefill ride in verify batches (length_choice)
         self._pending: int | None = None
         self._pending_for = 0
         self.switches = 0
@@ -114,8 +116,9 @@ class SloSpeculation:
         kv = sum(r.prompt_len + r.generated for r in view.running)
         limit = view.chunk_size if view.chunk_size > 0 else 8192
         alpha = self.acceptance.alpha
-        choices = choose_uniform(cost, self.tiers, alpha, self.candidates, kv, limit)
-        self.per_tier = choose_per_tier(cost, self.tiers, alpha, self.candidates, kv, limit)
+        mixed = self.mixed_batches
+        choices = choose_uniform(cost, self.tiers, alpha, self.candidates, kv, limit, mixed)
+        self.per_tier = choose_per_tier(cost, self.tiers, alpha, self.candidates, kv, limit, mixed)
         winner = best(choices)
         self.last_best = winner
         self.decisions += 1

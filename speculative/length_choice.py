@@ -6,6 +6,13 @@ left of T after the decodes (and the draft passes) is prefill budget. The object
 tokens per second, budget / T: long enough batches to amortise the weights' read, not so long
 that rejected drafts waste them.
 
+`mixed=True` is the paper's batch: prefill rides in the verify batch, its budget is what fits
+beside the decodes in T. SGLang never mixes prefill into a speculative batch: prefill runs in
+its own batches, so it gets the time T − exec(s) of every T and the objective becomes
+(1 − exec(s)/T(s)) × a full chunk's prefill rate (`mixed=False`, what the engine uses). There a
+longer length pays while it shortens decode time per token, exec(s)/Acc(s), and TPOTs bound it
+through feasibility and the per-tier lengths.
+
 `choose_uniform` solves it for one length per batch, which is what SGLang's verify path runs.
 `choose_per_tier` is the paper's form (a length per tier); we report it beside the one we run.
 
@@ -56,7 +63,7 @@ class _Drafting:
 
 
 def _evaluate(
-    cost: SpecCost, tiers: Sequence[Tier], lengths: Sequence[int], alpha: float, kv: int, limit: int
+    cost: SpecCost, tiers: Sequence[Tier], lengths: Sequence[int], alpha: float, kv: int, limit: int, mixed: bool
 ) -> LengthChoice:
     n = sum(t.requests for t in tiers)
     batch_time = min(t.tpot_s * acceptance(s, alpha) for t, s in zip(tiers, lengths))
@@ -64,16 +71,24 @@ def _evaluate(
     draft = max(lengths)
     exec_time = cost.step_time(0, n, kv, spec, draft)
     feasible = exec_time <= batch_time
-    # SLOs-Serve's Time2BS (the policy core's), on the batch's cost including its drafts
-    budget = min(limit, int(prefill_capacity(_Drafting(cost, draft), batch_time, n, kv, spec))) if feasible else 0
-    # a budget capped by the engine's chunk limit ends the batch before T: the rate is per the
-    # batch's own time then (the paper's budget / T assumes every batch fills T)
-    took = cost.step_time(budget, n, kv, spec, draft) if budget > 0 else batch_time
+    if not mixed:
+        # prefill runs in its own batches between verifies: it gets T − exec of every T, at the
+        # rate of a full prefill chunk (SGLang never puts prefill into a verify batch)
+        full = cost.step_time(limit, 0, 0, 0, 0)
+        rate = (1.0 - exec_time / batch_time) * limit / full if feasible and full > 0 else 0.0
+        budget = int(rate * batch_time)
+    else:
+        # SLOs-Serve's Time2BS (the policy core's), on the batch's cost including its drafts
+        budget = min(limit, int(prefill_capacity(_Drafting(cost, draft), batch_time, n, kv, spec))) if feasible else 0
+        # a budget capped by the engine's chunk limit ends the batch before T: the rate is per the
+        # batch's own time then (the paper's budget / T assumes every batch fills T)
+        took = cost.step_time(budget, n, kv, spec, draft) if budget > 0 else batch_time
+        rate = budget / took if took > 0 else 0.0
     return LengthChoice(
         steps=draft,
         batch_time_s=batch_time,
         prefill_budget=budget,
-        prefill_rate=budget / took if took > 0 else 0.0,
+        prefill_rate=rate,
         feasible=feasible,
         exec_time_s=exec_time,
         per_tier={t.tpot_s: s for t, s in zip(tiers, lengths)},
@@ -101,12 +116,13 @@ def choose_uniform(
     candidates: Sequence[int],
     kv_tokens: int,
     prefill_limit: int = MAX_PREFILL_SEARCH,
+    mixed: bool = True,
 ) -> dict[int, LengthChoice]:
     """Every candidate length evaluated for the whole batch (the engine's constraint)."""
     tiers = [t for t in tiers if t.requests > 0]
     if not tiers:
         return {}
-    return {s: _evaluate(cost, tiers, [s] * len(tiers), alpha, kv_tokens, prefill_limit) for s in candidates}
+    return {s: _evaluate(cost, tiers, [s] * len(tiers), alpha, kv_tokens, prefill_limit, mixed) for s in candidates}
 
 
 def best(choices: dict[int, LengthChoice]) -> LengthChoice | None:
@@ -133,6 +149,7 @@ def choose_per_tier(
     candidates: Sequence[int],
     kv_tokens: int,
     prefill_limit: int = MAX_PREFILL_SEARCH,
+    mixed: bool = True,
 ) -> LengthChoice | None:
     """SLOs-Serve App. D: enumerate which tier binds the batch time and its length; every other
     tier takes the shortest length that keeps up with that time."""
@@ -144,7 +161,7 @@ def choose_per_tier(
             lengths = [_shortest_reaching(t.tpot_s, target, alpha, candidates) for t in tiers]
             if any(sl is None for sl in lengths):
                 continue  # a tighter tier cannot keep up with this batch time at any length
-            choice = _evaluate(cost, tiers, lengths, alpha, kv_tokens, prefill_limit)  # type: ignore[arg-type]
+            choice = _evaluate(cost, tiers, lengths, alpha, kv_tokens, prefill_limit, mixed)  # type: ignore[arg-type]
             if _better(choice, winner):
                 winner = choice
     return winner
