@@ -155,7 +155,9 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
         cap, note = crossing(sorted(mine.items()), args.target)
         capacity[config] = cap
         cells = [f"{mine[r]:.0%}" if r in mine else "-" for r in rates]
-        lines.append(f"| {config} | " + " | ".join(cells) + f" | {note} |")
+        above = " (all rates met it)" if note == "above" else ""
+        shown = f"< {min(rates):g}" if cap is None else f"{cap:.2f}{above}"
+        lines.append(f"| {config} | " + " | ".join(cells) + f" | {shown} |")
     base = capacity.get("none")
     for config, cap in capacity.items():
         if config != "none" and cap and base:
