@@ -4,7 +4,8 @@ One emulated GPU (Llama-3-8B profile, every forward pass K = --slowdown times sl
 same planned workload under each configuration:
 - `none`: no speculation (SGLang's mixed prefill+decode batches, as our server runs on a GPU);
 - `fixed:S`: STANDALONE speculation at SGLang's fixed length S;
-- `slo`: STANDALONE with --slo-speculation, the length chosen per batch (SLOs-Serve §3.2.3).
+- `slo` (or `slo:S`): STANDALONE with --slo-speculation, the length chosen per batch among
+  0..4 (or 0..S) (SLOs-Serve §3.2.3).
 The draft is the tiny model's perturbed copy (server/models.py: it agrees with the target on
 about as many tokens as a real draft does); its step is charged --draft-ratio of the target's
 decode step on the emulated card (an EAGLE head on Llama-3-8B reads ~10 % of the weights). All
@@ -51,11 +52,15 @@ def config_flags(name: str, draft_ratio: float) -> list[str]:
     if name == "none":
         return []
     ratio = ["--slo-spec-draft-ratio", str(draft_ratio)]
-    if name == "slo":
-        return [*DRAFT, *ratio, "--slo-speculation"]
+    if name == "slo" or name.startswith("slo:"):
+        longest = name.partition(":")[2] or "4"
+        if not longest.isdigit() or int(longest) < 1:
+            raise ValueError(f"configuration {name!r}: slo:S with S >= 1 the longest candidate")
+        steps = ",".join(str(s) for s in range(int(longest) + 1))
+        return [*DRAFT, *ratio, "--slo-speculation", "--slo-spec-steps", steps]
     kind, _, steps = name.partition(":")
     if kind != "fixed" or not steps.isdigit() or int(steps) < 1:
-        raise ValueError(f"configuration {name!r}: none, fixed:S (S >= 1) or slo")
+        raise ValueError(f"configuration {name!r}: none, fixed:S (S >= 1), slo or slo:S")
     s = int(steps)
     return [*DRAFT, *ratio, "--speculative-num-steps", str(s), "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", str(s + 1)]  # fmt: skip
