@@ -11,6 +11,7 @@ import requests
 
 from scheduler.core.analyzer.base import LengthSample, make_predictor, save_predictor
 from server.process import ServerProcess
+from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
 
 def _history_artifact(path: Path) -> Path:
@@ -19,6 +20,7 @@ def _history_artifact(path: Path) -> Path:
     return path
 
 
+MIXED_ON_ENGINE = ("sjf",)  # test_policies_on_engine's mixed workload runs for sjf here
 PATTERNS = Path(__file__).resolve().parents[2].parent / "shared/data/jitserve-deepresearch/deepresearch_training.json"
 
 
@@ -30,6 +32,8 @@ def test_server_loads_predictor_and_uses_it(tmp_path: Path) -> None:
         "tiny",
         "--slo-policy",
         "sjf",
+        "--max-running-requests",
+        "4",
         "--slo-length-predictor",
         str(artifact),
         *patterns,
@@ -65,6 +69,7 @@ def test_server_loads_predictor_and_uses_it(tmp_path: Path) -> None:
             ]
             assert compound["patterns"] >= 300  # the deep-research seed (394 jobs)
             assert compound["stage_deadlines_matched"] >= 2
+        assert_serves_mixed_workload(server, "sjf")  # sjf's engine run of the policies' mixed workload
 
 
 def test_unreadable_predictor_stops_start_up(tmp_path: Path) -> None:

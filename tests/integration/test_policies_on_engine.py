@@ -22,14 +22,18 @@ MIXED = [
     *({"deadline_ms": 60_000, "program_id": "prog", "stage": s} for s in range(2)),
     *(None for _ in range(2)),
 ]
+ORACLE_COVERED = "its base policy runs here; the oracle hint is unit-tested"
 # policy -> where its mixed-workload engine run happens instead of on a server of its own here
 RUN_ELSEWHERE = {
     "edf": "test_scheduling_order.py, on edf_one_slot",
     "fcfs": "test_scheduling_order.py, on fcfs_one_slot",
     "las": "test_preemption.py, on las_two_slots (overlap and no-overlap)",
-    # This workload sends no oracle hint, so an oracle variant just passes requests to its base
-    # policy: tempo_oracle (run here) proves the `_oracle` wiring, unit tests cover gmax itself.
-    "gmax_oracle": "covered by tempo_oracle + unit tests",
+    "sjf": "test_length_predictor.py, on sjf-pred (with its length predictor)",
+    # This workload sends no oracle hint, so an oracle variant only passes requests to its base
+    # policy (tempo, gmax: run here); the hint path is unit-tested (tests/unit/test_hidden_length.py,
+    # tests/unit/core/test_oracle_policies.py). The variants are benchmark-only.
+    "gmax_oracle": ORACLE_COVERED,
+    "tempo_oracle": ORACLE_COVERED,
 }
 ON_OWN_SERVER = sorted(set(POLICIES) - set(RUN_ELSEWHERE))
 
@@ -74,12 +78,14 @@ def test_policy_serves_a_mixed_workload_without_losing_requests(policy: str) -> 
 
 def test_every_policy_gets_a_mixed_workload_engine_run() -> None:
     """No policy silently loses its engine run: each runs here or in a module that says so."""
+    from tests.integration.test_length_predictor import MIXED_ON_ENGINE as on_predictor_server
     from tests.integration.test_preemption import MIXED_ON_ENGINE as on_las_servers
     from tests.integration.test_scheduling_order import MIXED_ON_ENGINE as on_one_slot_servers
 
     assert set(ON_OWN_SERVER) | set(RUN_ELSEWHERE) == set(POLICIES), set(RUN_ELSEWHERE) - set(POLICIES)
-    assert {*on_one_slot_servers, *on_las_servers, "gmax_oracle"} == set(RUN_ELSEWHERE)
-    assert "tempo_oracle" in ON_OWN_SERVER  # the oracle variant that stands in for gmax_oracle
+    oracles = {p for p, where in RUN_ELSEWHERE.items() if where == ORACLE_COVERED}
+    assert {*on_one_slot_servers, *on_las_servers, *on_predictor_server, *oracles} == set(RUN_ELSEWHERE)
+    assert {p.removesuffix("_oracle") for p in oracles} <= set(ON_OWN_SERVER)  # each base policy runs here
 
 
 def _burst(server: ServerProcess, slo: dict, n: int = 12) -> None:
