@@ -543,18 +543,16 @@ class SloScheduler(_BaseScheduler):
         prefill, decodes, kv = shape
         spec_tokens = decodes * steps  # a speculative decode verifies s drafts per request
         if self.slo_pacer is not None:  # emulated GPU: the step lasts what the profile says
-            target = SpecCost(self.slo_pacer.model, self.slo_spec_cost_ratio).step_time(
-                prefill, decodes, kv, spec_tokens, steps
-            )
-            measured = self.slo_pacer.finish(started, target)
+            drafts = SpecCost(self.slo_pacer.model, self.slo_spec_cost_ratio).draft_time(decodes, kv, steps)
+            measured = self.slo_pacer.finish(started, self.slo_pacer.target_s(*shape, spec_tokens) + drafts)
             self._log_distortion()
         elif self.slo_timing_ok:
             measured = time.perf_counter() - started
         else:
             return result
         # the target's model learns target work only: the drafts' share is the draft cost's
-        draft = SpecCost(self.slo_perf, self.slo_spec_cost_ratio).draft_time(decodes, kv, steps)
-        self.slo_perf.observe(prefill, decodes, kv, spec_tokens, max(measured - draft, 1e-6))
+        drafts = SpecCost(self.slo_perf, self.slo_spec_cost_ratio).draft_time(decodes, kv, steps)
+        self.slo_perf.observe(prefill, decodes, kv, spec_tokens, max(measured - drafts, 1e-6))
         return result
 
     def _log_distortion(self) -> None:

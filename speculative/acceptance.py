@@ -10,15 +10,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def batch_alpha(accepted_per_req: Sequence[int], steps: int) -> float | None:
-    """Maximum-likelihood α of one verify: accepted drafts over drafts actually judged.
-
-    A request that accepted `a < s` drafts had `a + 1` judged (the last one rejected); one that
+def _accepted_and_judged(accepted_per_req: Sequence[int], steps: int) -> tuple[int, int]:
+    """A request that accepted `a < s` drafts had `a + 1` judged (the last one rejected); one that
     accepted all `s` had `s` judged and no rejection."""
+    clipped = [min(max(int(a), 0), steps) for a in accepted_per_req]
+    return sum(clipped), sum(min(a + 1, steps) for a in clipped)
+
+
+def batch_alpha(accepted_per_req: Sequence[int], steps: int) -> float | None:
+    """Maximum-likelihood α of one verify: accepted drafts over drafts actually judged."""
     if steps <= 0 or not accepted_per_req:
         return None
-    accepted = sum(min(max(int(a), 0), steps) for a in accepted_per_req)
-    judged = sum(min(max(int(a), 0) + 1, steps) for a in accepted_per_req)
+    accepted, judged = _accepted_and_judged(accepted_per_req, steps)
     return accepted / judged if judged else None
 
 
@@ -43,8 +46,7 @@ class AcceptanceTracker:
     def observe(self, accepted_per_req: Sequence[int], steps: int) -> None:
         if steps <= 0 or not accepted_per_req:
             return
-        accepted = sum(min(max(int(a), 0), steps) for a in accepted_per_req)
-        judged = sum(min(max(int(a), 0) + 1, steps) for a in accepted_per_req)
+        accepted, judged = _accepted_and_judged(accepted_per_req, steps)
         self.verifies += 1
         self.request_verifies += len(accepted_per_req)
         self.accepted += accepted

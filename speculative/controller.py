@@ -11,7 +11,7 @@ for the running requests' TPOT tiers (`update`, called by the scheduler each pas
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from scheduler.core.slos_serve.spec_length import acceptance
@@ -34,14 +34,17 @@ def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: fl
     return max(tpot * floor, tpot - (now - due) / catch_up_tokens)
 
 
-def tiers_of(running: Sequence[RequestView], now: float, catch_up_tokens: int, floor: float) -> list[Tier]:
+def _count_tiers(tpots: Iterable[float | None]) -> list[Tier]:
     counts: dict[float, int] = {}
-    for r in running:
-        tpot = effective_tpot_s(r, now, catch_up_tokens, floor)
+    for tpot in tpots:
         if tpot is not None:
             key = round(tpot, 4)
             counts[key] = counts.get(key, 0) + 1
     return [Tier(t, n) for t, n in sorted(counts.items())]
+
+
+def tiers_of(running: Sequence[RequestView], now: float, catch_up_tokens: int, floor: float) -> list[Tier]:
+    return _count_tiers(effective_tpot_s(r, now, catch_up_tokens, floor) for r in running)
 
 
 class SloSpeculation:
@@ -79,6 +82,7 @@ class SloSpeculation:
         self.per_tier: LengthChoice | None = None
         self.tiers: list[Tier] = []
         self.steps_used: dict[int, int] = {}  # verifies run at each length
+        self._cuda_graph_bs: list[int] | None = None
 
     # ---- SGLang's AdaptiveSpeculativeParams interface ----------------------------------------
     @property
@@ -89,7 +93,7 @@ class SloSpeculation:
         self._cuda_graph_bs = sorted(cuda_graph_bs) if cuda_graph_bs else None
 
     def cuda_graph_bs_for_step(self, step: int) -> list[int] | None:
-        return getattr(self, "_cuda_graph_bs", None)
+        return self._cuda_graph_bs
 
     def get_steps_for_batch(self, batch_size: int) -> int:
         return self.current
@@ -103,13 +107,9 @@ class SloSpeculation:
     # ---- the SLO decision ----------------------------------------------------------------------
     def update(self, view: EngineView, perf: PerfModel) -> int:
         """Re-decide the length for the running requests; returns the length now in force."""
-        self.tiers = tiers_of(view.running, view.now, self.catch_up_tokens, self.tighten_floor)
-        self.tightened = sum(
-            1
-            for r in view.running
-            if (t := effective_tpot_s(r, view.now, self.catch_up_tokens, self.tighten_floor)) is not None
-            and t < r.slo.tpot_ms / 1000.0
-        )
+        tpots = [effective_tpot_s(r, view.now, self.catch_up_tokens, self.tighten_floor) for r in view.running]
+        self.tiers = _count_tiers(tpots)
+        self.tightened = sum(1 for r, t in zip(view.running, tpots) if t is not None and t < r.slo.tpot_ms / 1000.0)
         if not self.tiers:
             return self.current  # no TPOT to keep: nothing to trade, stay put
         cost = SpecCost(perf, self.draft_ratio)
