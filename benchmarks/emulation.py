@@ -49,7 +49,7 @@ from scheduler.core.perf_model import load_perf_model, profile_path  # noqa: E40
 from scheduler.core.policies import make_policy  # noqa: E402
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator  # noqa: E402
 from scheduler.core.slo import SloSpec  # noqa: E402
-from server.slo_request import ORACLE_HINT_PARAM  # noqa: E402
+from wire import ORACLE_HINT_PARAM  # noqa: E402
 
 MAX_CONTEXT = 8192
 TINY_VOCAB = 512  # token ids must exist in the tiny model

@@ -481,10 +481,10 @@ def main(argv: list[str] | None = None) -> None:
 
     from sglang.srt.server_args import ServerArgs
 
+    from scheduler.components.status_channel import default_address
     from scheduler.config import SloServerConfig
     from scheduler.core.policies import make_policy
     from scheduler.core.slo import SloValidationError, parse_slo
-    from server.status_channel import default_address
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -557,8 +557,8 @@ def main(argv: list[str] | None = None) -> None:
         emulate_slowdown=args.emulate_slowdown,
         speculation=speculation,
         spec_draft_ratio=spec_draft_ratio,
-        **_router_settings(args, server_args.port, emulation, on_cpu),
     )
+    membership = _router_settings(args, server_args.port, emulation, on_cpu)
     base = f"http://{server_args.host}:{server_args.port}"
     print(
         f"sglang-slo: serving {server_args.model_path} with --slo-policy {args.slo_policy}.\n"
@@ -573,9 +573,9 @@ def main(argv: list[str] | None = None) -> None:
             f"KV cache {server_args.max_total_tokens} tokens",
             flush=True,
         )
-    from server.sglang_http import launch
+    from server.sglang_http import RouterMembership, launch
 
-    launch(server_args, config)
+    launch(server_args, config, RouterMembership(**membership) if membership else None)
 
 
 if __name__ == "__main__":

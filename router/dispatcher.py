@@ -55,13 +55,10 @@ from router.protocol import (
 from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView, WorkerView
-from server.slo_request import ORACLE_HINT_PARAM
+from wire import ORACLE_HINT_PARAM, REGISTER_AGAIN  # REGISTER_AGAIN: Ack to a worker the registry lost
 
 logger = logging.getLogger(__name__)
 
-# The Ack a worker gets when it heartbeats or reports while the registry does not count it as
-# alive (it stalled past dead_after_s, or the router restarted): it must send Register again.
-REGISTER_AGAIN = "unknown or dead worker: send Register again"
 DECISION_WINDOW = 1024  # recent policy.choose latencies kept for status()
 STATUS_OWNERS = 1000  # in-flight requests whose worker status() lists (for operators and tests)
 # the event counters status() reports (and the router's metrics export as events_total{event=...})

@@ -21,8 +21,8 @@ from prometheus_client.registry import Collector
 from router.dispatcher import STATUS_EVENTS
 from router.views import WorkerView
 from scheduler.core.slo import SloSpec
-from server.slo_metrics import SloMetrics
-from server.slo_reports import SloReportKeeper
+from scheduler.reporting.metrics import SloMetrics
+from scheduler.reporting.reports import SloReportKeeper
 
 ADMITTED, BEST_EFFORT = "admitted", "best_effort"
 

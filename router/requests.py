@@ -20,7 +20,8 @@ from typing import Any
 from router.service import GenerateCall
 from router.tokenizer import RouterTokenizer
 from scheduler.core.slo import SloSpec, SloValidationError
-from server.slo_request import ARRIVAL_PARAM, SLO_PARAM, extract_slo
+from scheduler.core.slo_wire import extract_slo
+from wire import ARRIVAL_PARAM, SLO_PARAM
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default (native route)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default (OpenAI's too)

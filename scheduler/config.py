@@ -1,4 +1,5 @@
-"""The server's SLO settings, shared by the HTTP process and the scheduler process.
+"""The server's SLO settings, shared by the HTTP process and the scheduler process (a worker's
+membership in a router's pool is the HTTP process's alone: server/sglang_http.py).
 
 SGLang spawns the scheduler with only its own ServerArgs, so our settings travel in one
 environment variable that spawned children inherit.
@@ -30,11 +31,6 @@ class SloServerConfig:
     emulate_profile: str | None = None  # pace every forward pass to this GPU+model profile
     emulate_name: str | None = None  # e.g. "h100/llama3-8b", for status and logs
     emulate_slowdown: float = 1.0  # emulated steps (and the policies' perf model) this many times longer
-    router_address: str | None = None  # join this router's pool (ZMQ address) as a worker
-    worker_id: str | None = None  # the name the router knows this worker by
-    worker_gpu: str | None = None  # the GPU kind it reports (heterogeneity-aware routing)
-    router_allow_remote: bool = False  # connect to a router off this machine
-    worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
     speculation: dict[str, Any] | None = None  # SLO-adaptive speculation: {"candidates", "margin"}
     spec_draft_ratio: float | None = None  # draft step / target decode step (None: measured weights)
 

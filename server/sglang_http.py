@@ -11,19 +11,20 @@ import atexit
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
+from scheduler.components.status_channel import StatusSubscriber, remove_ipc_file
 from scheduler.config import SloServerConfig
-from scheduler.sglang_scheduler import run_slo_scheduler_process
-from server.slo_metrics import SloMetrics
+from scheduler.core.slo_wire import read_injected
+from scheduler.reporting.metrics import SloMetrics
+from scheduler.reporting.reports import SloReportBook
+from server.scheduler_process import run_slo_scheduler_process
 from server.slo_middleware import SloMiddleware
-from server.slo_reports import SloReportBook
-from server.slo_request import read_injected
-from server.status_channel import StatusSubscriber, remove_ipc_file
 
 _BOOK = SloReportBook(SloMetrics())
 
@@ -87,33 +88,47 @@ def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **k
     return init_tokenizer_manager(server_args, port_args, SloTokenizerManager)
 
 
+@dataclass(frozen=True)
+class RouterMembership:
+    """This worker's place in a router's pool (checked by the launcher)."""
+
+    router_address: str  # the router's ZMQ address
+    worker_id: str  # the name the router knows this worker by
+    worker_gpu: str  # the GPU kind it reports (heterogeneity-aware routing)
+    router_allow_remote: bool = False  # connect to a router off this machine
+    worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
+
+
 def _join_router(
-    server_args: Any, config: SloServerConfig, agent_token: str | None, engine: Callable[[], dict[str, Any]]
+    server_args: Any,
+    config: SloServerConfig,
+    membership: RouterMembership,
+    agent_token: str | None,
+    engine: Callable[[], dict[str, Any]],
 ) -> None:
     """Start the agent that links this server to its router (it waits until the server is up)."""
     from server.worker_agent import AgentConfig, start_agent_thread
 
-    assert config.router_address and config.worker_id and config.worker_gpu
     host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
     mode = server_args.disaggregation_mode  # "null" when co-located
     agent = AgentConfig(
-        router_address=config.router_address,
-        worker_id=config.worker_id,
-        gpu=config.worker_gpu,
+        router_address=membership.router_address,
+        worker_id=membership.worker_id,
+        gpu=membership.worker_gpu,
         model=str(server_args.model_path),
         http_url=f"http://{host}:{server_args.port}",
         api_key=server_args.api_key,
         agent_token=agent_token,
-        allow_remote=config.router_allow_remote,
+        allow_remote=membership.router_allow_remote,
         role=mode if mode in ("prefill", "decode") else "mixed",
         bootstrap_port=server_args.disaggregation_bootstrap_port if mode == "prefill" else None,
-        tier_ms=config.worker_tier_ms,
+        tier_ms=membership.worker_tier_ms,
         time_scale=config.emulate_slowdown if config.emulate_profile else 1.0,
     )
     start_agent_thread(agent, engine)
 
 
-def launch(server_args: Any, config: SloServerConfig) -> None:
+def launch(server_args: Any, config: SloServerConfig, membership: RouterMembership | None = None) -> None:
     """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
     config.to_env()  # inherited by the spawned scheduler process
     atexit.register(remove_ipc_file, config.status_address)
@@ -133,12 +148,12 @@ def launch(server_args: Any, config: SloServerConfig) -> None:
             "tiers": _BOOK.metrics.tiers(),
         }
 
-    agent_token = secrets.token_hex(16) if config.router_address else None
+    agent_token = secrets.token_hex(16) if membership is not None else None
     http_server.app.add_middleware(
         SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status, agent_token=agent_token
     )
-    if config.router_address:
-        _join_router(server_args, config, agent_token, lambda: dict(subscriber.latest))
+    if membership is not None:
+        _join_router(server_args, config, membership, agent_token, lambda: dict(subscriber.latest))
     http_server.launch_server(
         server_args,
         init_tokenizer_manager_func=init_slo_tokenizer_manager,

@@ -17,9 +17,10 @@ from typing import Any
 import orjson
 
 from scheduler.core.slo import SloSpec, SloValidationError
-from server.slo_reports import SloReportBook
-from server.slo_request import extract_slo, inject_native, inject_openai
+from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai
+from scheduler.reporting.reports import SloReportBook
 from server.spec_metrics import speculation_exposition
+from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER
 
 NATIVE_PATHS = frozenset({"/generate"})
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
@@ -27,8 +28,6 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # The router's worker agent forwards the client's arrival time, so the worker's deadlines count
 # from when the client asked, not from when the request reached this worker (or resumed here).
 # Only trusted with the agent's per-process token: a client must not back-date its requests.
-ARRIVAL_HEADER = "x-slo-arrival"
-AGENT_TOKEN_HEADER = "x-slo-agent-token"
 MAX_FORWARDED_AGE_S = 3600.0
 
 Scope = dict[str, Any]

@@ -37,7 +37,6 @@ import orjson
 import zmq
 import zmq.asyncio
 
-from router.dispatcher import REGISTER_AGAIN
 from router.protocol import (
     Abort,
     Ack,
@@ -51,7 +50,7 @@ from router.protocol import (
     hash_api_key,
 )
 from router.transport import WorkerEndpoint
-from server.slo_middleware import AGENT_TOKEN_HEADER, ARRIVAL_HEADER
+from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, REGISTER_AGAIN
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any
 import aiohttp
 
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from server.slo_request import ORACLE_HINT_PARAM
+from wire import ORACLE_HINT_PARAM
 
 
 class LengthControl(str, Enum):

@@ -18,7 +18,7 @@ class PlannedRequest:
 
     req: TraceRequest  # lengths, arrival, program / parents / think time
     cls: str  # "latency" | "deadline" | "compound" | "throughput" | "none"
-    slo: dict[str, Any]  # the SLO body to send (server.slo_request field names); {} = no SLO
+    slo: dict[str, Any]  # the SLO body to send (scheduler.core.slo_wire field names); {} = no SLO
     program_deadline_ms: float | None = None  # compound: the whole program's deadline from its first send
 
 

@@ -1,10 +1,12 @@
 """A single-engine, virtual-time simulator that runs any Policy the way the adapter would.
 
 Why: policies must be compared and tested on exact, repeatable schedules without a GPU. Each
-iteration the simulator builds an EngineView, asks the policy for a StepPlan, applies it
-(drop, preempt, order, best_effort, batch_cap, chunk_size) with SGLang-like continuous batching
-and chunked prefill, charges the iteration `perf.step_time(...)` seconds on a ManualClock, and
-emits one token per decoding request (the iteration that finishes a prefill emits the first).
+iteration the simulator builds an EngineView, asks the policy for a StepPlan and finishes it on
+the same plan path as the SGLang adapter (scheduler/core/plan_path.py: queue-timeout drops,
+default batch knobs, guards), applies it (drop, preempt, order, best_effort, batch_cap,
+chunk_size) with SGLang-like continuous batching and chunked prefill, charges the iteration
+`perf.step_time(...)` seconds on a ManualClock, and emits one token per decoding request (the
+iteration that finishes a prefill emits the first).
 Preempted requests keep their tokens and recompute their KV when resumed, like SGLang's retract.
 The true output length is known only to the simulator; views expose what a server would.
 """
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 
 from scheduler.core.clock import ManualClock
 from scheduler.core.outcome import SloOutcome, evaluate
+from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan
 from scheduler.core.slo import SloSpec
-from scheduler.core.types import EngineView, PerfModel, Policy, RequestView, StepPlan
+from scheduler.core.types import EngineView, PerfModel, Policy, RequestView
 
 
 @dataclass
@@ -86,7 +89,8 @@ class SimResult:
     records: dict[str, SimRecord]
     end_time: float
     steps: int
-    plans: list[tuple[int, StepPlan]]  # (step, plan) for plans that preempted or dropped
+    plans: list[tuple[int, FinalPlan]]  # (step, plan) for plans that preempted or dropped
+    trace: list[tuple[EngineView, FinalPlan]] = field(default_factory=list)  # every step, if recorded
 
     def outcomes(self) -> dict[str, SloOutcome]:
         return {rid: rec.outcome(self.end_time) for rid, rec in self.records.items()}
@@ -99,8 +103,15 @@ class EngineConfig:
     total_kv_tokens: int = 1 << 20
 
 
+def default_settings(policy: Policy) -> PlanSettings:
+    """What the server runs a policy with on a (real or emulated) GPU: mixed batches, and the
+    batch knobs for every policy but fcfs, which stays stock SGLang."""
+    return PlanSettings(knobs=policy.name != "fcfs", mixed_batching=True)
+
+
 class Simulator:
-    """Run `policy` over `requests` on one engine; `predictor` may refine predicted lengths."""
+    """Run `policy` over `requests` on one engine; `predictor` may refine predicted lengths.
+    `record_trace` keeps every step's view and finished plan (for comparing plan paths)."""
 
     def __init__(
         self,
@@ -109,12 +120,16 @@ class Simulator:
         config: EngineConfig | None = None,
         clock: ManualClock | None = None,
         predictor: Callable[[SimRequest, int], float | None] | None = None,
+        settings: PlanSettings | None = None,
+        record_trace: bool = False,
     ) -> None:
         self.policy = policy
         self.perf = perf
         self.cfg = config or EngineConfig()
         self.clock = clock or ManualClock()
         self.predictor = predictor
+        self.settings = settings if settings is not None else default_settings(policy)
+        self.record_trace = record_trace
 
     def run(self, requests: Iterable[SimRequest], max_steps: int = 1_000_000, until: float | None = None) -> SimResult:
         pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
@@ -122,7 +137,9 @@ class Simulator:
         waiting: list[_State] = []
         running: list[_State] = []
         attained: dict[str, float] = {}
-        plans: list[tuple[int, StepPlan]] = []
+        plans: list[tuple[int, FinalPlan]] = []
+        trace: list[tuple[EngineView, FinalPlan]] = []
+        knob_model = KnobModel(self.perf)
         seq = 0
         step = 0
         nxt = 0
@@ -159,9 +176,11 @@ class Simulator:
                 total_kv_tokens=cfg.total_kv_tokens,
                 step=step,
             )
-            plan = self.policy.plan(view)
+            plan = finalize_plan(view, self.policy.plan(view), self.settings, knob_model)
             if plan.preempt or plan.drop:
                 plans.append((step, plan))
+            if self.record_trace:
+                trace.append((view, plan))
 
             # Drops and preemptions first, as the adapter does.
             if plan.drop:
@@ -177,8 +196,8 @@ class Simulator:
                 running = [s for s in running if s.req.rid not in victims]
 
             waiting = self._ordered(waiting, plan)
-            cap = cfg.max_running_requests if plan.batch_cap is None else min(plan.batch_cap, cfg.max_running_requests)
-            budget = cfg.chunk_size if plan.chunk_size is None else min(plan.chunk_size, cfg.chunk_size)
+            cap = cfg.max_running_requests if plan.batch_cap is None else plan.batch_cap
+            budget = cfg.chunk_size if plan.chunk_size is None else plan.chunk_size
             budget = max(budget, 1)
 
             # Out of KV for this iteration's decode tokens: retract the newest, as SGLang does.
@@ -257,9 +276,9 @@ class Simulator:
             finish(s, None, None)
         for r in pending[nxt:]:
             records[r.rid] = SimRecord(r, [], None, None, 0)
-        return SimResult(records=records, end_time=end, steps=step, plans=plans)
+        return SimResult(records=records, end_time=end, steps=step, plans=plans, trace=trace)
 
-    def _ordered(self, waiting: list[_State], plan: StepPlan) -> list[_State]:
+    def _ordered(self, waiting: list[_State], plan: FinalPlan) -> list[_State]:
         """The plan's order first, unlisted requests after in queue order, declined ones last."""
         for s in waiting:
             s.be_tier = s.req.rid in plan.best_effort

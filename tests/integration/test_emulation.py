@@ -15,7 +15,7 @@ import requests
 from scheduler.core.perf_model import load_perf_model, load_profile, profile_path
 from server.emulation import resolve
 from server.process import ServerProcess
-from server.slo_request import ORACLE_HINT_PARAM
+from wire import ORACLE_HINT_PARAM
 
 PROMPT = [5 + i % 500 for i in range(200)]  # ids inside the tiny model's 512-token vocabulary
 

@@ -20,7 +20,7 @@ from aiohttp import web
 from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, compose_prompt
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.workloads.traces import TraceRequest
-from server.slo_request import ORACLE_HINT_PARAM
+from wire import ORACLE_HINT_PARAM
 
 TOKEN_DELAY_S = 0.01
 

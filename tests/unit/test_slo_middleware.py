@@ -12,10 +12,10 @@ import pytest
 
 import server.slo_middleware as slo_middleware
 from scheduler.core.slo import SloClass, SloSpec
-from server.slo_metrics import SloMetrics
+from scheduler.reporting.metrics import SloMetrics
+from scheduler.reporting.reports import SloReportBook
 from server.slo_middleware import SloMiddleware
-from server.slo_reports import SloReportBook
-from server.slo_request import ARRIVAL_PARAM, SLO_PARAM
+from wire import ARRIVAL_PARAM, SLO_PARAM
 
 LAT = SloSpec(ttft_ms=100.0, tpot_ms=10.0, slo_class=SloClass.LATENCY)
 DEFAULT = SloSpec(deadline_ms=60_000.0, slo_class=SloClass.DEADLINE)

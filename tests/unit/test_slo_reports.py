@@ -7,10 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-import server.slo_reports as slo_reports
+import scheduler.reporting.reports as slo_reports
 from scheduler.core.slo import SloClass, SloSpec
-from server.slo_metrics import SloMetrics
-from server.slo_reports import REPORT_KEY, TOKEN_TS_KEY, SloReportBook
+from scheduler.reporting.metrics import SloMetrics
+from scheduler.reporting.reports import SloReportBook
+from wire import REPORT_KEY, TOKEN_TS_KEY
 
 LAT = SloSpec(ttft_ms=100.0, tpot_ms=10.0, slo_class=SloClass.LATENCY)
 DL = SloSpec(deadline_ms=1000.0, slo_class=SloClass.DEADLINE)

@@ -10,15 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.slo import SloClass, SloSpec, SloValidationError, parse_slo
-from server.slo_request import (
-    ARRIVAL_PARAM,
-    HEADER_FIELDS,
-    SLO_PARAM,
-    extract_slo,
-    inject_native,
-    inject_openai,
-    read_injected,
-)
+from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai, read_injected
+from wire import ARRIVAL_PARAM, SLO_HEADER_FIELDS, SLO_PARAM
 
 FAST = settings(max_examples=60, deadline=None)
 DEFAULT = SloSpec(deadline_ms=30_000.0, slo_class=SloClass.DEADLINE)
@@ -104,7 +97,7 @@ def test_defaults_when_no_slo_anywhere():
 # --- errors ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("header", sorted(HEADER_FIELDS))
+@pytest.mark.parametrize("header", sorted(SLO_HEADER_FIELDS))
 @pytest.mark.parametrize("bad", ["fast", "", "12ms", "0", "-5", "nan", "inf", "-inf", "1e999"])
 def test_bad_header_named(header, bad):
     with pytest.raises(SloValidationError) as info:

@@ -13,9 +13,9 @@ from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
-from router.dispatcher import REGISTER_AGAIN
 from router.protocol import Abort, Ack, Heartbeat, Register, Submit
 from router.transport import WorkerEndpoint
+from wire import REGISTER_AGAIN
 
 
 class FakeWorkerBase:

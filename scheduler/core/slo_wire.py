@@ -1,4 +1,4 @@
-"""Where a request's SLO comes from and how it travels into the scheduler.
+"""The SLO's wire form: where a request's SLO is read from and how it travels into the scheduler.
 
 Sources, highest precedence first: the body's top-level `slo` object (native and OpenAI
 routes), `sampling_params.custom_params.slo` (what SGLang frontend programs can send), and the
@@ -14,20 +14,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from scheduler.core.slo import SloSpec, SloValidationError, merge_defaults, parse_slo
-
-SLO_PARAM = "slo"
-ARRIVAL_PARAM = "slo_arrival"
-ORACLE_HINT_PARAM = "slo_oracle_output_len"  # a benchmark's true output length: never in a policy view
-HEADER_FIELDS = {
-    "x-slo-ttft-ms": "ttft_ms",
-    "x-slo-tpot-ms": "tpot_ms",
-    "x-slo-deadline-ms": "deadline_ms",
-}
+from wire import ARRIVAL_PARAM, SLO_HEADER_FIELDS, SLO_PARAM
 
 
 def _header_fields(headers: Mapping[str, str]) -> dict[str, float]:
     found: dict[str, float] = {}
-    for header, name in HEADER_FIELDS.items():
+    for header, name in SLO_HEADER_FIELDS.items():
         raw = headers.get(header)
         if raw is None:
             continue

@@ -12,11 +12,8 @@ from typing import Any
 from scheduler.core.outcome import evaluate
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.slo import SloSpec
-from server.slo_metrics import SloMetrics
-
-TOKEN_TS_KEY = "slo_token_ts"
-TIER_KEY = "slo_best_effort"  # per token: 1 when the policy had declined the request (best-effort tier)
-REPORT_KEY = "slo"
+from scheduler.reporting.metrics import SloMetrics
+from wire import REPORT_KEY, TIER_KEY, TOKEN_TS_KEY
 
 
 @dataclass

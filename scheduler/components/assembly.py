@@ -1,0 +1,156 @@
+"""Everything the adapter keeps, built from the server's SLO settings before SGLang's own
+scheduler initialises (SGLang's init already calls some of the adapter's overrides)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.components.meter import EngineMeter
+from scheduler.components.pd_chunking import PrefillChunker
+from scheduler.components.planner import PassPlanner
+from scheduler.components.request_state import RequestStates
+from scheduler.components.views import ViewBuilder
+from scheduler.config import SloServerConfig
+from scheduler.core.analyzer.base import load_predictor
+from scheduler.core.analyzer.graph import PatternLibrary, load_deepresearch
+from scheduler.core.analyzer.online import BoundAccuracy, LiveLengthBounds
+from scheduler.core.clock import Clock, WallClock
+from scheduler.core.compound import CompoundDeadlines
+from scheduler.core.online_perf import OnlinePerfModel
+from scheduler.core.pacing import Pacer, SlowedPerfModel
+from scheduler.core.perf_model import load_perf_model
+from scheduler.core.plan_path import PlanSettings
+from scheduler.core.policies import make_policy
+from scheduler.core.policies.oracle import ORACLE_SUFFIX
+from scheduler.core.types import PerfModel
+from speculative.controller import SloSpeculation
+
+logger = logging.getLogger("sglang_slo.scheduler")
+
+
+@dataclass
+class SloComponents:
+    config: SloServerConfig
+    clock: Clock
+    perf: OnlinePerfModel
+    meter: EngineMeter
+    planner: PassPlanner
+    states: RequestStates
+    views: ViewBuilder
+    compound: CompoundDeadlines
+    accuracy: BoundAccuracy
+    lengths: LiveLengthBounds | None
+    knobs_on: bool  # fcfs stays stock SGLang: no batch cap, no chunk
+    spec: SloSpeculation | None = None  # set when the draft worker is built
+    chunker: PrefillChunker | None = None  # PD prefill workers under an SLO policy
+    # what the engine started with (set once SGLang's init is done)
+    startup_chunk: int | None = None
+    chunk_budget: int | None = None
+    max_running: int = 0
+    # per pass
+    step: int = 0
+    batch_cap: int | None = None
+    decode_cap: int | None = None  # PD decode: admission cap at the last pass
+    solo_pass: bool = False  # PD prefill: this pass finishes one request whole, alone
+    pending_preempt: set[str] = field(default_factory=set)  # running rids this pass's plan retracts
+    # counters
+    dropped: int = 0
+    preempted: int = 0
+    best_effort_waiting: int = 0
+
+    def start_dynamic_chunking(self, startup_chunk: int, page_size: int) -> None:
+        self.chunker = PrefillChunker(startup_chunk, page_size)
+        self.chunk_budget = self.chunker.budget
+
+    def spec_alpha(self) -> float | None:
+        """The SLO speculation controller's acceptance rate (None without one)."""
+        return None if self.spec is None else self.spec.acceptance.alpha
+
+    def on_finished(self, rid: str, prompt_tokens: int, output_tokens: int, now: float) -> None:
+        state = self.states.forget(rid)
+        if self.lengths is not None:
+            entry = self.lengths.forget(rid)
+            if entry is not None:
+                self.accuracy.record(entry.initial, output_tokens)
+        if state is not None and state.slo.program_id is not None:
+            self.compound.on_finish(state.slo.program_id, state.slo.stage, prompt_tokens, output_tokens, now)
+
+    def forget_departed(self, live: set[str]) -> None:
+        """States of requests that left without finishing in a forward pass (aborts, drops)."""
+        if len(self.states) > 4 * (len(live) + 1024):
+            self.states.keep_only(live)
+
+    def emulation_status(self, kv_token_capacity: int) -> dict[str, Any] | None:
+        pacer = self.meter.pacer
+        if pacer is None:
+            return None
+        return {
+            "gpu_model": self.config.emulate_name,
+            "slowdown": self.config.emulate_slowdown,
+            "kv_token_capacity": kv_token_capacity,
+            **pacer.report().to_dict(),
+        }
+
+
+def _pattern_library(path: str | None) -> PatternLibrary:
+    """Seed patterns (deep-research JSON format) plus whatever the server learns online."""
+    library = PatternLibrary()
+    if path:
+        for graph in load_deepresearch(Path(path)):
+            library.add(graph)
+        logger.info("%d program patterns loaded from %s", len(library), path)
+    return library
+
+
+def _length_bounds(path: str | None, quantile: float | None) -> LiveLengthBounds | None:
+    if not path:
+        return None
+    predictor = load_predictor(path)
+    if quantile is not None:
+        if not hasattr(predictor, "quantile"):
+            raise ValueError(f"predictor {predictor.name} has no quantile to set")
+        predictor.quantile = quantile
+    logger.info("length predictor %s loaded from %s", predictor.name, path)
+    return LiveLengthBounds(predictor)
+
+
+def build_components(
+    config: SloServerConfig, prior: PerfModel | None = None, clock: Clock | None = None
+) -> SloComponents:
+    """`prior`: a perf model trusted as is (default: the config's profile, if any); `clock`:
+    the scheduler's clock (default: wall time, the domain of the arrival stamps)."""
+    profile, emulate = config.perf_profile, config.emulate_profile
+    slowdown = config.emulate_slowdown if emulate else 1.0
+    if prior is None and profile:
+        prior = SlowedPerfModel(load_perf_model(profile, kind="roofline"), slowdown)
+    perf = OnlinePerfModel(prior)
+    pacer = Pacer(SlowedPerfModel(load_perf_model(emulate, kind="table"), slowdown)) if emulate else None
+    policy = make_policy(config.policy, perf, **config.policy_params)
+    knobs_on = config.policy != "fcfs"
+    clock = clock if clock is not None else WallClock()
+    states = RequestStates()
+    compound = CompoundDeadlines(_pattern_library(config.program_patterns))
+    lengths = _length_bounds(config.length_predictor, config.predictor_quantile)
+    views = ViewBuilder(
+        states,
+        clock,
+        compound,
+        lengths=lengths,
+        oracle=config.policy.endswith(ORACLE_SUFFIX),
+    )
+    return SloComponents(
+        config=config,
+        clock=clock,
+        perf=perf,
+        meter=EngineMeter(perf, pacer, timing_ok=True, emulated_card=config.emulate_name),
+        planner=PassPlanner(policy, PlanSettings(knobs=knobs_on)),
+        states=states,
+        views=views,
+        compound=compound,
+        accuracy=BoundAccuracy(),
+        lengths=lengths,
+        knobs_on=knobs_on,
+    )

@@ -1,0 +1,115 @@
+"""Measuring the engine: each forward pass's shape and time, for the online perf model; under
+GPU emulation, each pass paced to the emulated card's time.
+
+`batch_shape` reads from SGLang's ScheduleBatch: forward_mode, reqs, decoding_reqs (mixed
+batches), and per Req origin_input_ids, output_ids, extend_range.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from scheduler.core.online_perf import OnlinePerfModel
+from scheduler.core.pacing import Pacer
+from scheduler.core.plan_path import KnobModel
+from scheduler.core.slos_serve.spec_length import acceptance
+from speculative.cost import SpecCost
+
+logger = logging.getLogger("sglang_slo.scheduler")
+
+PREFILL_PROBE_TOKENS = 1024  # the per-token prefill cost the router sees is the model's at this chunk
+
+
+def batch_shape(batch: Any) -> tuple[int, int, int] | None:
+    """(prefill tokens, decoding requests, KV tokens attended) of a forward batch: what the perf
+    model and the emulated GPU's pacing are keyed on."""
+    mode = getattr(batch, "forward_mode", None)
+    if mode is None or not batch.reqs:
+        return None
+    if mode.is_decode():
+        return 0, len(batch.reqs), sum(len(r.origin_input_ids) + len(r.output_ids) for r in batch.reqs)
+    if mode.is_extend():  # prefill chunks, plus the decodes riding along in a mixed batch
+        decoding = {id(r) for r in (getattr(batch, "decoding_reqs", None) or ())}
+        prefill = kv = decodes = 0
+        for r in batch.reqs:
+            if id(r) in decoding:
+                decodes += 1
+                kv += len(r.origin_input_ids) + len(r.output_ids)
+            else:
+                span = r.extend_range  # SGLang 0.5.17 keeps the step's token range here
+                prefill += int(span.end - span.start)
+                kv += int(span.end)
+        return prefill, decodes, kv
+    return None
+
+
+class EngineMeter:
+    """`timing_ok` False (overlap scheduling on a GPU, where a pass's wall time is its launch):
+    passes are not timed and the perf model keeps its prior."""
+
+    def __init__(
+        self, perf: OnlinePerfModel, pacer: Pacer | None, timing_ok: bool, emulated_card: str | None = None
+    ) -> None:
+        self.perf = perf
+        self.pacer = pacer
+        self.timing_ok = timing_ok
+        self.emulated_card = emulated_card
+        self.spec_cost_ratio = 0.0  # draft step / target decode step, for pacing and timing
+        self._distortion_logged = -math.inf
+
+    def knob_model(self, spec_steps: int, alpha: float | None) -> KnobModel | None:
+        """What the default knobs are sized with this pass: None until the perf model is trusted;
+        under SLO-adaptive speculation, the spec cost at the current length, where a batch may
+        last Acc(s) TPOTs and costs its drafts and verify tokens."""
+        if not self.perf.ready:
+            return None
+        if spec_steps > 0 and alpha is not None:
+            return KnobModel(
+                SpecCost(self.perf, self.spec_cost_ratio).at_steps(spec_steps), acceptance(spec_steps, alpha)
+            )
+        return KnobModel(self.perf)
+
+    def after_step(self, shape: tuple[int, int, int], spec_steps: int, started: float) -> None:
+        """Pace (emulation) and learn from the pass that began at `started` (perf_counter)."""
+        prefill, decodes, kv = shape
+        spec_tokens = decodes * spec_steps  # a speculative decode verifies s drafts per request
+        if self.pacer is not None:  # emulated GPU: the step lasts what the profile says
+            drafts = SpecCost(self.pacer.model, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
+            measured = self.pacer.finish(started, self.pacer.target_s(*shape, spec_tokens) + drafts)
+            self._log_distortion()
+        elif self.timing_ok:
+            measured = time.perf_counter() - started
+        else:
+            return
+        # the target's model learns target work only: the drafts' share is the draft cost's
+        drafts = SpecCost(self.perf, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
+        self.perf.observe(prefill, decodes, kv, spec_tokens, max(measured - drafts, 1e-6))
+
+    def _log_distortion(self) -> None:
+        """Warn (at most every 30 s) when the host cannot keep up with the emulated GPU."""
+        assert self.pacer is not None
+        report = self.pacer.report()
+        now = time.monotonic()
+        if report.steps >= 100 and report.late_share > 0.05 and now - self._distortion_logged > 30:
+            self._distortion_logged = now
+            logger.warning(
+                "emulation of %s distorted: %.1f%% of %d steps late by %.2f ms on average (host too slow)",
+                self.emulated_card,
+                100 * report.late_share,
+                report.steps,
+                report.mean_overrun_ms,
+            )
+
+    def prefill_ms_per_token(self) -> float:
+        return round(1000 * self.perf.step_time(PREFILL_PROBE_TOKENS, 0, 0) / PREFILL_PROBE_TOKENS, 6)
+
+    def perf_status(self) -> dict[str, Any]:
+        return {
+            "ready": self.perf.ready,
+            "observed_iterations": self.perf.observed,
+            "recent_rel_error": self.perf.recent_error(),
+            "predicted_decode_ms": {str(n): round(1000 * self.perf.step_time(0, n, 128 * n), 3) for n in (1, 8, 32)},
+        }

@@ -1,0 +1,28 @@
+"""This pass's plan: the policy's decision, finished on the one plan path."""
+
+from __future__ import annotations
+
+import logging
+
+from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan
+from scheduler.core.types import EngineView, Policy
+
+logger = logging.getLogger("sglang_slo.scheduler")
+
+
+class PassPlanner:
+    """A policy bug must not take the engine down: such a pass keeps SGLang's own choice, and
+    is counted and logged."""
+
+    def __init__(self, policy: Policy, settings: PlanSettings) -> None:
+        self.policy = policy
+        self.settings = settings
+        self.errors = 0
+
+    def plan(self, view: EngineView, knob_model: KnobModel | None) -> FinalPlan | None:
+        try:
+            return finalize_plan(view, self.policy.plan(view), self.settings, knob_model)
+        except Exception:
+            self.errors += 1
+            logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)
+            return None

@@ -1,0 +1,108 @@
+"""What the adapter keeps per request, in one object per rid (never on SGLang's own objects).
+
+A request's SLO and arrival are read once from the `custom_params` the HTTP edge injected; the
+benchmark-only true length (the hidden hint) and the client cap it lowered are kept here too,
+as is the tier the policy's last plan put the request in while it waited (the tier it starts
+in is the one it runs in).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from scheduler.core.slo import SloSpec, SloValidationError
+from scheduler.core.slo_wire import read_injected
+from wire import ORACLE_HINT_PARAM
+
+logger = logging.getLogger("sglang_slo.scheduler")
+
+_UNSET = object()
+
+
+@dataclass
+class RequestState:
+    slo: SloSpec
+    arrival: float  # unix time, the same domain as the scheduler's clock
+    hinted: bool = False  # a benchmark's hidden true length lowered the engine's max_new_tokens
+    client_cap: int | None = None  # ... and this was the client's own (what policies see)
+    declined: bool = False  # the policy's last plan put it in the best-effort tier
+    stage_deadline: Any = _UNSET  # compound: D_s fixed when the stage is first seen (float | None)
+
+    @property
+    def stage_deadline_known(self) -> bool:
+        return self.stage_deadline is not _UNSET
+
+
+def oracle_hint(sampling_params: Any) -> int | None:
+    """The true output length a benchmark attached (a positive int), else None."""
+    value = (getattr(sampling_params, "custom_params", None) or {}).get(ORACLE_HINT_PARAM)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def request_slo(rid: str, sampling_params: Any) -> tuple[SloSpec, float | None]:
+    """The SLO and arrival the HTTP layer attached; best-effort if absent or unreadable."""
+    try:
+        injected = read_injected(getattr(sampling_params, "custom_params", None))
+    except SloValidationError:
+        logger.warning("request %s carried an invalid SLO; treating it as best-effort", rid)
+        injected = None
+    return injected if injected is not None else (SloSpec(), None)
+
+
+class RequestStates:
+    """rid -> RequestState for every request the scheduler has seen and not yet finished."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, RequestState] = {}
+        self._caps: dict[str, int | None] = {}  # set at arrival, before a state exists
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def __contains__(self, rid: str) -> bool:
+        return rid in self._states
+
+    def of(self, req: Any, now: float) -> RequestState:
+        """The state of SGLang request `req` (reads rid and sampling_params), created on first sight."""
+        state = self._states.get(req.rid)
+        if state is None:
+            spec, arrival = request_slo(req.rid, req.sampling_params)
+            state = RequestState(spec, arrival if arrival is not None else now)
+            if req.rid in self._caps:
+                state.hinted, state.client_cap = True, self._caps.pop(req.rid)
+            self._states[req.rid] = state
+        return state
+
+    def get(self, rid: str) -> RequestState | None:
+        return self._states.get(rid)
+
+    def lower_cap_to_hint(self, rid: str, sampling_params: Any) -> None:
+        """A benchmark's hidden true length ends the request there, like the model's EOS would;
+        the client's own cap is remembered for the policy's view."""
+        hint = oracle_hint(sampling_params)
+        if hint is None:
+            return
+        cap = sampling_params.max_new_tokens
+        self._caps[rid] = cap
+        sampling_params.max_new_tokens = hint if cap is None else min(cap, hint)
+        sampling_params.ignore_eos = True
+
+    def hinted(self, rid: str) -> bool:
+        """Whether the hidden hint lowered this request's engine cap."""
+        state = self._states.get(rid)
+        return rid in self._caps or (state is not None and state.hinted)
+
+    def is_declined(self, rid: str) -> bool:
+        state = self._states.get(rid)
+        return state is not None and state.declined
+
+    def forget(self, rid: str) -> RequestState | None:
+        self._caps.pop(rid, None)
+        return self._states.pop(rid, None)
+
+    def keep_only(self, live: set[str]) -> None:
+        """Drop the states of requests that left without passing through `forget` (aborts)."""
+        self._states = {rid: s for rid, s in self._states.items() if rid in live}
+        self._caps = {rid: c for rid, c in self._caps.items() if rid in live}

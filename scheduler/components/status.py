@@ -1,0 +1,44 @@
+"""The scheduler's status, published to the HTTP process for /slo/status, /metrics and the
+router's load reports. The keys are part of that contract: renaming one breaks readers."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SchedulerStatus:
+    policy: str
+    waiting: int
+    running: int
+    max_running_requests: int  # configured, not a decode cap's per-pass value
+    disaggregation_mode: str  # null | prefill | decode
+    chunked_prefill_size: int | None  # this pass's prefill budget
+    steps: int
+    kv_capacity_tokens: int
+    kv_used_tokens: int | None
+    prefill_ms_per_token: float  # what the router's routing policies charge per prompt token
+    dropped_in_queue: int
+    batch_cap: int | None
+    startup_chunk_size: int | None
+    chunk_budget: int | None
+    dynamic_chunking: dict[str, int] | None
+    decode_cap: int | None
+    mixed_batching: bool
+    best_effort_waiting: int
+    perf_model: dict[str, Any]
+    predictor_accuracy: dict[str, Any] | None
+    compound: dict[str, int]
+    plan_errors: int
+    preempted: int
+    emulation: dict[str, Any] | None
+    speculation: dict[str, Any] | None
+    length_predictor: dict[str, Any] | None
+    time: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["chunk_size"] = self.chunked_prefill_size  # older readers' name for the same value
+        return out

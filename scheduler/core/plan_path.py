@@ -1,0 +1,107 @@
+"""The one plan path: what every policy's plan becomes before any engine applies it.
+
+A policy decides what it cares about (order, admission, its own knobs, preemptions); the rest of
+a step's decision is the same for every policy and lives here, so the SGLang adapter and the
+simulator apply exactly the same plan and differ only in the engine underneath:
+
+- `max_queue_ms` expiries are dropped with `slo_queue_timeout`, under every policy (it is the
+  request's own admission limit, not a policy's choice);
+- the batch cap and prefill chunk a plan leaves open come from the performance model
+  (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7), when one is trusted;
+- guards keep a plan applicable: drops and tiers name waiting requests, preemptions running
+  ones, the cap admits at least one request and the chunk stays within the start-up size.
+
+`finalize_plan` is pure and data-only in and out, so a plan can be recorded, compared and sent
+to other ranks as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from scheduler.core.batch_limits import batch_knobs
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
+from scheduler.core.types import EngineView, PerfModel, StepPlan
+
+MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"  # an engine's role (PD workers: prefill/decode)
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """What the engine is, as far as finishing a plan goes."""
+
+    knobs: bool = True  # apply batch caps and chunks at all (False: stock SGLang, e.g. fcfs)
+    mixed_batching: bool = True  # prefill chunks ride with decodes: the chunk knob applies
+    role: str = MIXED  # PD prefill workers chunk dynamically; PD decode workers never drop or preempt
+
+
+@dataclass(frozen=True)
+class KnobModel:
+    """The model the default knobs are sized with: the engine's perf model, or its speculative
+    cost at the current drafting length, where a batch may last `tokens_per_step` TPOTs."""
+
+    perf: PerfModel
+    tokens_per_step: float = 1.0
+
+
+@dataclass(frozen=True)
+class FinalPlan:
+    """A finished plan: the engine applies it verbatim. None knobs leave the engine's own."""
+
+    order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after
+    best_effort: frozenset[str] = frozenset()  # waiting rids in the best-effort tier (run last)
+    drop: dict[str, str] = field(default_factory=dict)  # waiting rid -> reason
+    preempt: tuple[str, ...] = ()  # running rids to retract this pass
+    batch_cap: int | None = None  # running-batch cap for this pass
+    chunk_size: int | None = None  # prefill token budget for this pass (None: the start-up size)
+
+
+def finalize_plan(
+    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None = None
+) -> FinalPlan:
+    """`plan` completed with what every policy gets; `knob_model` None: no trusted model yet."""
+    waiting = {r.rid for r in view.waiting}
+    running = {r.rid for r in view.running}
+    drop: dict[str, str] = {}
+    if settings.role != DECODE:  # a PD decode request already holds transferred KV
+        drop = {rid: reason for rid, reason in plan.drop.items() if rid in waiting}
+        for rid in expired_in_queue(view.waiting, view.now):
+            drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
+    kept = waiting - drop.keys()
+    order = None if plan.order is None else tuple(rid for rid in plan.order if rid in kept)
+    preempt: tuple[str, ...] = ()
+    if settings.role != DECODE:
+        preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
+    cap, chunk = _knobs(view, plan, settings, knob_model)
+    return FinalPlan(
+        order=order,
+        best_effort=frozenset(plan.best_effort & kept),
+        drop=drop,
+        preempt=preempt,
+        batch_cap=cap,
+        chunk_size=chunk,
+    )
+
+
+def _knobs(
+    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None
+) -> tuple[int | None, int | None]:
+    """Batch cap and prefill chunk: the plan's own, else the perf model's, within the engine's limits."""
+    if not settings.knobs or settings.role == PREFILL:
+        # A PD prefill step shares nothing with decodes: TPOT-derived caps and chunks do not
+        # apply (PolyServe §3.4); its budget is dynamic chunking's.
+        return None, None
+    cap, chunk = plan.batch_cap, plan.chunk_size
+    if (cap is None or chunk is None) and knob_model is not None:
+        derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step)
+        cap = cap if cap is not None else derived.batch_cap
+        chunk = chunk if chunk is not None else derived.chunk_size
+    if cap is not None:
+        cap = max(1, min(cap, view.max_running_requests))
+    # Without mixed batches every prefill step stalls all decodes, so a smaller chunk only adds
+    # steps: the chunk knob applies to mixed batching alone.
+    if chunk is not None and (not settings.mixed_batching or view.chunk_size <= 0):
+        chunk = None
+    if chunk is not None:
+        chunk = max(1, min(chunk, view.chunk_size))
+    return cap, chunk

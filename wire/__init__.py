@@ -1,0 +1,30 @@
+"""The wire vocabulary: names every process agrees on, and nothing else.
+
+The HTTP edge writes these keys, the scheduler reads them, the router forwards them and the
+benchmarks send them, so they live in one leaf package that imports nothing of ours. Changing a
+value here changes the wire format between processes of different versions.
+"""
+
+from __future__ import annotations
+
+# ---- inside SGLang's sampling_params.custom_params (HTTP edge -> scheduler) -------------------
+SLO_PARAM = "slo"  # the request's validated SLO, as SloSpec.to_dict()
+ARRIVAL_PARAM = "slo_arrival"  # unix time the request reached the first server (or router)
+ORACLE_HINT_PARAM = "slo_oracle_output_len"  # a benchmark's true output length: never in a policy view
+
+# ---- request headers -------------------------------------------------------------------------
+SLO_HEADER_FIELDS = {  # header -> SLO field it fills when the body leaves the field out
+    "x-slo-ttft-ms": "ttft_ms",
+    "x-slo-tpot-ms": "tpot_ms",
+    "x-slo-deadline-ms": "deadline_ms",
+}
+ARRIVAL_HEADER = "x-slo-arrival"  # the router's arrival stamp on a proxied request
+AGENT_TOKEN_HEADER = "x-slo-agent-token"  # proves the proxied request came through the worker agent
+
+# ---- inside SGLang's customized_info / meta_info (scheduler -> HTTP edge) --------------------
+TOKEN_TS_KEY = "slo_token_ts"  # per output token: unix time it left the scheduler
+TIER_KEY = "slo_best_effort"  # per output token: 1 when the policy had declined the request
+REPORT_KEY = "slo"  # meta_info key of the SLO report on the final output
+
+# ---- router <-> worker protocol ---------------------------------------------------------------
+REGISTER_AGAIN = "unknown or dead worker: send Register again"  # Ack reason: the router lost the worker
