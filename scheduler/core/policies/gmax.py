@@ -16,8 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from scheduler.core.policies._cutoff_tuner import CutoffTuner
-from scheduler.core.policies._estimates import (
+from scheduler.core.estimates import (
     COMPOUND,
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
@@ -34,6 +33,7 @@ from scheduler.core.policies._estimates import (
     quantum_boundary,
     remaining_work,
 )
+from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.slo import SloClass
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan

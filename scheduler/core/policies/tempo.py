@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from scheduler.core.policies._estimates import (
+from scheduler.core.estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
     LATENCY,

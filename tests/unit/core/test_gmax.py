@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.core.estimates import LinearStepModel
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
-from scheduler.core.policies._estimates import LinearStepModel
 from scheduler.core.policies.gmax import GmaxPolicy, best_window, power_of_k
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
