@@ -29,9 +29,11 @@ from scheduler.core.estimates import (
     group_reduce,
     latency_on_time_tokens,
     lexsort_fast,
+    next_token_due,
     preemption_pays,
     quantum_boundary,
     remaining_work,
+    request_deadline,
 )
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
@@ -223,9 +225,9 @@ class GmaxPolicy:
                         self.tuner.reward(value)
         seen: dict[str, tuple[float, float]] = {}
         for r in running:
-            due = r.deadline_abs() if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
+            due = request_deadline(r) if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
             if r.slo.slo_class is SloClass.LATENCY:
-                nxt = r.next_token_due()
+                nxt = next_token_due(r)
                 on_track = nxt is None or view.now <= nxt
                 value = r.slo.weight * (r.generated + 1) if on_track else 0.0
             else:
