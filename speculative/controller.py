@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from scheduler.core.estimates import next_token_due
 from scheduler.core.slos_serve.spec_length import acceptance
 from scheduler.core.types import EngineView, PerfModel, RequestView
 from speculative.acceptance import AcceptanceTracker
@@ -28,7 +29,7 @@ def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: fl
     if r.slo.tpot_ms is None or r.best_effort_tier:
         return None
     tpot = r.slo.tpot_ms / 1000.0
-    due = r.next_token_due()
+    due = next_token_due(r)
     if due is None or r.first_token_time is None or now <= due:
         return tpot
     return max(tpot * floor, tpot - (now - due) / catch_up_tokens)

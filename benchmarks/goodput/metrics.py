@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.goodput.records import RequestRecord
-from scheduler.core.gain import base_gain, outcome_gain
+from scheduler.core.estimates import absolute_deadline, base_gain, deadline_seconds
+from scheduler.core.gain import outcome_gain
 from scheduler.core.goodput import summarize
 from scheduler.core.outcome import SloOutcome, evaluate
 from scheduler.core.slo import SloClass, SloSpec, parse_slo
@@ -67,10 +68,8 @@ def score_record(record: RequestRecord, alpha: float = 1.0) -> Scored:
         finish = tokens[-1] if tokens else arrival
     deadline_abs = ttlt = None
     if spec.slo_class is SloClass.COMPOUND and record.program_start_s is not None:
-        rel = record.program_deadline_s
-        if rel is None and spec.deadline_ms is not None:
-            rel = spec.deadline_ms / 1000.0
-        deadline_abs = None if rel is None else record.program_start_s + rel
+        rel = record.program_deadline_s if record.program_deadline_s is not None else deadline_seconds(spec)
+        deadline_abs = absolute_deadline(rel, arrival, program_arrival=record.program_start_s)
         ttlt = finish - record.program_start_s
     outcome = evaluate(spec, arrival, tokens, finish, finished=record.finished, deadline_abs=deadline_abs)
     gain = outcome_gain(outcome, record.prompt_tokens, alpha=alpha, token_times=tokens, arrival=arrival, ttlt_s=ttlt)

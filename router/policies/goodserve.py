@@ -8,7 +8,7 @@ decode_s_per_token); Alg. 1 line 5 smooths the reported wait once more with `alp
 the worker already reports an EMA, smoothing twice would only lag). H is the prefix the worker
 likely caches (leading matched blocks × `block_tokens`, from the table of what this policy sent
 where); L_out is the predicted output length (estimates.output_tokens). D_r is the time left to
-the SLO deadline (estimates.deadline_s). Among workers with T ≤ D_r the one with the largest d_g
+the SLO deadline (scheduler.core.estimates.answer_due). Among workers with T ≤ D_r the one with the largest d_g
 (slowest decode: just enough, keeping fast GPUs for urgent work) wins. The paper gives no
 tie-break, and its black-box d_g also grows with a worker's batch, so taken literally the rule
 prefers the busier of two identical cards and herds a burst onto one of them (measured: 50 of
@@ -34,15 +34,10 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
-from router.policies.estimates import (
-    DEFAULT_OUTPUT_TOKENS,
-    counted_tokens,
-    deadline_s,
-    output_tokens,
-    remaining_tokens,
-)
+from router.policies.estimates import counted_tokens, output_tokens, remaining_tokens
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
 from router.views import Decision, RouteRequest, RunningView, WorkerView
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
 
 _C = TypeVar("_C")
 DEFAULT_BLOCK_TOKENS = 64  # tokens per prefix hash block (the benchmarks' workload block size)
@@ -57,7 +52,7 @@ class GoodServePolicy(RoutingPolicy):
         alpha: float = 1.0,
         speed_tolerance: float = 0.15,
         block_tokens: int = DEFAULT_BLOCK_TOKENS,
-        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        default_output_tokens: int = DEFAULT_OUTPUT_LEN,
         max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS,
     ) -> None:
         if tau <= 0 or not 0.0 < alpha <= 1.0 or speed_tolerance < 0:
@@ -94,7 +89,7 @@ class GoodServePolicy(RoutingPolicy):
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
         alive = healthy_workers(workers)
         l_out = output_tokens(req, self.default_output_tokens)
-        due = deadline_s(req, l_out)
+        due = answer_due(req.slo, req.arrival_s, l_out)
         if due is None:
             w = least_loaded(alive)
             self.table.record(w.worker_id, req.prefix_hashes)
@@ -146,7 +141,7 @@ class GoodServePolicy(RoutingPolicy):
         for run in running:
             req = run.request
             l_out = output_tokens(req, self.default_output_tokens)
-            due = deadline_s(req, l_out)
+            due = answer_due(req.slo, req.arrival_s, l_out)
             cur = by_id.get(run.worker_id)
             if due is None or cur is None:
                 continue

@@ -26,8 +26,9 @@ import random
 from collections.abc import Sequence
 
 from router.policies.base import RoutingPolicy, healthy_workers
-from router.policies.estimates import DEFAULT_OUTPUT_TOKENS, deadline_s, output_tokens
+from router.policies.estimates import output_tokens
 from router.views import Decision, RouteRequest, WorkerView
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due, token_due
 from scheduler.core.slo import SloClass
 
 
@@ -48,7 +49,7 @@ def on_time_tokens(k: float, slope: float, n: int, has_tpot: bool) -> int:
 class JitPolicy(RoutingPolicy):
     name = "jit"
 
-    def __init__(self, k: int = 2, seed: int = 0, default_output_tokens: int = DEFAULT_OUTPUT_TOKENS) -> None:
+    def __init__(self, k: int = 2, seed: int = 0, default_output_tokens: int = DEFAULT_OUTPUT_LEN) -> None:
         if k < 1:
             raise ValueError("k must be at least 1")
         self.k = k
@@ -65,10 +66,11 @@ class JitPolicy(RoutingPolicy):
         first = now + w.queue_delay_s + w.prefill_s_per_token * req.prompt_tokens + w.decode_s_per_token
         finish = first + w.decode_s_per_token * (l_out - 1)
         slo = req.slo
-        due = deadline_s(req, l_out)
+        due = answer_due(slo, req.arrival_s, l_out)
         slack = math.inf if due is None else due - finish
-        if slo.slo_class is SloClass.LATENCY and slo.ttft_ms is not None:
-            k = req.arrival_s + slo.ttft_ms / 1000.0 - first
+        first_due = token_due(slo, req.arrival_s, 0)
+        if slo.slo_class is SloClass.LATENCY and first_due is not None:
+            k = first_due - first
             slope = w.decode_s_per_token - (slo.tpot_ms or 0.0) / 1000.0
             tokens = on_time_tokens(k, slope, l_out, slo.tpot_ms is not None)
             if slo.tpot_ms is None:

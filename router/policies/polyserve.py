@@ -39,8 +39,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
-from router.policies.estimates import DEFAULT_OUTPUT_TOKENS, output_tokens
+from router.policies.estimates import output_tokens
 from router.views import Decision, RouteRequest, WorkerView
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, token_due
 
 Tier = float | None  # TPOT tier in ms; None = best-effort pool / no TPOT
 _NONE: Counter[Tier] = Counter()  # read-only stand-in for an instance with no residents
@@ -64,7 +65,7 @@ class PolyServePolicy(RoutingPolicy):
         batch_growth: float = 0.5,
         release_after_s: float | None = 10.0,
         check_every_s: float = 0.5,
-        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        default_output_tokens: int = DEFAULT_OUTPUT_LEN,
     ) -> None:
         self.tiers_ms = tuple(sorted(float(t) for t in tiers_ms)) if tiers_ms else None
         self.batch_growth = batch_growth
@@ -105,10 +106,10 @@ class PolyServePolicy(RoutingPolicy):
         """Can `w` take `req` while keeping its tier's TPOT (`tier_ms`) and the request's TTFT?"""
         if w.running + w.queue_len + 1 > w.max_running or w.kv_free_tokens < req.prompt_tokens + l_out:
             return False
-        ttft = req.slo.ttft_ms
-        if ttft is not None:
+        first_due = token_due(req.slo, req.arrival_s, 0)
+        if first_due is not None:
             first = w.queue_delay_s + w.iteration_s + w.prefill_s_per_token * req.prompt_tokens
-            if now + first > req.arrival_s + ttft / 1000.0:
+            if now + first > first_due:
                 return False
         return tier_ms is None or self.next_iteration_s(w) <= tier_ms / 1000.0
 

@@ -30,8 +30,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from router.policies.estimates import DEFAULT_OUTPUT_TOKENS
 from router.views import RouteRequest, RunningView, WorkerView
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
 from scheduler.core.slo import SloClass
 from scheduler.core.slos_serve._linear import LinearPerfModel
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
@@ -62,7 +62,7 @@ class ReplicaAdmission:
         *,
         clock: Callable[[], float] = time.monotonic,
         default_perf: LinearPerfModel | None = None,
-        default_output_tokens: int = DEFAULT_OUTPUT_TOKENS,
+        default_output_tokens: int = DEFAULT_OUTPUT_LEN,
         deadline_prefill_share: float = 0.2,
         idle_batch_s: float = 0.05,
         chunk_size: int = 8192,

@@ -1,4 +1,4 @@
-"""Service gain (Tempo §3.1, Eqs. 1–3): how much useful service a request delivered.
+"""Realised service gain (Tempo §3.1, Eqs. 1–3): how much useful service a request delivered.
 
 Finishing faster than the SLO earns nothing extra; missing it degrades the gain by
 f(SLO, x) = min(1, (SLO/x)^α). α = 1 is Tempo's default; α → ∞ (``math.inf``) is the step
@@ -10,44 +10,17 @@ is scored on one scale:
 where a factor is 1 when the SLO has no such target. A pure deadline/compound request reduces to
 Eq. 2, (w_i·L_i + w_o·L_o)·f(SLO_TTLT, TTLT); a latency request to Eq. 3, with token i degraded
 against its deadline-based due time ttft + i·tpot (PolyServe §2.3), both measured from arrival.
+Eq. 1 (`base_gain`), the token weights and f (`degradation`) live in scheduler.core.estimates,
+which the policies' predictions share.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-import numpy as np
-
+from scheduler.core.estimates import DEFAULT_WEIGHTS, GainWeights, check_alpha, degradation
 from scheduler.core.outcome import SloOutcome
-from scheduler.core.slo import SloSpec
-
-
-@dataclass(frozen=True)
-class GainWeights:
-    """Per-token value of input vs output tokens; 1:2 follows common API pricing (Tempo §3.1)."""
-
-    w_in: float = 1.0
-    w_out: float = 2.0
-
-
-DEFAULT_WEIGHTS = GainWeights()
-
-
-def _check_alpha(alpha: float) -> None:
-    if not alpha >= 0:
-        raise ValueError(f"alpha must be >= 0, got {alpha}")
-
-
-def degradation(slo_s: float, x_s: float, alpha: float = 1.0) -> float:
-    """f(SLO, x) = min(1, (SLO/x)^α): 1 when on time, decaying with how late x is."""
-    _check_alpha(alpha)
-    if x_s <= slo_s:
-        return 1.0
-    if math.isinf(alpha) or slo_s <= 0:
-        return 0.0
-    return (slo_s / x_s) ** alpha
 
 
 def _late_factor(slo_s: float, lateness_s: float, alpha: float) -> float:
@@ -58,13 +31,6 @@ def _late_factor(slo_s: float, lateness_s: float, alpha: float) -> float:
     if math.isinf(alpha):
         return 0.0  # even when slo_s + lateness_s rounds back to slo_s
     return degradation(slo_s, slo_s + lateness_s, alpha)
-
-
-def base_gain(
-    input_tokens: int, output_tokens: int, weight: float = 1.0, weights: GainWeights = DEFAULT_WEIGHTS
-) -> float:
-    """Eq. 1 times the request's weight: the gain of a request served within its SLO."""
-    return weight * (weights.w_in * input_tokens + weights.w_out * output_tokens)
 
 
 def outcome_gain(
@@ -86,7 +52,7 @@ def outcome_gain(
     from a compound program's first arrival. A deadline the outcome marks missed never earns the
     full gain: if its lateness cannot be seen in the times, the step (0) is used.
     """
-    _check_alpha(alpha)
+    check_alpha(alpha)
     if not outcome.finished:
         return 0.0
     slo = outcome.slo
@@ -143,54 +109,3 @@ def _deadline_factor(outcome: SloOutcome, alpha: float, ttlt_s: float | None) ->
 def _missed_factor(target_s: float, seen_s: float, alpha: float) -> float:
     """f for a target the outcome marks missed; 0 when the times do not show by how much."""
     return 0.0 if seen_s <= target_s else degradation(target_s, seen_s, alpha)
-
-
-def expected_gain(
-    slo: SloSpec,
-    input_tokens: int,
-    output_tokens: int,
-    ttft_s: float,
-    tpot_s: float = 0.0,
-    *,
-    ttlt_s: float | None = None,
-    from_token: int = 0,
-    alpha: float = 1.0,
-    weights: GainWeights = DEFAULT_WEIGHTS,
-) -> float:
-    """Gain a policy expects from predicted times (seconds after arrival): first token at
-    `ttft_s`, token i at ttft_s + i·tpot_s, last token at `ttlt_s` (default: the last token's
-    predicted time). `from_token` > 0 values only the tokens still to come (the input was already
-    credited), which is what a density ranking (Tempo Eq. 4) needs for a running request.
-    """
-    _check_alpha(alpha)
-    if output_tokens < 0 or from_token < 0:
-        raise ValueError("token counts must be >= 0")
-    if ttlt_s is None:
-        ttlt_s = ttft_s + max(output_tokens - 1, 0) * tpot_s
-    in_value = 0.0
-    if from_token == 0:
-        in_factor = 1.0 if slo.ttft_ms is None else degradation(slo.ttft_ms / 1000.0, ttft_s, alpha)
-        in_value = weights.w_in * input_tokens * in_factor
-    out_value = _expected_output_value(slo, output_tokens, ttft_s, tpot_s, from_token, alpha)
-    deadline = 1.0 if slo.deadline_ms is None else degradation(slo.deadline_ms / 1000.0, ttlt_s, alpha)
-    return slo.weight * (in_value + weights.w_out * out_value) * deadline
-
-
-def _expected_output_value(
-    slo: SloSpec, output_tokens: int, ttft_s: float, tpot_s: float, from_token: int, alpha: float
-) -> float:
-    count = max(output_tokens - from_token, 0)
-    if count == 0 or slo.ttft_ms is None or slo.tpot_ms is None:
-        return float(count)
-    idx = np.arange(from_token, output_tokens, dtype=float)
-    due = (slo.ttft_ms + idx * slo.tpot_ms) / 1000.0
-    emitted = ttft_s + idx * tpot_s
-    lateness = emitted - due
-    late = lateness > 0
-    if not late.any():
-        return float(count)
-    if math.isinf(alpha):
-        return float(count - int(late.sum()))
-    factors = np.ones_like(due)
-    factors[late] = (due[late] / emitted[late]) ** alpha
-    return float(factors.sum())

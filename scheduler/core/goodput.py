@@ -12,7 +12,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.core.gain import DEFAULT_WEIGHTS, GainWeights, base_gain, outcome_gain
+from scheduler.core.estimates import DEFAULT_WEIGHTS, GainWeights, base_gain
+from scheduler.core.gain import outcome_gain
 from scheduler.core.outcome import SloOutcome
 from scheduler.core.slo import SloClass
 

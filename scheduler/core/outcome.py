@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.core.estimates import absolute_deadline
 from scheduler.core.slo import SloSpec
 
 
@@ -82,7 +83,7 @@ def evaluate(
         )
     deadline_ok = None
     if slo.deadline_ms is not None:
-        due = deadline_abs if deadline_abs is not None else arrival + slo.deadline_ms / 1000.0
+        due = deadline_abs if deadline_abs is not None else absolute_deadline(slo.deadline_ms / 1000.0, arrival)
         deadline_ok = finished and finish_time <= due
     return SloOutcome(
         slo=slo,

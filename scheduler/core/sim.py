@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from scheduler.core.clock import ManualClock
+from scheduler.core.estimates import absolute_deadline, deadline_seconds
 from scheduler.core.outcome import SloOutcome, evaluate
 from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan
 from scheduler.core.slo import SloSpec
@@ -77,11 +78,9 @@ class SimRecord:
 
     def outcome(self, end_time: float) -> SloOutcome:
         r = self.req
-        deadline_abs = r.stage_deadline
-        if deadline_abs is None and r.program_arrival is not None and r.slo.deadline_ms is not None:
-            deadline_abs = r.program_arrival + r.slo.deadline_ms / 1000.0
+        due = absolute_deadline(deadline_seconds(r.slo), r.arrival, r.program_arrival, r.stage_deadline)
         finish = self.finish_time if self.finish_time is not None else end_time
-        return evaluate(r.slo, r.arrival, self.token_times, finish, self.finished, deadline_abs)
+        return evaluate(r.slo, r.arrival, self.token_times, finish, self.finished, due)
 
 
 @dataclass

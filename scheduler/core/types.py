@@ -2,7 +2,8 @@
 
 The adapter (inside SGLang's scheduler), the emulator and the simulator all build these same
 small dataclasses, so one policy object runs unchanged in all three. A policy never sees a
-request's true output length: only what was generated so far and a predicted bound.
+request's true output length: only what was generated so far and a predicted bound. What is
+estimated from a view (deadlines, length bounds) lives in scheduler.core.estimates.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler.core.slo import SloClass, SloSpec
+from scheduler.core.slo import SloSpec
 
 
 @dataclass
@@ -34,29 +35,6 @@ class RequestView:
     @property
     def started(self) -> bool:
         return self.first_token_time is not None
-
-    def deadline_abs(self) -> float | None:
-        """Absolute end-to-end deadline (program deadline for compound stages)."""
-        if self.slo.deadline_ms is None:
-            return None
-        if self.stage_deadline is not None:
-            return self.stage_deadline
-        base = self.program_arrival if self.program_arrival is not None else self.arrival
-        return base + self.slo.deadline_ms / 1000.0
-
-    def next_token_due(self) -> float | None:
-        """Absolute time the next output token is due under the DSLO, if the SLO has one."""
-        due = self.slo.token_due_s(self.generated)
-        return None if due is None else self.arrival + due
-
-    def next_deadline(self) -> float | None:
-        """The deadline that binds next: first-token before the first token for latency
-        requests, the end-to-end deadline for deadline/compound requests."""
-        if self.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND):
-            return self.deadline_abs()
-        if self.slo.slo_class is SloClass.LATENCY:
-            return self.next_token_due()
-        return None
 
 
 @dataclass

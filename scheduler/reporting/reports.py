@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from scheduler.core.estimates import absolute_deadline, deadline_seconds
 from scheduler.core.outcome import evaluate
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.slo import SloSpec
@@ -54,7 +55,8 @@ class SloReportKeeper:
         (or one without tokens) ends at `now` (default: the current time)."""
         deadline_abs = None
         if slo.program_id is not None and slo.deadline_ms is not None:
-            deadline_abs = self.programs.arrival(slo.program_id, arrival) + slo.deadline_ms / 1000.0
+            program_arrival = self.programs.arrival(slo.program_id, arrival)
+            deadline_abs = absolute_deadline(deadline_seconds(slo), arrival, program_arrival)
         end = token_times[-1] if finished and token_times else (time.time() if now is None else now)
         outcome = evaluate(slo, arrival, token_times, end, finished=finished, deadline_abs=deadline_abs)
         self.metrics.record(outcome, tier)

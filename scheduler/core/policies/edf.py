@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import math
 
+from scheduler.core.estimates import next_deadline
 from scheduler.core.types import EngineView, RequestView, StepPlan
 
 
 def deadline_key(req: RequestView) -> tuple[int, float, float]:
-    deadline = req.next_deadline()
+    deadline = next_deadline(req)
     if deadline is None:
         return (1, math.inf, req.arrival)
     return (0, deadline, req.arrival)

@@ -7,17 +7,16 @@ sorting them by context length and taking the window of B with the largest prior
 (homogeneous lengths batch faster). p is tuned online by hill-climbing on the goodput observed
 per epoch. Running requests can be swapped out only at frame boundaries and only when the gain
 beats the stall cost and the App. D.2 margin. Requests past their max_queue_ms are dropped.
+The multi-replica half (§4.3, power-of-K copies) is a routing policy: router/policies/jit.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
 
 import numpy as np
 
-from scheduler.core.policies._cutoff_tuner import CutoffTuner
-from scheduler.core.policies._estimates import (
+from scheduler.core.estimates import (
     COMPOUND,
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
@@ -30,10 +29,13 @@ from scheduler.core.policies._estimates import (
     group_reduce,
     latency_on_time_tokens,
     lexsort_fast,
+    next_token_due,
     preemption_pays,
     quantum_boundary,
     remaining_work,
+    request_deadline,
 )
+from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.slo import SloClass
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
@@ -93,7 +95,6 @@ class GmaxPolicy:
         # Requests seen running last step -> (goodput if they finish now, deadline or +inf).
         self._seen: dict[str, tuple[float, float]] = {}
         self._removed: set[str] = set()
-        self._external_feedback = False
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     @property
@@ -204,15 +205,10 @@ class GmaxPolicy:
 
     # -- online cutoff tuning ----------------------------------------------------------------
 
-    def observe_goodput(self, amount: float) -> None:
-        """Feed realised goodput (e.g. from the SLO tracker); disables the built-in estimate."""
-        self._external_feedback = True
-        self.tuner.reward(amount)
-
     def _observe(self, view: EngineView, waiting_rids: Sequence[str], running: Sequence[RequestView]) -> None:
         """Estimate realised goodput without engine hooks: a request that was running and has
         left both queues (and that we did not drop or preempt) finished around `now`."""
-        if not self._external_feedback and self._seen:
+        if self._seen:
             running_ids = {r.rid for r in running}
             gone = [rid for rid in self._seen if rid not in running_ids and rid not in self._removed]
             if gone:
@@ -223,48 +219,12 @@ class GmaxPolicy:
                         self.tuner.reward(value)
         seen: dict[str, tuple[float, float]] = {}
         for r in running:
-            due = r.deadline_abs() if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
+            due = request_deadline(r) if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
             if r.slo.slo_class is SloClass.LATENCY:
-                nxt = r.next_token_due()
+                nxt = next_token_due(r)
                 on_track = nxt is None or view.now <= nxt
                 value = r.slo.weight * (r.generated + 1) if on_track else 0.0
             else:
                 value = r.slo.weight * (r.prompt_len + r.generated + 1)
             seen[r.rid] = (value, due if due is not None else float("inf"))
         self._seen = seen
-
-
-def power_of_k(
-    req: RequestView,
-    views: Sequence[EngineView],
-    k: int = 2,
-    rng: np.random.Generator | None = None,
-    policy: GmaxPolicy | None = None,
-    perf_models: Sequence[PerfModel] | None = None,
-) -> int:
-    """JITServe §4.3 multi-replica GMAX: sample K of the M replicas, score a dummy copy of `req`
-    on each (replica-specific generation speed and queue), and return the index of the replica
-    where it would be picked soonest: first where it clears that replica's cutoff against its
-    B-th best request, then where its priority is highest. K >= M scores every replica."""
-    m = len(views)
-    if m == 0:
-        raise ValueError("power_of_k needs at least one replica view")
-    rng = rng if rng is not None else np.random.default_rng()
-    sampled = np.arange(m) if k >= m else np.sort(rng.choice(m, size=max(1, k), replace=False))
-    base = policy if policy is not None else GmaxPolicy(tune_cutoff=False)
-    best_key: tuple[bool, float] | None = None
-    best = int(sampled[0])
-    for i in sampled:
-        view = views[int(i)]
-        perf = perf_models[int(i)] if perf_models is not None else base.perf
-        waiting = [*view.waiting, req]
-        a = ReqArrays.from_views(waiting, view.running, base.default_output_len, base._slos)
-        sp = Speeds.from_view(perf, replace(view, waiting=waiting))
-        prio = base.priorities(view, a, sp)
-        mine = float(prio[len(waiting) - 1])
-        batch = view.max_running_requests
-        bp = float(-np.partition(-prio, batch - 1)[batch - 1]) if prio.size > batch else 0.0
-        key = (mine >= bp * base.cutoff, mine)
-        if best_key is None or key > best_key:
-            best_key, best = key, int(i)
-    return best

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.core.policies._estimates import quantum_boundary
+from scheduler.core.estimates import quantum_boundary
 from scheduler.core.types import EngineView, RequestView, StepPlan
 
 DEFAULT_THRESHOLDS = (512.0, 2048.0, 8192.0, 32768.0)

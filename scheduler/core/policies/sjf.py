@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from scheduler.core.policies._estimates import DEFAULT_OUTPUT_LEN, predicted_totals
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, predicted_totals
 from scheduler.core.types import EngineView, StepPlan
 
 

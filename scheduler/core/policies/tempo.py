@@ -17,23 +17,26 @@ import math
 
 import numpy as np
 
-from scheduler.core.policies._estimates import (
+from scheduler.core.estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
     W_IN,
     W_OUT,
+    GainWeights,
     LinearStepModel,
     ReqArrays,
     SloTable,
     Speeds,
-    degradation,
+    base_gain,
+    degradations,
     fairness_blend,
     group_reduce,
     lexsort_fast,
     preemption_pays,
     quantum_boundary,
     remaining_work,
+    token_dues,
 )
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
@@ -89,25 +92,26 @@ class TempoPolicy:
         t_pref, work = remaining_work(a, sp)
         work = group_reduce(work, a.group, "max")  # a stage ends when its slowest call ends
         floor = sp.decode_s
+        weights = GainWeights(self.w_in, self.w_out)
 
         # Deadline and compound: all-or-decaying gain at the end-to-end (stage) deadline.
         has_dl = np.isfinite(a.deadline)
         dl = np.where(has_dl, a.deadline, now)
         finish = now + work
         slo_span = dl - a.base
-        f_dl = degradation(slo_span, finish - a.base, self.alpha)
-        gain_full = a.weight * (self.w_in * a.prompt + self.w_out * a.total_out)
+        f_dl = degradations(slo_span, finish - a.base, self.alpha)
+        gain_full = base_gain(a.prompt, a.total_out, a.weight, weights)
         budget_dl = np.maximum(np.maximum(dl - now, work), floor)
         dens_dl = gain_full * f_dl / budget_dl
 
         # Latency (Eq. 3): the next token's due time binds; prompt gain counts until the first token.
         g = a.generated
-        due = a.arrival + np.nan_to_num(a.ttft_s, nan=0.0) + g * a.tpot_s
+        due = token_dues(a.arrival, np.nan_to_num(a.ttft_s, nan=0.0), a.tpot_s, g)
         to_next = np.where(t_pref > 0, t_pref, sp.decode_s)
-        f_lat = degradation(due - a.arrival, now + to_next - a.arrival, self.alpha)
+        f_lat = degradations(due - a.arrival, now + to_next - a.arrival, self.alpha)
         rem_out = np.maximum(a.total_out - g, 1.0)
-        prompt_gain = np.where(a.started, 0.0, self.w_in * a.prompt)
-        gain_lat = a.weight * (prompt_gain + self.w_out * rem_out) * f_lat
+        pending_prompt = np.where(a.started, 0.0, a.prompt)
+        gain_lat = base_gain(pending_prompt, rem_out, a.weight, weights) * f_lat
         budget_lat = np.maximum(np.maximum(due - now, to_next), floor)
         dens_lat = gain_lat / budget_lat
 

@@ -1,7 +1,7 @@
 """SLOs-Serve's planner (Chen et al.): multi-SLO DP soft admission, dynamic batch size and
 SLO-adaptive speculation length, as plain functions the `slos` policy composes."""
 
-from scheduler.core.slos_serve.batch_formation import BatchShape, alg2_batches, form_batch, prefill_capacity
+from scheduler.core.slos_serve.batch_formation import BatchShape, prefill_capacity
 from scheduler.core.slos_serve.dp import DpItem, DpResult, TierBudget, admit, interval_budget
 from scheduler.core.slos_serve.spec_length import SpecChoice, acceptance, optimize_spec_lengths
 
@@ -13,8 +13,6 @@ __all__ = [
     "TierBudget",
     "acceptance",
     "admit",
-    "alg2_batches",
-    "form_batch",
     "interval_budget",
     "optimize_spec_lengths",
     "prefill_capacity",

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, next_token_due, request_deadline, token_due
 from scheduler.core.slo import SloClass
 from scheduler.core.types import RequestView
 
@@ -29,7 +30,9 @@ def quantize_tpot(tpot_s: float) -> float:
 
 
 def expected_output(r: RequestView, default_tokens: int) -> float:
-    """Remaining output tokens: the analyzer's bound, else the client cap, else a default."""
+    """Remaining output tokens the DP plans for: the analyzer's bound, else the client cap up
+    to the default, else the default. A planning length, not estimates.output_bound's upper
+    bound: a cap alone counts only up to the default."""
     if r.predicted_output_len is not None:
         total = r.predicted_output_len
     elif r.max_new_tokens is not None:
@@ -43,9 +46,9 @@ def prefill_deadline(r: RequestView, now: float, prefill_share: float = 0.2) -> 
     """Just the prefill deadline (cheap: used to rank a deep queue before full demands)."""
     cls = r.slo.slo_class
     if cls is SloClass.LATENCY:
-        return None if r.slo.ttft_ms is None else r.arrival + r.slo.ttft_ms / 1000.0
+        return token_due(r.slo, r.arrival, 0)
     if cls is SloClass.DEADLINE or cls is SloClass.COMPOUND:
-        end = r.deadline_abs()
+        end = request_deadline(r)
         return None if end is None else now + prefill_share * max(0.0, end - now)
     return None
 
@@ -67,7 +70,7 @@ class Demand:
 def demand(
     r: RequestView,
     now: float,
-    default_output: int = 256,
+    default_output: int = DEFAULT_OUTPUT_LEN,
     prefill_share: float = 0.2,
     min_tpot_s: float = MIN_DERIVED_TPOT_S,
 ) -> Demand | None:
@@ -79,13 +82,13 @@ def demand(
     mem = prefill + int(math.ceil(out))
     cls = r.slo.slo_class
     if cls is SloClass.LATENCY:
-        due = r.next_token_due()
+        due = next_token_due(r)
         if due is None:
             return None
         tpot = None if r.slo.tpot_ms is None else r.slo.tpot_ms / 1000.0
-        return Demand(r.arrival + r.slo.ttft_ms / 1000.0, tpot, prefill, mem)  # type: ignore[operator]
+        return Demand(token_due(r.slo, r.arrival, 0), tpot, prefill, mem)  # type: ignore[arg-type]
     if cls in (SloClass.DEADLINE, SloClass.COMPOUND):
-        end = r.deadline_abs()
+        end = request_deadline(r)
         if end is None:
             return None
         left = end - now

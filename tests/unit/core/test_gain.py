@@ -4,18 +4,13 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.core.gain import (
-    DEFAULT_WEIGHTS,
-    GainWeights,
-    base_gain,
-    degradation,
-    expected_gain,
-    outcome_gain,
-)
+from scheduler.core.estimates import DEFAULT_WEIGHTS, GainWeights, base_gain, degradation, degradations
+from scheduler.core.gain import outcome_gain
 from scheduler.core.outcome import evaluate
 from scheduler.core.slo import SloClass, SloSpec
 
@@ -127,32 +122,15 @@ def test_best_effort_gets_full_gain_when_finished():
     assert outcome_gain(out, 5) == base_gain(5, 2)
 
 
-def test_expected_gain_on_time_is_base_gain():
-    assert expected_gain(LATENCY, 100, 20, ttft_s=0.1, tpot_s=0.04) == pytest.approx(base_gain(100, 20))
-    assert expected_gain(DEADLINE, 100, 20, ttft_s=0.1, tpot_s=0.05) == pytest.approx(base_gain(100, 20))
-
-
-@given(t1=st.floats(min_value=0.01, max_value=5.0), t2=st.floats(min_value=0.01, max_value=5.0), alpha=alphas)
-def test_expected_gain_monotone_in_predicted_ttft(t1, t2, alpha):
-    lo, hi = sorted((t1, t2))
-    for slo in (LATENCY, DEADLINE):
-        assert (
-            expected_gain(slo, 50, 30, hi, 0.06, alpha=alpha)
-            <= expected_gain(slo, 50, 30, lo, 0.06, alpha=alpha) + 1e-9
-        )
-
-
 @given(ttft=st.floats(min_value=0.01, max_value=2.0), tpot=st.floats(min_value=0.0, max_value=0.2), alpha=alphas)
-def test_expected_gain_matches_realised_gain_for_the_same_times(ttft, tpot, alpha):
+def test_realised_gain_of_a_steady_stream_is_eq3(ttft, tpot, alpha):
+    """Eq. 3 written out with the estimates' vector degradation: prompt valued at f(TTFT), each
+    token at f(its DSLO due time, its emission)."""
     n = 25
     times = [ttft + i * tpot for i in range(n)]
     out = evaluate(LATENCY, 0.0, times, finish_time=times[-1])
+    due = (LATENCY.ttft_ms + np.arange(n) * LATENCY.tpot_ms) / 1000.0
+    eq3 = DEFAULT_WEIGHTS.w_in * 40 * degradation(0.2, ttft, alpha)
+    eq3 += DEFAULT_WEIGHTS.w_out * float(degradations(due, np.array(times), alpha).sum())
     realised = outcome_gain(out, 40, alpha=alpha, token_times=times, arrival=0.0)
-    assert expected_gain(LATENCY, 40, n, ttft, tpot, alpha=alpha) == pytest.approx(realised, rel=1e-9, abs=1e-9)
-
-
-def test_expected_gain_from_token_skips_input_and_past_tokens():
-    full = expected_gain(LATENCY, 100, 20, ttft_s=0.1, tpot_s=0.04)
-    rest = expected_gain(LATENCY, 100, 20, ttft_s=0.1, tpot_s=0.04, from_token=5)
-    assert rest == pytest.approx(full - 100 - 2 * 5)
-    assert expected_gain(LATENCY, 100, 20, ttft_s=0.1, tpot_s=0.04, from_token=20) == 0.0
+    assert realised == pytest.approx(eq3, rel=1e-9, abs=1e-9)

@@ -1,6 +1,6 @@
 """JITServe GMAX: margin-goodput priority with δ aging, cutoff + sliding-window grouping, online
-cutoff tuning, frame-only cost-checked preemption, max_queue_ms drops, power-of-K replicas, and
-the App. D.1/D.2 constructions."""
+cutoff tuning, frame-only cost-checked preemption, max_queue_ms drops, and the App. D.1/D.2
+constructions (power-of-K replicas: tests/unit/router/test_policy_jit.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.core.estimates import LinearStepModel
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
-from scheduler.core.policies._estimates import LinearStepModel
-from scheduler.core.policies.gmax import GmaxPolicy, best_window, power_of_k
+from scheduler.core.policies.gmax import GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
@@ -212,24 +212,3 @@ def test_gmax_tuner_credits_requests_that_left_before_their_deadline(deadline_ms
     pol.plan(_view([], [r], step=1, now=1.0))
     pol.plan(_view([], [], step=2, now=2.0))  # r left both queues: it finished at about t = 2
     assert (pol.tuner.scores[pol.tuner.best] > 0) is rewarded
-
-
-# -- power of K ------------------------------------------------------------------------------
-
-
-def test_power_of_k_prefers_the_replica_where_the_request_would_run():
-    req = _deadline("new", out=100)
-    busy = _view([_deadline(f"q{i}", out=10, weight=50.0) for i in range(8)], cap=2)
-    idle = _view([], cap=2)
-    assert power_of_k(req, [busy, idle], k=2) == 1
-    assert power_of_k(req, [idle, busy], k=2) == 0
-
-
-def test_power_of_k_prefers_the_faster_replica_when_loads_match():
-    req = _deadline("new", deadline_ms=30_000, out=300)
-    views = [_view([], cap=2), _view([], cap=2)]
-    slow, fast = LinearStepModel(base_s=0.05), LinearStepModel(base_s=0.005)
-    assert power_of_k(req, views, k=2, perf_models=[slow, fast]) == 1
-    rng = np.random.default_rng(0)
-    picks = {power_of_k(req, views * 3, k=1, rng=rng) for _ in range(30)}
-    assert picks <= set(range(6)) and len(picks) > 1  # K = 1: a random replica each time

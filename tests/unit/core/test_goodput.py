@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from scheduler.core.gain import base_gain
+from scheduler.core.estimates import base_gain
 from scheduler.core.goodput import (
     attainment,
     dslo_token_goodput,

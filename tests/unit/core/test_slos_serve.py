@@ -15,12 +15,11 @@ from scheduler.core.slos_serve import (
     TierBudget,
     acceptance,
     admit,
-    alg2_batches,
-    form_batch,
     optimize_spec_lengths,
 )
 from scheduler.core.slos_serve._linear import LinearPerfModel
 from scheduler.core.types import EngineView, RequestView
+from tests.unit.core.slos_serve_alg2 import alg2_batches, form_batch
 
 # ---------------------------------------------------------------- Fig. 3 (§2.3)
 # Six tokens per time unit, three running decodes, a burst of four requests with six prefill

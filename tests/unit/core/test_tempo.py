@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.policies._estimates import LinearStepModel
+from scheduler.core.estimates import LinearStepModel
 from scheduler.core.policies.tempo import TempoPolicy, reserved_slots
 from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec

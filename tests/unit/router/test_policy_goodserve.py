@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from router.policies.estimates import DEFAULT_OUTPUT_TOKENS, deadline_s, output_tokens
+from router.policies.estimates import output_tokens
 from router.policies.goodserve import GoodServePolicy
 from router.views import RunningView
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
 from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker
 
 # T for a 1000-token prompt and 100 output tokens: fast 1.1 s, mid 5.7 s, slow 21.4 s.
@@ -70,11 +71,10 @@ def test_prefix_reuse_makes_a_slower_worker_feasible() -> None:
 def test_output_length_and_deadline_fallbacks() -> None:
     assert output_tokens(request(predicted_output_tokens=40, max_new_tokens=90)) == 40
     assert output_tokens(request(max_new_tokens=90)) == 90
-    assert output_tokens(request()) == DEFAULT_OUTPUT_TOKENS
-    lat = request(arrival=2.0, slo=latency_slo(1000, 50))
-    assert deadline_s(lat, 100) == pytest.approx(2.0 + 1.0 + 5.0)
-    assert deadline_s(request(arrival=1.0, slo=deadline_slo(3000)), 100) == pytest.approx(4.0)
-    assert deadline_s(request(), 100) is None
+    assert output_tokens(request()) == DEFAULT_OUTPUT_LEN
+    assert answer_due(latency_slo(1000, 50), 2.0, 100) == pytest.approx(2.0 + 1.0 + 5.0)
+    assert answer_due(deadline_slo(3000), 1.0, 100) == pytest.approx(4.0)
+    assert answer_due(request().slo, 0.0, 100) is None
 
 
 def test_latency_slo_uses_ttft_plus_tokens_times_tpot() -> None:

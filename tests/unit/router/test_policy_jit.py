@@ -68,3 +68,10 @@ def test_latency_goodput_counts_tokens_meeting_their_dslo() -> None:
 def test_bad_k() -> None:
     with pytest.raises(ValueError):
         JitPolicy(k=0)
+
+
+def test_the_idle_replica_wins_whichever_is_listed_first() -> None:
+    busy = worker("busy", decode_s_per_token=0.01, queue_delay_s=20.0, queue_len=8)  # its copy misses
+    idle = worker("idle", decode_s_per_token=0.01)
+    for order in ([busy, idle], [idle, busy]):
+        assert JitPolicy(k=2).choose(_req(), order, now=0.0).worker_id == "idle"

@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from scheduler.core.estimates import next_token_due
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
@@ -199,7 +200,7 @@ def test_no_tpot_requests_keep_the_length() -> None:
 
 def test_effective_tpot_on_time_is_the_slo() -> None:
     r = decoding("r", 50, generated=10, ttft_ms=100)  # token 10 due at 0.1 + 0.5 = 0.6 s
-    assert r.next_token_due() == pytest.approx(0.6)
+    assert next_token_due(r) == pytest.approx(0.6)
     assert effective_tpot_s(r, 0.5, 16, 0.25) == pytest.approx(0.05)
     assert effective_tpot_s(r, 0.6, 16, 0.25) == pytest.approx(0.05)
 

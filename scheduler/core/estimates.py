@@ -1,12 +1,13 @@
-"""Shared, vectorised estimates the SLO policies rank by: remaining work, deadlines, gain.
+"""The one home of what the SLO machinery estimates about a request: when it is due, how long
+its answer may be, and what serving it is worth.
 
-Policies see thousands of queued requests per step, so per-request Python work is done once
-(`ReqArrays.from_views`) and everything else is numpy arithmetic. Times come from a
-`PerfModel`; `LinearStepModel` is a small default so policies work without a fitted profile.
-
-Note for the lead: `service_gain`/`degradation` here mirror Tempo Eqs. 1–3 and
-`latency_on_time_tokens` mirrors JITServe's latency goodput; they are private stand-ins until
-they are unified with scheduler/core/gain.py and goodput.py.
+The core policies, the simulator, the router policies and the benchmark metrics all read these
+numbers here, so a deadline or a length bound means the same thing everywhere. Most estimates
+come in a scalar form (one request: views, the router, metrics) and a vector form (numpy arrays,
+nan for "none"): policies see thousands of queued requests per step, so per-request Python work
+is done once (`ReqArrays.from_views`) and everything else is numpy arithmetic. Tests hold the
+two forms equal. Times come from a `PerfModel`; `LinearStepModel` is a small default so
+policies work without a fitted profile.
 """
 
 from __future__ import annotations
@@ -14,14 +15,195 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, PerfModel, RequestView
 
-DEFAULT_OUTPUT_LEN = 256  # assumed output length when neither a prediction nor a cap exists
+# Assumed output length when a request carries neither a prediction nor a client cap (a typical
+# chat answer; the policies only need an order). The router's policies use the same default.
+DEFAULT_OUTPUT_LEN = 256
 W_IN, W_OUT = 1.0, 2.0  # Tempo's input:output token weights (1:2, as in API pricing)
+
+Amount = TypeVar("Amount", float, np.ndarray)  # one request's number, or a column of them
+
+
+# -- deadlines -------------------------------------------------------------------------------
+
+
+def deadline_seconds(slo: SloSpec) -> float | None:
+    """The SLO's end-to-end deadline in seconds, counted from `deadline_base`."""
+    return None if slo.deadline_ms is None else slo.deadline_ms / 1000.0
+
+
+def deadline_base(arrival: float, program_arrival: float | None) -> float:
+    """Where an end-to-end deadline is counted from: a compound program's first arrival, else
+    the request's own arrival."""
+    return arrival if program_arrival is None else program_arrival
+
+
+def absolute_deadline(
+    deadline_s: float | None,
+    arrival: float,
+    program_arrival: float | None = None,
+    stage_deadline: float | None = None,
+) -> float | None:
+    """Absolute time the whole answer is due, None without a deadline: a compound stage's
+    sub-deadline φ(s)·D when known, else `deadline_s` after `deadline_base`."""
+    if deadline_s is None:
+        return None
+    if stage_deadline is not None:
+        return stage_deadline
+    return deadline_base(arrival, program_arrival) + deadline_s
+
+
+def deadline_bases(arrival: np.ndarray, program_arrival: np.ndarray) -> np.ndarray:
+    """Vector form of `deadline_base` (nan program arrival: none)."""
+    return np.where(np.isnan(program_arrival), arrival, program_arrival)
+
+
+def absolute_deadlines(
+    deadline_s: np.ndarray, arrival: np.ndarray, program_arrival: np.ndarray, stage_deadline: np.ndarray
+) -> np.ndarray:
+    """Vector form of `absolute_deadline` (nan for none, in and out)."""
+    base = deadline_bases(arrival, program_arrival)
+    due = np.where(np.isnan(stage_deadline), base + deadline_s, stage_deadline)
+    return np.where(np.isnan(deadline_s), math.nan, due)
+
+
+def token_due(slo: SloSpec, arrival: float, index: int) -> float | None:
+    """Absolute DSLO due time of output token `index` (0 = first): arrival + TTFT + index·TPOT;
+    None without a TTFT."""
+    due = slo.token_due_s(index)
+    return None if due is None else arrival + due
+
+
+def token_dues(arrival: np.ndarray, ttft_s: np.ndarray, tpot_s: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """Vector form of `token_due`, in seconds (nan TTFT: none; TPOT 0 when the SLO has none)."""
+    return arrival + ttft_s + index * tpot_s
+
+
+def request_deadline(r: RequestView) -> float | None:
+    """A view's absolute end-to-end deadline (the program's, or the stage's, for compound)."""
+    return absolute_deadline(deadline_seconds(r.slo), r.arrival, r.program_arrival, r.stage_deadline)
+
+
+def next_token_due(r: RequestView) -> float | None:
+    """Absolute time a view's next output token is due under the DSLO, if its SLO has one."""
+    return token_due(r.slo, r.arrival, r.generated)
+
+
+def next_deadline(r: RequestView) -> float | None:
+    """The deadline that binds next: the next token's due time for latency requests (the first
+    token's while waiting), the end-to-end deadline for deadline/compound requests."""
+    cls = r.slo.slo_class
+    if cls is SloClass.DEADLINE or cls is SloClass.COMPOUND:
+        return request_deadline(r)
+    if cls is SloClass.LATENCY:
+        return next_token_due(r)
+    return None
+
+
+def answer_due(slo: SloSpec, arrival: float, output_tokens: int) -> float | None:
+    """When a router needs the whole answer back (None: best effort).
+
+    Deadline and compound classes: `absolute_deadline` counted from this call's arrival (a router
+    knows neither the program's first arrival nor a stage's sub-deadline). Latency class: the
+    DSLO due time of token `output_tokens`, arrival + TTFT + L_out·TPOT. That is one TPOT past
+    the last token's own due time, in step with the routers' finish estimates, which charge every
+    output token (the first included) one decode step. TTFT only: the first token's due time."""
+    cls = slo.slo_class
+    if cls is SloClass.DEADLINE or cls is SloClass.COMPOUND:
+        return absolute_deadline(deadline_seconds(slo), arrival)
+    if cls is SloClass.LATENCY:
+        return token_due(slo, arrival, output_tokens)
+    return None
+
+
+# -- output length ---------------------------------------------------------------------------
+
+
+def output_bound(
+    predicted: float | None, cap: float | None, generated: float = 0, default: float = DEFAULT_OUTPUT_LEN
+) -> float:
+    """Upper bound on a request's total output length: the analyzer's bound (at most the
+    client's cap), else the cap, else `default`; never the true length (a policy cannot know
+    it). At least one token is still to come."""
+    if predicted is None:
+        total = default if cap is None else cap
+    else:
+        total = predicted if cap is None else min(predicted, cap)
+    return max(float(total), generated + 1.0)
+
+
+def output_bounds(predicted: np.ndarray, cap: np.ndarray, generated: np.ndarray, default: float) -> np.ndarray:
+    """Vector form of `output_bound` (nan prediction or cap: none)."""
+    total = np.where(np.isnan(cap), default, cap)
+    total = np.where(np.isnan(predicted), total, np.fmin(predicted, cap))
+    return np.maximum(total, generated + 1.0)
+
+
+def predicted_totals(reqs: Sequence[RequestView], generated: np.ndarray, default_output_len: float) -> np.ndarray:
+    """`output_bounds` of these views."""
+    n = len(reqs)
+    nan = math.nan
+    predicted = _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
+    cap = _floats([nan if (x := r.max_new_tokens) is None else x for r in reqs], n)
+    return output_bounds(predicted, cap, generated, default_output_len)
+
+
+# -- service gain (Tempo §3.1) ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GainWeights:
+    """Per-token value of input vs output tokens; 1:2 follows common API pricing (Tempo §3.1)."""
+
+    w_in: float = W_IN
+    w_out: float = W_OUT
+
+
+DEFAULT_WEIGHTS = GainWeights()
+
+
+def check_alpha(alpha: float) -> None:
+    if not alpha >= 0:
+        raise ValueError(f"alpha must be >= 0, got {alpha}")
+
+
+def base_gain(
+    input_tokens: Amount, output_tokens: Amount, weight: float | Amount = 1.0, weights: GainWeights = DEFAULT_WEIGHTS
+) -> Amount:
+    """Tempo Eq. 1 times the request's weight: the gain of a request served within its SLO.
+    Numbers, or numpy arrays for the vector form (elementwise)."""
+    return weight * (weights.w_in * input_tokens + weights.w_out * output_tokens)
+
+
+def degradation(slo_s: float, x_s: float, alpha: float = 1.0) -> float:
+    """Tempo's f(SLO, x) = min(1, (SLO/x)^α): 1 when on time (x ≤ SLO), decaying with how late
+    x is; 0 once late for the step α = ∞ ("all or nothing") or a target ≤ 0."""
+    check_alpha(alpha)
+    if x_s <= slo_s:
+        return 1.0
+    if math.isinf(alpha) or slo_s <= 0:
+        return 0.0
+    return (slo_s / x_s) ** alpha
+
+
+def degradations(slo_s: np.ndarray, x_s: np.ndarray, alpha: float = 1.0) -> np.ndarray:
+    """Vector form of `degradation`."""
+    check_alpha(alpha)
+    on_time = x_s <= slo_s
+    if math.isinf(alpha):
+        return np.where(on_time, 1.0, 0.0)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # in rows `where` drops
+        late = np.where(slo_s > 0, (slo_s / x_s) ** alpha, 0.0)
+    return np.where(on_time, 1.0, late)
+
+
+# -- request arrays (the vector forms' inputs) -----------------------------------------------
 
 LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3
 _CLASS_CODE = {
@@ -162,13 +344,14 @@ class SloTable:
 class ReqArrays:
     """Column view of requests (waiting first, then running) for vectorised scoring.
 
-    Fields: arrival; base (program arrival for compound stages, else arrival; read only where
-    a deadline exists, arrival elsewhere); prompt; generated; cached; started (bool); running
-    (bool); weight; cls (int class codes above); deadline (absolute end-to-end or stage
-    deadline, nan if none); ttft_s (nan if none); tpot_s (0 if none); total_out (predicted
-    total output length, upper bound, >= generated + 1); group (compound (program, stage)
-    group index, -1 otherwise: only the partition is meaningful, not the numbering);
-    max_queue_s (nan if none); and, read on first use, attained and be_tier (bool)."""
+    Fields: arrival; base (`deadline_bases`: program arrival for compound stages, else
+    arrival; read only where a deadline exists, arrival elsewhere); prompt; generated; cached;
+    started (bool); running (bool); weight; cls (int class codes above); deadline
+    (`absolute_deadlines`: end-to-end or stage deadline, nan if none); ttft_s (nan if none);
+    tpot_s (0 if none); total_out (`output_bounds`: upper-bound total output length,
+    >= generated + 1); group (compound (program, stage) group index, -1 otherwise: only the
+    partition is meaningful, not the numbering); max_queue_s (nan if none); and, read on first
+    use, attained and be_tier (bool)."""
 
     def __init__(
         self,
@@ -299,9 +482,9 @@ class ReqArrays:
             m = len(sub)
             program_arrival = _floats([nan if (x := r.program_arrival) is None else x for r in sub], m)
             stage = _floats([nan if (x := r.stage_deadline) is None else x for r in sub], m)
-            sub_base = np.where(np.isnan(program_arrival), arrival[dl_rows], program_arrival)
-            base[dl_rows] = sub_base
-            deadline[dl_rows] = np.where(np.isnan(stage), sub_base + deadline_s[dl_rows], stage)
+            sub_arrival = arrival[dl_rows]
+            base[dl_rows] = deadline_bases(sub_arrival, program_arrival)
+            deadline[dl_rows] = absolute_deadlines(deadline_s[dl_rows], sub_arrival, program_arrival, stage)
         generated = _floats([r.generated for r in reqs], n)
         group_key = cols[SloTable.GROUP_KEY]
         gidx = np.full(n, -1, dtype=np.int64)
@@ -310,8 +493,6 @@ class ReqArrays:
             gidx[comp] = np.unique(group_key[comp], return_inverse=True)[1]
         running_mask = np.zeros(n, dtype=bool)
         running_mask[nw:] = True
-        predicted = _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
-        cap = _floats([nan if (x := r.max_new_tokens) is None else x for r in reqs], n)
         return cls(
             rids=[r.rid for r in reqs],
             n_waiting=nw,
@@ -328,7 +509,7 @@ class ReqArrays:
             deadline=deadline,
             ttft_s=cols[SloTable.TTFT_S],
             tpot_s=cols[SloTable.TPOT_S],
-            total_out=_totals(predicted, cap, generated, default_output_len),
+            total_out=predicted_totals(reqs, generated, default_output_len),
             group=gidx,
             max_queue_s=cols[SloTable.MAX_QUEUE_S],
         )
@@ -339,36 +520,6 @@ _CLASS_BY_ID = {id(c): code for c, code in _CLASS_CODE.items()}
 
 def _floats(values: list, n: int) -> np.ndarray:
     return np.fromiter(values, dtype=np.float64, count=n)
-
-
-def _totals(predicted: np.ndarray, cap: np.ndarray, generated: np.ndarray, default_output_len: float) -> np.ndarray:
-    total = np.where(np.isnan(cap), default_output_len, cap)
-    total = np.where(np.isnan(predicted), total, np.fmin(predicted, cap))
-    return np.maximum(total, generated + 1.0)
-
-
-def predicted_totals(reqs: Sequence[RequestView], generated: np.ndarray, default_output_len: float) -> np.ndarray:
-    """Vector form of predicted_total_output."""
-    n = len(reqs)
-    nan = math.nan
-    predicted = _floats([nan if r.predicted_output_len is None else r.predicted_output_len for r in reqs], n)
-    cap = _floats([nan if r.max_new_tokens is None else r.max_new_tokens for r in reqs], n)
-    return _totals(predicted, cap, generated, default_output_len)
-
-
-def predicted_total_output(r: RequestView, default_output_len: float) -> float:
-    """Upper-bound output length: the analyzer's bound, else the client's cap, else a default;
-    never the true length (a policy cannot know it). At least one token is still to come.
-    (ReqArrays.from_views computes the same thing for many requests at once.)"""
-    if r.predicted_output_len is not None:
-        total = float(r.predicted_output_len)
-        if r.max_new_tokens is not None:
-            total = min(total, float(r.max_new_tokens))
-    elif r.max_new_tokens is not None:
-        total = float(r.max_new_tokens)
-    else:
-        total = float(default_output_len)
-    return max(total, r.generated + 1.0)
 
 
 def remaining_prefill(a: ReqArrays) -> np.ndarray:
@@ -406,19 +557,6 @@ def group_reduce(values: np.ndarray, group: np.ndarray, how: str) -> np.ndarray:
         np.add.at(acc, group[mask], values[mask])
     out[mask] = acc[group[mask]]
     return out
-
-
-def degradation(slo_s: np.ndarray, actual_s: np.ndarray, alpha: float) -> np.ndarray:
-    """Tempo's divisive decay f = min(1, (SLO / x)^alpha); 1 when on time or undefined."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(actual_s > 0, slo_s / actual_s, 1.0)
-    ratio = np.where(np.isfinite(ratio), ratio, 1.0)
-    return np.minimum(1.0, np.maximum(ratio, 0.0) ** alpha)
-
-
-def service_gain(a: ReqArrays, w_in: float = W_IN, w_out: float = W_OUT) -> np.ndarray:
-    """Tempo Eq. 1, weighted by the request's SLO weight, with the predicted output length."""
-    return a.weight * (w_in * a.prompt + w_out * a.total_out)
 
 
 def latency_on_time_tokens(a: ReqArrays, first_emit: np.ndarray, decode_s: float) -> np.ndarray:
