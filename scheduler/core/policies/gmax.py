@@ -12,7 +12,7 @@ beats the stall cost and the App. D.2 margin. Requests past their max_queue_ms a
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -35,6 +35,7 @@ from scheduler.core.policies._estimates import (
     remaining_work,
 )
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
+from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
@@ -60,36 +61,40 @@ def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) 
     return cand[start : start + size]
 
 
+@dataclass(frozen=True)
+class GmaxParams:
+    cutoff: float = 0.95  # p against the B-th highest priority (the tuner's start)
+    tune_cutoff: bool = True
+    cutoff_grid: tuple[float, ...] = DEFAULT_CUTOFF_GRID
+    tune_epoch_frames: int = 10
+    aging_delta: float = 1.0  # δ: goodput inflation per frame waited
+    frame_steps: int = 50  # steps per preemption frame
+    preempt: bool = True
+    preempt_margin: float = 0.1
+    enforce_max_queue: bool = True
+    fairness: float = 0.0
+    default_output_len: float = DEFAULT_OUTPUT_LEN
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
+        require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
+
+
 class GmaxPolicy:
     name = "gmax"
 
-    def __init__(
-        self,
-        perf_model: PerfModel | None = None,
-        cutoff: float = 0.95,
-        tune_cutoff: bool = True,
-        cutoff_grid: Sequence[float] = DEFAULT_CUTOFF_GRID,
-        tune_epoch_frames: int = 10,
-        aging_delta: float = 1.0,
-        frame_steps: int = 50,
-        preempt: bool = True,
-        preempt_margin: float = 0.1,
-        enforce_max_queue: bool = True,
-        fairness: float = 0.0,
-        default_output_len: float = DEFAULT_OUTPUT_LEN,
-    ) -> None:
-        if not 0.0 < cutoff <= 1.0 or not 0.0 <= fairness <= 1.0:
-            raise ValueError("cutoff must be in (0, 1] and fairness in [0, 1]")
+    def __init__(self, params: GmaxParams = GmaxParams(), perf_model: PerfModel | None = None) -> None:
         self.perf = perf_model if perf_model is not None else LinearStepModel()
-        self.aging_delta = aging_delta
-        self.frame_steps = frame_steps
-        self.preempt = preempt
-        self.preempt_margin = preempt_margin
-        self.enforce_max_queue = enforce_max_queue
-        self.fairness = fairness
-        self.default_output_len = default_output_len
-        grid = sorted(set(cutoff_grid) | {cutoff})
-        self.tuner = CutoffTuner(grid, cutoff, epoch_steps=tune_epoch_frames * frame_steps, enabled=tune_cutoff)
+        self.aging_delta = params.aging_delta
+        self.frame_steps = params.frame_steps
+        self.preempt = params.preempt
+        self.preempt_margin = params.preempt_margin
+        self.enforce_max_queue = params.enforce_max_queue
+        self.fairness = params.fairness
+        self.default_output_len = params.default_output_len
+        grid = sorted(set(params.cutoff_grid) | {params.cutoff})
+        epoch_steps = params.tune_epoch_frames * params.frame_steps
+        self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
         # Requests seen running last step -> (goodput if they finish now, deadline or +inf).
         self._seen: dict[str, tuple[float, float]] = {}
         self._removed: set[str] = set()
@@ -251,7 +256,7 @@ def power_of_k(
         raise ValueError("power_of_k needs at least one replica view")
     rng = rng if rng is not None else np.random.default_rng()
     sampled = np.arange(m) if k >= m else np.sort(rng.choice(m, size=max(1, k), replace=False))
-    base = policy if policy is not None else GmaxPolicy(tune_cutoff=False)
+    base = policy if policy is not None else GmaxPolicy(GmaxParams(tune_cutoff=False))
     best_key: tuple[bool, float] | None = None
     best = int(sampled[0])
     for i in sampled:
