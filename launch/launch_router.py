@@ -19,19 +19,16 @@ from router.service import DEFAULT_LENGTH_PREDICTOR
 
 
 def _policy_params(pairs: list[str], policy: str) -> dict[str, Any]:
-    """KEY=VALUE pairs (dashes in KEY read as underscores); VALUE is JSON (a bare word is taken as a string)."""
-    from router.service import policy_param_names
+    """KEY=VALUE pairs (dashes in KEY read as underscores); VALUE is JSON (a bare word is taken as a
+    string). Checked here against the policy's parameters, so a mistake stops start-up naming its field."""
+    from scheduler.core.registry import ParamError
 
-    allowed = policy_param_names(policy)
-
-    def key(name: str) -> str:
-        name = name.strip().replace("-", "_")
-        if name and name not in allowed:
-            known = ", ".join(sorted(allowed)) or "none"
-            raise SystemExit(f"--routing-policy-param: policy {policy} takes no parameter {name!r} (accepted: {known})")
-        return name
-
-    return json_params(pairs, "--routing-policy-param", key)
+    params = json_params(pairs, "--routing-policy-param", lambda name: name.strip().replace("-", "_"))
+    try:
+        ROUTING_POLICIES.params(policy, params)
+    except ParamError as e:
+        raise SystemExit(f"--routing-policy-param: {e}") from None
+    return params
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +117,7 @@ def build_service(config: Any) -> Any:
 
     try:
         return RouterService(config)
-    except (TypeError, ValueError) as e:
+    except ValueError as e:
         text = str(e)
         raise SystemExit(text if text.startswith("--") else f"--routing-policy-param: {text}") from None
     except Exception as e:  # noqa: BLE001 - an unreadable predictor artifact stops start-up clearly

@@ -301,15 +301,13 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _defaults_of(param: str) -> str:
-    import inspect
-
     from scheduler.core.policies import POLICIES
 
     found = []
-    for name, factory in sorted(POLICIES.items()):
-        p = inspect.signature(factory).parameters.get(param)
-        if p is not None and p.default is not inspect.Parameter.empty:
-            found.append(f"{name}: {p.default}")
+    for name in sorted(POLICIES):
+        defaults = POLICIES.defaults(name)
+        if param in defaults:
+            found.append(f"{name}: {defaults[param]}")
     return ", ".join(found)
 
 
@@ -484,6 +482,7 @@ def main(argv: list[str] | None = None) -> None:
     from scheduler.components.status_channel import default_address
     from scheduler.config import SloServerConfig
     from scheduler.core.policies import make_policy
+    from scheduler.core.registry import ParamError
     from scheduler.core.slo import SloValidationError, parse_slo
 
     args = build_parser().parse_args(argv)
@@ -496,7 +495,7 @@ def main(argv: list[str] | None = None) -> None:
     params = {**_flag_params(args), **json_params(args.slo_policy_param, "--slo-policy-param")}
     try:
         make_policy(args.slo_policy, **params)
-    except TypeError as e:
+    except ParamError as e:
         raise SystemExit(f"--slo-policy-param: {e}") from None
     default_slo = _default_slo(args)
     if default_slo is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import inspect
 import logging
 import math
 import time
@@ -26,14 +25,14 @@ import zmq.asyncio
 from router.dispatcher import Dispatcher, RequestStream
 from router.pd import DECODE, PREFILL
 from router.pd_sizing import MixTracker, profile_inputs, split_devices, tracker_sizing
-from router.policies import ROUTING_POLICIES, RoutingPolicy, accepted_params, make_routing_policy
+from router.policies import RoutingContext, make_routing_policy
 from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
 from router.protocol import Submit
 from router.registry import WorkerRegistry
 from router.reports import RouterCollector, RouterReports
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 from router.transport import RouterEndpoint
-from router.views import RouteRequest, RunningView, WorkerView
+from router.views import RouteRequest, WorkerView
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.slo import SloSpec
 
@@ -42,8 +41,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_WORKER_BIND = "tcp://127.0.0.1:30100"
 DEFAULT_LENGTH_PREDICTOR = "history:0.9"
 COLD_START = 20  # finished answers the history predictor needs before it predicts
-# ReplicaAdmission parameters the router sets itself (not from --routing-policy-param)
-_ADMISSION_INTERNAL = {"self", "running_on", "clock"}
 
 
 @dataclass
@@ -117,44 +114,6 @@ class WorkerUnavailable(RuntimeError):
         self.status = status
 
 
-def _admission_params() -> set[str]:
-    from router.policies.slos_admission import ReplicaAdmission
-
-    return set(inspect.signature(ReplicaAdmission).parameters) - _ADMISSION_INTERNAL
-
-
-def policy_param_names(name: str) -> set[str]:
-    """What --routing-policy-param may set for `name` (slos: its own plus its admission check's)."""
-    if name not in ROUTING_POLICIES:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(ROUTING_POLICIES))}")
-    names = accepted_params(name)
-    if name == "slos":
-        names = (names - {"admit"}) | _admission_params()
-    return names
-
-
-def build_policy(
-    name: str, params: dict[str, Any], running_on: Callable[[str], list[RunningView]], clock: Callable[[], float]
-) -> RoutingPolicy:
-    """The named policy; slos gets SLOs-Serve's per-replica admission over the router's in-flight view."""
-    unknown = sorted(set(params) - policy_param_names(name))
-    if unknown:
-        raise ValueError(f"routing policy {name!r} takes no parameter {unknown[0]!r}")
-    if name != "slos":
-        return make_routing_policy(name, **params)
-    from router.policies.slos_admission import ReplicaAdmission
-
-    admission_names = _admission_params()
-    admission_kw = {k: v for k, v in params.items() if k in admission_names}
-    if isinstance(admission_kw.get("default_perf"), dict):
-        from scheduler.core.slos_serve._linear import LinearPerfModel
-
-        admission_kw["default_perf"] = LinearPerfModel(**admission_kw["default_perf"])
-    policy_kw = {k: v for k, v in params.items() if k not in admission_names}
-    admit = ReplicaAdmission(running_on, clock=clock, **admission_kw)
-    return make_routing_policy("slos", admit=admit, **policy_kw)
-
-
 class RouterService:
     """Owns the router's parts; `start()`/`stop()` run on the serving event loop."""
 
@@ -171,9 +130,8 @@ class RouterService:
         self.config = config
         self.clock = clock
         self.registry = WorkerRegistry(dead_after_s=config.dead_after_s, api_key=config.api_key)
-        self.policy = build_policy(
-            config.routing_policy, dict(config.policy_params), lambda wid: self.dispatcher.running_on(wid), clock
-        )
+        context = RoutingContext(running_on=lambda wid: self.dispatcher.running_on(wid), clock=clock)
+        self.policy = make_routing_policy(config.routing_policy, context, **config.policy_params)
         self.block_tokens = int(getattr(self.policy, "block_tokens", DEFAULT_BLOCK_TOKENS))
         self.tokenizer = tokenizer if tokenizer is not None else RouterTokenizer(config.tokenizer_path)
         self.predictor = predictor if predictor is not None else make_length_predictor(config.length_predictor)

@@ -1,49 +1,54 @@
-"""Routing-policy registry: adding a policy is one module plus one line in ROUTING_POLICIES."""
+"""Routing-policy registry: adding a policy is one module (its class and parameters dataclass)
+plus one line in ROUTING_POLICIES."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from typing import Any
 
-from router.policies.base import NoWorkerError, RoutingPolicy
-from router.policies.cache_aware import CacheAwarePolicy
-from router.policies.goodserve import GoodServePolicy
-from router.policies.jit import JitPolicy
+from router.policies.base import NoWorkerError, RoutingContext, RoutingPolicy
+from router.policies.cache_aware import CacheAwareParams, CacheAwarePolicy
+from router.policies.goodserve import GoodServeParams, GoodServePolicy
+from router.policies.jit import JitParams, JitPolicy
 from router.policies.load_metrics import LeastRequestPolicy, LlumnixLoadPolicy, LowestTpmPolicy
-from router.policies.polyserve import PolyServePolicy
-from router.policies.slos import SlosRoutingPolicy
-from router.policies.spread import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
+from router.policies.polyserve import PolyServeParams, PolyServePolicy
+from router.policies.slos import SlosRoutingParams, build_slos_routing
+from router.policies.spread import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SeedParams
+from scheduler.core.registry import Entry, NoParams, Registry
 
-ROUTING_POLICIES: dict[str, Callable[..., RoutingPolicy]] = {
-    "round_robin": RoundRobinPolicy,
-    "random": RandomPolicy,
-    "power_of_two": PowerOfTwoPolicy,
-    "least_request": LeastRequestPolicy,
-    "lowest_tpm": LowestTpmPolicy,
-    "cache_aware": CacheAwarePolicy,
-    "llumnix_load": LlumnixLoadPolicy,
-    "goodserve": GoodServePolicy,
-    "polyserve": PolyServePolicy,
-    "slos": SlosRoutingPolicy,  # needs admit=: the router passes the core DP's per-replica check
-    "jit": JitPolicy,
-}
+ROUTING_POLICIES: Registry[RoutingContext, RoutingPolicy] = Registry(
+    "routing policy",
+    [
+        Entry("round_robin", NoParams, lambda p, ctx: RoundRobinPolicy()),
+        Entry("random", SeedParams, lambda p, ctx: RandomPolicy(p)),
+        Entry("power_of_two", SeedParams, lambda p, ctx: PowerOfTwoPolicy(p)),
+        Entry("least_request", NoParams, lambda p, ctx: LeastRequestPolicy()),
+        Entry("lowest_tpm", NoParams, lambda p, ctx: LowestTpmPolicy()),
+        Entry("cache_aware", CacheAwareParams, lambda p, ctx: CacheAwarePolicy(p)),
+        Entry("llumnix_load", NoParams, lambda p, ctx: LlumnixLoadPolicy()),
+        Entry("goodserve", GoodServeParams, lambda p, ctx: GoodServePolicy(p)),
+        Entry("polyserve", PolyServeParams, lambda p, ctx: PolyServePolicy(p)),
+        Entry("slos", SlosRoutingParams, build_slos_routing),
+        Entry("jit", JitParams, lambda p, ctx: JitPolicy(p)),
+    ],
+)
 
-__all__ = ["ROUTING_POLICIES", "NoWorkerError", "RoutingPolicy", "accepted_params", "make_routing_policy"]
+__all__ = [
+    "ROUTING_POLICIES",
+    "NoWorkerError",
+    "RoutingContext",
+    "RoutingPolicy",
+    "accepted_params",
+    "make_routing_policy",
+]
 
 
-def accepted_params(name: str) -> set[str]:
-    """Constructor parameters of a routing policy (what the router's flags may set)."""
-    return set(inspect.signature(ROUTING_POLICIES[name]).parameters) - {"self"}
+def accepted_params(name: str) -> tuple[str, ...]:
+    """What --routing-policy-param may set for `name`."""
+    return ROUTING_POLICIES.param_names(name)
 
 
-def make_routing_policy(name: str, **kwargs: Any) -> RoutingPolicy:
-    """Build a policy by name; parameters it does not take are an error, not ignored."""
-    try:
-        factory = ROUTING_POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown routing policy {name!r}; known: {', '.join(sorted(ROUTING_POLICIES))}") from None
-    unknown = sorted(set(kwargs) - accepted_params(name))
-    if unknown:
-        raise ValueError(f"routing policy {name!r} takes no parameter {unknown[0]!r}")
-    return factory(**kwargs)
+def make_routing_policy(name: str, context: RoutingContext | None = None, **params: Any) -> RoutingPolicy:
+    """Build a policy by name from plain parameter values (checked: a parameter it does not take,
+    a wrong type or an out-of-range value is a ParamError naming the field). `context` is what
+    the router knows; without one, a policy that reads in-flight requests sees none."""
+    return ROUTING_POLICIES.make(name, params, context if context is not None else RoutingContext())

@@ -2,7 +2,7 @@
 
 A policy is a pure-Python object that maps (request, worker snapshots, clock) to a Decision. It
 never does I/O, never blocks and never reads SGLang: the same object runs in the router, in
-unit tests and in simulators, and it is timed at 8, 64 and 512 workers (bench_decision.py), so
+unit tests and in simulators, and it is timed at 8, 64 and 512 workers (benchmarks/decision_latency.py), so
 `choose` should stay O(workers) with small constants.
 
 Contract:
@@ -20,14 +20,29 @@ Contract:
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from router.views import Decision, RouteRequest, RunningView, WorkerView
 
 
 class NoWorkerError(RuntimeError):
     """No healthy worker to route to; the router answers 503 rather than guessing."""
+
+
+def _nothing_running(worker_id: str) -> Sequence[RunningView]:
+    return ()
+
+
+@dataclass(frozen=True)
+class RoutingContext:
+    """What the router hands a policy's factory: its in-flight requests per worker and its clock
+    (the one RouteRequest.arrival_s is stamped with). Policies that need neither ignore it."""
+
+    running_on: Callable[[str], Sequence[RunningView]] = _nothing_running
+    clock: Callable[[], float] = time.monotonic
 
 
 def healthy_workers(workers: Sequence[WorkerView]) -> list[WorkerView]:

@@ -11,26 +11,29 @@ starts caching this prefix).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
 from router.views import Decision, RouteRequest, WorkerView
 
 
+@dataclass(frozen=True)
+class CacheAwareParams:
+    cache_threshold: float = 0.5  # matched share of the prompt's blocks that follows the cache
+    balance_abs_threshold: int = 8
+    balance_rel_threshold: float = 1.5
+    max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS
+
+
 class CacheAwarePolicy(RoutingPolicy):
     name = "cache_aware"
 
-    def __init__(
-        self,
-        cache_threshold: float = 0.5,
-        balance_abs_threshold: int = 8,
-        balance_rel_threshold: float = 1.5,
-        max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS,
-    ) -> None:
-        self.cache_threshold = cache_threshold
-        self.balance_abs = balance_abs_threshold
-        self.balance_rel = balance_rel_threshold
-        self.table = PrefixTable(max_blocks_per_worker)
+    def __init__(self, params: CacheAwareParams = CacheAwareParams()) -> None:
+        self.cache_threshold = params.cache_threshold
+        self.balance_abs = params.balance_abs_threshold
+        self.balance_rel = params.balance_rel_threshold
+        self.table = PrefixTable(params.max_blocks_per_worker)
 
     def overloaded(self, load: int, min_load: int) -> bool:
         """Both gaps must be exceeded, so small clusters at low load still follow the cache."""

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
@@ -38,31 +39,37 @@ from router.policies.estimates import counted_tokens, output_tokens, remaining_t
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
 from router.views import Decision, RouteRequest, RunningView, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
+from scheduler.core.registry import require
 
 _C = TypeVar("_C")
 DEFAULT_BLOCK_TOKENS = 64  # tokens per prefix hash block (the benchmarks' workload block size)
 
 
+@dataclass(frozen=True)
+class GoodServeParams:
+    tau: int = 50  # migration checks happen every tau decisions
+    alpha: float = 1.0  # EMA weight of the newest queue delay
+    speed_tolerance: float = 0.15
+    block_tokens: int = DEFAULT_BLOCK_TOKENS
+    default_output_tokens: int = DEFAULT_OUTPUT_LEN
+    max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS
+
+    def __post_init__(self) -> None:
+        require(self.tau > 0, "tau", "must be positive", self.tau)
+        require(0.0 < self.alpha <= 1.0, "alpha", "must be in (0, 1]", self.alpha)
+        require(self.speed_tolerance >= 0, "speed_tolerance", "must be >= 0", self.speed_tolerance)
+
+
 class GoodServePolicy(RoutingPolicy):
     name = "goodserve"
 
-    def __init__(
-        self,
-        tau: int = 50,
-        alpha: float = 1.0,
-        speed_tolerance: float = 0.15,
-        block_tokens: int = DEFAULT_BLOCK_TOKENS,
-        default_output_tokens: int = DEFAULT_OUTPUT_LEN,
-        max_blocks_per_worker: int = DEFAULT_MAX_BLOCKS,
-    ) -> None:
-        if tau <= 0 or not 0.0 < alpha <= 1.0 or speed_tolerance < 0:
-            raise ValueError("tau must be positive, alpha in (0, 1] and speed_tolerance >= 0")
-        self.tau = tau
-        self.alpha = alpha
-        self.speed_tolerance = speed_tolerance
-        self.block_tokens = block_tokens
-        self.default_output_tokens = default_output_tokens
-        self.table = PrefixTable(max_blocks_per_worker)
+    def __init__(self, params: GoodServeParams = GoodServeParams()) -> None:
+        self.tau = params.tau
+        self.alpha = params.alpha
+        self.speed_tolerance = params.speed_tolerance
+        self.block_tokens = params.block_tokens
+        self.default_output_tokens = params.default_output_tokens
+        self.table = PrefixTable(params.max_blocks_per_worker)
         self._q: dict[str, float] = {}  # Alg. 1 line 5: the policy's own smoothed q_g
         self._checks = 0
 

@@ -24,11 +24,13 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers
 from router.policies.estimates import output_tokens
 from router.views import Decision, RouteRequest, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due, token_due
+from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
 
 
@@ -46,15 +48,23 @@ def on_time_tokens(k: float, slope: float, n: int, has_tpot: bool) -> int:
     return max(0, n - first)
 
 
+@dataclass(frozen=True)
+class JitParams:
+    k: int = 2  # replicas sampled per decision (power of K)
+    seed: int = 0
+    default_output_tokens: int = DEFAULT_OUTPUT_LEN
+
+    def __post_init__(self) -> None:
+        require(self.k >= 1, "k", "must be at least 1", self.k)
+
+
 class JitPolicy(RoutingPolicy):
     name = "jit"
 
-    def __init__(self, k: int = 2, seed: int = 0, default_output_tokens: int = DEFAULT_OUTPUT_LEN) -> None:
-        if k < 1:
-            raise ValueError("k must be at least 1")
-        self.k = k
-        self.default_output_tokens = default_output_tokens
-        self._rng = random.Random(seed)
+    def __init__(self, params: JitParams = JitParams()) -> None:
+        self.k = params.k
+        self.default_output_tokens = params.default_output_tokens
+        self._rng = random.Random(params.seed)
 
     def sample(self, alive: list[WorkerView]) -> list[WorkerView]:
         return alive if self.k >= len(alive) else self._rng.sample(alive, self.k)

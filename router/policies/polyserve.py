@@ -56,23 +56,25 @@ class _Placed:
     best_effort: bool
 
 
+@dataclass(frozen=True)
+class PolyServeParams:
+    tiers_ms: tuple[float, ...] | None = None  # TPOT tiers; None: one tier per distinct TPOT
+    batch_growth: float = 0.5
+    release_after_s: float | None = 10.0  # None: an instance keeps its tier
+    check_every_s: float = 0.5
+    default_output_tokens: int = DEFAULT_OUTPUT_LEN
+
+
 class PolyServePolicy(RoutingPolicy):
     name = "polyserve"
 
-    def __init__(
-        self,
-        tiers_ms: Sequence[float] | None = None,
-        batch_growth: float = 0.5,
-        release_after_s: float | None = 10.0,
-        check_every_s: float = 0.5,
-        default_output_tokens: int = DEFAULT_OUTPUT_LEN,
-    ) -> None:
-        self.tiers_ms = tuple(sorted(float(t) for t in tiers_ms)) if tiers_ms else None
-        self.batch_growth = batch_growth
-        self.release_after_s = release_after_s
-        self.check_every_s = check_every_s
+    def __init__(self, params: PolyServeParams = PolyServeParams()) -> None:
+        self.tiers_ms = tuple(sorted(float(t) for t in params.tiers_ms)) if params.tiers_ms else None
+        self.batch_growth = params.batch_growth
+        self.release_after_s = params.release_after_s
+        self.check_every_s = params.check_every_s
         self._last_check = -math.inf
-        self.default_output_tokens = default_output_tokens
+        self.default_output_tokens = params.default_output_tokens
         self._tier: dict[str, Tier] = {}  # instance -> tier it serves
         self._placed: dict[str, _Placed] = {}  # rid -> where it went
         self._resident: dict[str, dict[str, Tier]] = {}  # instance -> {rid: request tier}

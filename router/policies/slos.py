@@ -13,25 +13,41 @@ guarantee) and go to the least loaded replica.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
-from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
+from router.policies.base import RoutingContext, RoutingPolicy, healthy_workers, least_loaded
+from router.policies.slos_admission import AdmissionParams, ReplicaAdmission
 from router.views import Decision, RouteRequest, WorkerView
+from scheduler.core.registry import require
 
 AdmitFn = Callable[[RouteRequest, WorkerView], bool]
 ORDERS = ("load", "round_robin")
 
 
+@dataclass(frozen=True)
+class SlosRoutingParams(AdmissionParams):
+    """The routing rule's own parameters plus its per-replica admission check's."""
+
+    limit: int | None = None  # refusals before the best-effort fallback; None: ask every replica
+    order: str = "load"
+
+    def __post_init__(self) -> None:
+        require(self.order in ORDERS, "order", f"must be one of {', '.join(ORDERS)}", self.order)
+        require(
+            self.limit is None or self.limit >= 1,
+            "limit",
+            "must be at least 1 (or None: ask every replica)",
+            self.limit,
+        )
+
+
 class SlosRoutingPolicy(RoutingPolicy):
     name = "slos"
 
-    def __init__(self, admit: AdmitFn, limit: int | None = None, order: str = "load") -> None:
-        if order not in ORDERS:
-            raise ValueError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
-        if limit is not None and limit < 1:
-            raise ValueError("limit must be at least 1 (or None: ask every replica)")
+    def __init__(self, admit: AdmitFn, params: SlosRoutingParams = SlosRoutingParams()) -> None:
         self.admit = admit
-        self.limit = limit
-        self.order = order
+        self.limit = params.limit
+        self.order = params.order
         self._next = 0
 
     def sequence(self, alive: list[WorkerView]) -> list[WorkerView]:
@@ -52,3 +68,8 @@ class SlosRoutingPolicy(RoutingPolicy):
                 return Decision(w.worker_id, reason="admitted", detail={"refusals": float(refusals)})
         w = least_loaded(alive)
         return Decision(w.worker_id, reason="refused_everywhere", best_effort=True, detail={"refusals": float(limit)})
+
+
+def build_slos_routing(params: SlosRoutingParams, context: RoutingContext) -> SlosRoutingPolicy:
+    """The routing rule over SLOs-Serve's per-replica admission on the router's in-flight view."""
+    return SlosRoutingPolicy(ReplicaAdmission(context.running_on, params, clock=context.clock), params)

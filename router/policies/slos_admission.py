@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
@@ -53,29 +54,34 @@ def request_view(req: RouteRequest, generated: int = 0, first_token_s: float | N
     )
 
 
+@dataclass(frozen=True)
+class AdmissionParams:
+    default_perf: LinearPerfModel | None = None  # speeds a worker has not reported yet
+    default_output_tokens: int = DEFAULT_OUTPUT_LEN
+    deadline_prefill_share: float = 0.2
+    idle_batch_s: float = 0.05
+    # The workers' prefill chunk (SGLang's default on 80 GB GPUs). The core needs a cap: without one,
+    # batches with no TPOT to keep last idle_batch_s, which a slow replica's base step alone overruns.
+    chunk_size: int = 8192
+
+
 class ReplicaAdmission:
     """`admit(req, worker)` for SlosRoutingPolicy: can this replica still meet req's SLOs?"""
 
     def __init__(
         self,
         running_on: Callable[[str], Sequence[RunningView]],
+        params: AdmissionParams = AdmissionParams(),
         *,
         clock: Callable[[], float] = time.monotonic,
-        default_perf: LinearPerfModel | None = None,
-        default_output_tokens: int = DEFAULT_OUTPUT_LEN,
-        deadline_prefill_share: float = 0.2,
-        idle_batch_s: float = 0.05,
-        chunk_size: int = 8192,
     ) -> None:
         self.running_on = running_on
         self.clock = clock  # the router clock: the one arrival_s and first_token_s are stamped with
-        self.default_perf = default_perf if default_perf is not None else LinearPerfModel()
-        self.default_output = default_output_tokens
-        self.prefill_share = deadline_prefill_share
-        self.idle = idle_batch_s
-        # The workers' prefill chunk (SGLang's default on 80 GB GPUs). The core needs a cap: without one,
-        # batches with no TPOT to keep last idle_batch_s, which a slow replica's base step alone overruns.
-        self.chunk = chunk_size
+        self.default_perf = params.default_perf if params.default_perf is not None else LinearPerfModel()
+        self.default_output = params.default_output_tokens
+        self.prefill_share = params.deadline_prefill_share
+        self.idle = params.idle_batch_s
+        self.chunk = params.chunk_size
 
     def perf_model(self, w: WorkerView) -> LinearPerfModel:
         """Linear step model from the worker's EMAs, unreported terms from `default_perf`."""

@@ -7,9 +7,15 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers
 from router.views import Decision, RouteRequest, WorkerView
+
+
+@dataclass(frozen=True)
+class SeedParams:
+    seed: int = 0  # of the policy's own random stream, so runs are reproducible
 
 
 class RoundRobinPolicy(RoutingPolicy):
@@ -32,8 +38,8 @@ class RandomPolicy(RoutingPolicy):
 
     name = "random"
 
-    def __init__(self, seed: int = 0) -> None:
-        self._rng = random.Random(seed)
+    def __init__(self, params: SeedParams = SeedParams()) -> None:
+        self._rng = random.Random(params.seed)
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
         return Decision(self._rng.choice(healthy_workers(workers)).worker_id, reason="random")
@@ -44,8 +50,8 @@ class PowerOfTwoPolicy(RoutingPolicy):
 
     name = "power_of_two"
 
-    def __init__(self, seed: int = 0) -> None:
-        self._rng = random.Random(seed)
+    def __init__(self, params: SeedParams = SeedParams()) -> None:
+        self._rng = random.Random(params.seed)
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
         alive = healthy_workers(workers)

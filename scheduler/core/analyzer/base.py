@@ -8,7 +8,7 @@ is trained offline (`fit`), saved as one artifact file, and loaded at server sta
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -63,29 +63,18 @@ def floor_at_generated(value: float, generated: int) -> float:
     return float(max(value, generated + 1))
 
 
-_REGISTRY: dict[str, Callable[..., LengthPredictor]] = {}
+def make_predictor(name: str, **params: Any) -> LengthPredictor:
+    """Construct an untrained predictor by name ("qrf", "moe", "history") from plain parameter
+    values (a wrong name, parameter or value is a ParamError naming it)."""
+    from scheduler.core.analyzer.predictors import PREDICTORS
 
-
-def register(name: str) -> Callable[[type], type]:
-    def wrap(cls: type) -> type:
-        _REGISTRY[name] = cls
-        cls.name = name
-        return cls
-
-    return wrap
-
-
-def make_predictor(name: str, **kwargs: Any) -> LengthPredictor:
-    """Construct an untrained predictor by name ("qrf", "moe", "history")."""
-    _load_builtin()
-    if name not in _REGISTRY:
-        raise KeyError(f"unknown predictor {name!r}; known: {sorted(_REGISTRY)}")
-    return _REGISTRY[name](**kwargs)
+    return PREDICTORS.make(name, params, None)
 
 
 def available() -> list[str]:
-    _load_builtin()
-    return sorted(_REGISTRY)
+    from scheduler.core.analyzer.predictors import PREDICTORS
+
+    return sorted(PREDICTORS)
 
 
 def save_predictor(predictor: LengthPredictor, path: str | Path) -> None:
@@ -99,7 +88,6 @@ def save_predictor(predictor: LengthPredictor, path: str | Path) -> None:
 
 def load_predictor(path: str | Path, expect: str | None = None) -> LengthPredictor:
     """Load an artifact written by `save_predictor`; `expect` guards against a wrong file."""
-    _load_builtin()
     with Path(path).open("rb") as f:
         blob = pickle.load(f)  # noqa: S301 - artifacts are produced by our own train CLI
     if not isinstance(blob, dict) or blob.get("version") != ARTIFACT_VERSION:
@@ -107,8 +95,3 @@ def load_predictor(path: str | Path, expect: str | None = None) -> LengthPredict
     if expect is not None and blob["name"] != expect:
         raise ValueError(f"{path}: holds predictor {blob['name']!r}, expected {expect!r}")
     return blob["predictor"]
-
-
-def _load_builtin() -> None:
-    # Import for the side effect of registration; kept lazy so base.py stays import-cheap.
-    from scheduler.core.analyzer import history, moe, qrf  # noqa: F401

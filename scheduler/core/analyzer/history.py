@@ -10,33 +10,38 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated, register
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
+from scheduler.core.registry import require
 
 
-@register("history")
+@dataclass(frozen=True)
+class HistoryParams:
+    quantile: float | None = None  # None: the mean
+    window: int = 1000  # recent answers kept per app and globally
+    min_count: int = 20  # an app's answers needed before its own history is used
+    default: float = 256.0
+    min_global: int = 1  # answers fewer than this: `default` (a cold start's first answers are the short ones)
+
+    def __post_init__(self) -> None:
+        ok = self.quantile is None or 0.0 < self.quantile < 1.0
+        require(ok, "quantile", "must be in (0, 1) or None for the mean", self.quantile)
+
+
 class HistoryPredictor(LengthPredictor):
-    def __init__(
-        self,
-        quantile: float | None = None,
-        window: int = 1000,
-        min_count: int = 20,
-        default: float = 256.0,
-        min_global: int = 1,
-    ):
-        if quantile is not None and not 0.0 < quantile < 1.0:
-            raise ValueError(f"quantile must be in (0, 1) or None for the mean, got {quantile}")
-        self.quantile = quantile
-        self.window = window
-        self.min_count = min_count
-        self.default = default
-        self.min_global = (
-            min_global  # answers fewer than this: `default` (a cold start's first answers are the short ones)
-        )
+    name = "history"
+
+    def __init__(self, params: HistoryParams = HistoryParams()) -> None:
+        self.quantile = params.quantile
+        self.window = params.window
+        self.min_count = params.min_count
+        self.default = params.default
+        self.min_global = params.min_global
         self._per_app: dict[str, deque[int]] = {}
-        self._global: deque[int] = deque(maxlen=window)
+        self._global: deque[int] = deque(maxlen=params.window)
 
     def observe(self, app_id: str | None, output_len: int) -> None:
         """Record one finished request (online: the adapter calls this on completion)."""

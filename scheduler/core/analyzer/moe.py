@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import sparse
@@ -22,8 +23,9 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.neural_network import MLPRegressor
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated, register
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
 from scheduler.core.analyzer.qrf import generated_prefix
+from scheduler.core.registry import require
 
 
 def tier_edges(values: np.ndarray, tiers: int) -> np.ndarray:
@@ -81,33 +83,40 @@ class SoftmaxGate:
         return self._forward(x)[1]
 
 
-@register("moe")
+@dataclass(frozen=True)
+class MoeParams:
+    n_experts: int = 9  # tiers × tiers (input-length tier × output-length tier)
+    max_features: int = 4000
+    expert_hidden: tuple[int, ...] = (32, 16)
+    gate_hidden: int = 32
+    gate_epochs: int = 600
+    expert_lr: float = 0.01
+    min_expert_samples: int = 8
+    max_iter: int = 300
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        tiers = int(round(math.sqrt(self.n_experts))) if self.n_experts > 0 else 0
+        ok = tiers >= 1 and tiers * tiers == self.n_experts
+        require(ok, "n_experts", "must be a perfect square (tiers × tiers)", self.n_experts)
+
+
 class MoePredictor(LengthPredictor):
-    def __init__(
-        self,
-        n_experts: int = 9,
-        max_features: int = 4000,
-        expert_hidden: tuple[int, ...] = (32, 16),
-        gate_hidden: int = 32,
-        gate_epochs: int = 600,
-        expert_lr: float = 0.01,
-        min_expert_samples: int = 8,
-        max_iter: int = 300,
-        seed: int = 0,
-    ) -> None:
-        tiers = int(round(math.sqrt(n_experts)))
-        if tiers * tiers != n_experts or tiers < 1:
-            raise ValueError(f"n_experts must be a perfect square (tiers × tiers), got {n_experts}")
-        self.n_experts = n_experts
-        self.tiers = tiers
-        self.expert_hidden = expert_hidden
-        self.gate_hidden = gate_hidden
-        self.gate_epochs = gate_epochs
-        self.expert_lr = expert_lr
-        self.min_expert_samples = min_expert_samples
-        self.max_iter = max_iter
-        self.seed = seed
-        self.vectorizer = TfidfVectorizer(max_features=max_features, sublinear_tf=True, ngram_range=(1, 2), min_df=2)
+    name = "moe"
+
+    def __init__(self, params: MoeParams = MoeParams()) -> None:
+        self.n_experts = params.n_experts
+        self.tiers = int(round(math.sqrt(params.n_experts)))
+        self.expert_hidden = params.expert_hidden
+        self.gate_hidden = params.gate_hidden
+        self.gate_epochs = params.gate_epochs
+        self.expert_lr = params.expert_lr
+        self.min_expert_samples = params.min_expert_samples
+        self.max_iter = params.max_iter
+        self.seed = params.seed
+        self.vectorizer = TfidfVectorizer(
+            max_features=params.max_features, sublinear_tf=True, ngram_range=(1, 2), min_df=2
+        )
         self.experts: list[MLPRegressor | DummyRegressor] = []
         self.gate: SoftmaxGate | None = None
         self.in_edges = np.zeros(0)

@@ -24,12 +24,14 @@ conservative.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from quantile_forest import RandomForestQuantileRegressor
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated, register
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
 from scheduler.core.analyzer.features import TextFeaturizer
+from scheduler.core.registry import require
 
 
 def truncate_share(text: str, keep: int, of: int) -> str:
@@ -54,52 +56,54 @@ def conformal_quantile(scores: np.ndarray, q: float) -> float:
     return float(s[max(k, 0)])
 
 
-@register("qrf")
+@dataclass(frozen=True)
+class QrfParams:
+    quantile: float = 0.9  # of the length distribution: the bound's level
+    refine_every: int = 50  # N: checkpoints at g = 0, N, 2N, ...
+    max_checkpoints: int = 8
+    n_estimators: int = 40
+    min_samples_leaf: int = 20
+    max_depth: int | None = 14
+    max_features: float = 0.3
+    n_components: int = 24
+    n_gen_components: int = 8
+    n_bag: int = 128
+    calibration_frac: float = 0.2  # share of requests held out for conformal calibration
+    min_calibration: int = 40
+    calibration: str = "log"
+    max_samples_leaf: int | None = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.quantile < 1.0, "quantile", "must be in (0, 1)", self.quantile)
+        require(self.refine_every > 0, "refine_every", "must be positive", self.refine_every)
+        require(0.0 <= self.calibration_frac < 1.0, "calibration_frac", "must be in [0, 1)", self.calibration_frac)
+        require(self.calibration in ("log", "add"), "calibration", "must be 'log' or 'add'", self.calibration)
+
+
 class QrfPredictor(LengthPredictor):
-    def __init__(
-        self,
-        quantile: float = 0.9,
-        refine_every: int = 50,
-        max_checkpoints: int = 8,
-        n_estimators: int = 40,
-        min_samples_leaf: int = 20,
-        max_depth: int | None = 14,
-        max_features: float = 0.3,
-        n_components: int = 24,
-        n_gen_components: int = 8,
-        n_bag: int = 128,
-        calibration_frac: float = 0.2,
-        min_calibration: int = 40,
-        calibration: str = "log",
-        max_samples_leaf: int | None = 200,
-        seed: int = 0,
-    ) -> None:
-        if not 0.0 < quantile < 1.0:
-            raise ValueError(f"quantile must be in (0, 1), got {quantile}")
-        if refine_every <= 0:
-            raise ValueError("refine_every must be positive")
-        if not 0.0 <= calibration_frac < 1.0:
-            raise ValueError(f"calibration_frac must be in [0, 1), got {calibration_frac}")
-        if calibration not in ("log", "add"):
-            raise ValueError(f"calibration must be 'log' or 'add', got {calibration!r}")
-        self.quantile = quantile
-        self.refine_every = refine_every
-        self.max_checkpoints = max_checkpoints
-        self.calibration_frac = calibration_frac
-        self.min_calibration = min_calibration
-        self.calibration = calibration
+    name = "qrf"
+
+    def __init__(self, params: QrfParams = QrfParams()) -> None:
+        seed = params.seed
+        self.quantile = params.quantile
+        self.refine_every = params.refine_every
+        self.max_checkpoints = params.max_checkpoints
+        self.calibration_frac = params.calibration_frac
+        self.min_calibration = params.min_calibration
+        self.calibration = params.calibration
         self.seed = seed
         # Conformal corrections: bucket i covers checkpoints >= cal_starts[i] (ascending).
         self.cal_starts = np.zeros(0)
         self.cal_shift = np.zeros(0)
         self.cal_shift_blind = np.zeros(0)  # the same for rows at g > 0 without generated text
-        self.featurizer = TextFeaturizer(n_components, n_gen_components, n_bag, seed=seed)
+        self.featurizer = TextFeaturizer(params.n_components, params.n_gen_components, params.n_bag, seed=seed)
         self.forest = RandomForestQuantileRegressor(
-            n_estimators=n_estimators,
-            min_samples_leaf=min_samples_leaf,
-            max_depth=max_depth,
-            max_features=max_features,
-            max_samples_leaf=max_samples_leaf,  # cap: the dense leaf table is padded to the largest leaf
+            n_estimators=params.n_estimators,
+            min_samples_leaf=params.min_samples_leaf,
+            max_depth=params.max_depth,
+            max_features=params.max_features,
+            max_samples_leaf=params.max_samples_leaf,  # cap: the dense leaf table is padded to the largest leaf
             random_state=seed,
             n_jobs=1,
         )

@@ -1,49 +1,58 @@
-"""Policy registry: adding a policy is one module plus one line in POLICIES."""
+"""Policy registry: adding a policy is one module (its class and parameters dataclass) plus one
+line in POLICIES."""
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from scheduler.core.policies.edf import EdfPolicy
 from scheduler.core.policies.fcfs import FcfsPolicy
-from scheduler.core.policies.gmax import GmaxPolicy
-from scheduler.core.policies.las import LasPolicy
+from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy
+from scheduler.core.policies.las import LasParams, LasPolicy
 from scheduler.core.policies.oracle import oracle_of
-from scheduler.core.policies.sarathi import SarathiPolicy
-from scheduler.core.policies.sjf import SjfPolicy
-from scheduler.core.policies.slos import SlosServePolicy
-from scheduler.core.policies.tempo import TempoPolicy
+from scheduler.core.policies.sarathi import SarathiParams, SarathiPolicy
+from scheduler.core.policies.sjf import SjfParams, SjfPolicy
+from scheduler.core.policies.slos import SlosServeParams, SlosServePolicy
+from scheduler.core.policies.tempo import TempoParams, TempoPolicy
+from scheduler.core.registry import Entry, NoParams, Registry
 from scheduler.core.types import PerfModel, Policy
 
-POLICIES: dict[str, Callable[..., Policy]] = {
-    "fcfs": FcfsPolicy,
-    "edf": EdfPolicy,
-    "sjf": SjfPolicy,
-    "las": LasPolicy,
-    "sarathi": SarathiPolicy,
-    "tempo": TempoPolicy,
-    "gmax": GmaxPolicy,
-    "slos": SlosServePolicy,
-    # Benchmarks only: plan with the true output length (see oracle.py).
-    "tempo_oracle": oracle_of(TempoPolicy, "tempo"),
-    "gmax_oracle": oracle_of(GmaxPolicy, "gmax"),
-}
+
+@dataclass(frozen=True)
+class PolicyContext:
+    """What the engine hands a policy: its step-time model (None: the policy's own default)."""
+
+    perf_model: PerfModel | None = None
 
 
-def accepted_params(name: str) -> set[str]:
-    """Constructor parameters of a policy (what --slo-policy-param and the flags may set)."""
-    return set(inspect.signature(POLICIES[name]).parameters) - {"self"}
+TEMPO = Entry("tempo", TempoParams, lambda p, ctx: TempoPolicy(p, ctx.perf_model))
+GMAX = Entry("gmax", GmaxParams, lambda p, ctx: GmaxPolicy(p, ctx.perf_model))
+
+POLICIES: Registry[PolicyContext, Policy] = Registry(
+    "SLO policy",
+    [
+        Entry("fcfs", NoParams, lambda p, ctx: FcfsPolicy()),
+        Entry("edf", NoParams, lambda p, ctx: EdfPolicy()),
+        Entry("sjf", SjfParams, lambda p, ctx: SjfPolicy(p)),
+        Entry("las", LasParams, lambda p, ctx: LasPolicy(p)),
+        Entry("sarathi", SarathiParams, lambda p, ctx: SarathiPolicy(p)),
+        TEMPO,
+        GMAX,
+        Entry("slos", SlosServeParams, lambda p, ctx: SlosServePolicy(p, ctx.perf_model)),
+        # Benchmarks only: plan with the true output length (see oracle.py).
+        oracle_of(TEMPO),
+        oracle_of(GMAX),
+    ],
+)
+
+
+def accepted_params(name: str) -> tuple[str, ...]:
+    """What --slo-policy-param and the policy flags may set for `name`."""
+    return POLICIES.param_names(name)
 
 
 def make_policy(name: str, perf_model: PerfModel | None = None, **params: Any) -> Policy:
-    """Build a policy by name; parameters it does not take are an error, not ignored. The
-    engine's performance model goes to the policies that predict time with one."""
-    try:
-        factory = POLICIES[name]
-    except KeyError:
-        raise ValueError(f"unknown SLO policy {name!r}; known: {', '.join(sorted(POLICIES))}") from None
-    if perf_model is not None and "perf_model" in accepted_params(name):
-        params = {**params, "perf_model": perf_model}
-    return factory(**params)
+    """Build a policy by name from plain parameter values (checked: a parameter it does not take,
+    a wrong type or an out-of-range value is a ParamError naming the field)."""
+    return POLICIES.make(name, params, PolicyContext(perf_model))

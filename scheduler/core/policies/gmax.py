@@ -13,6 +13,7 @@ The multi-replica half (§4.3, power-of-K copies) is a routing policy: router/po
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -37,6 +38,7 @@ from scheduler.core.estimates import (
 )
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
+from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
@@ -62,36 +64,40 @@ def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) 
     return cand[start : start + size]
 
 
+@dataclass(frozen=True)
+class GmaxParams:
+    cutoff: float = 0.95  # p against the B-th highest priority (the tuner's start)
+    tune_cutoff: bool = True
+    cutoff_grid: tuple[float, ...] = DEFAULT_CUTOFF_GRID
+    tune_epoch_frames: int = 10
+    aging_delta: float = 1.0  # δ: goodput inflation per frame waited
+    frame_steps: int = 50  # steps per preemption frame
+    preempt: bool = True
+    preempt_margin: float = 0.1
+    enforce_max_queue: bool = True
+    fairness: float = 0.0
+    default_output_len: float = DEFAULT_OUTPUT_LEN
+
+    def __post_init__(self) -> None:
+        require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
+        require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
+
+
 class GmaxPolicy:
     name = "gmax"
 
-    def __init__(
-        self,
-        perf_model: PerfModel | None = None,
-        cutoff: float = 0.95,
-        tune_cutoff: bool = True,
-        cutoff_grid: Sequence[float] = DEFAULT_CUTOFF_GRID,
-        tune_epoch_frames: int = 10,
-        aging_delta: float = 1.0,
-        frame_steps: int = 50,
-        preempt: bool = True,
-        preempt_margin: float = 0.1,
-        enforce_max_queue: bool = True,
-        fairness: float = 0.0,
-        default_output_len: float = DEFAULT_OUTPUT_LEN,
-    ) -> None:
-        if not 0.0 < cutoff <= 1.0 or not 0.0 <= fairness <= 1.0:
-            raise ValueError("cutoff must be in (0, 1] and fairness in [0, 1]")
+    def __init__(self, params: GmaxParams = GmaxParams(), perf_model: PerfModel | None = None) -> None:
         self.perf = perf_model if perf_model is not None else LinearStepModel()
-        self.aging_delta = aging_delta
-        self.frame_steps = frame_steps
-        self.preempt = preempt
-        self.preempt_margin = preempt_margin
-        self.enforce_max_queue = enforce_max_queue
-        self.fairness = fairness
-        self.default_output_len = default_output_len
-        grid = sorted(set(cutoff_grid) | {cutoff})
-        self.tuner = CutoffTuner(grid, cutoff, epoch_steps=tune_epoch_frames * frame_steps, enabled=tune_cutoff)
+        self.aging_delta = params.aging_delta
+        self.frame_steps = params.frame_steps
+        self.preempt = params.preempt
+        self.preempt_margin = params.preempt_margin
+        self.enforce_max_queue = params.enforce_max_queue
+        self.fairness = params.fairness
+        self.default_output_len = params.default_output_len
+        grid = sorted(set(params.cutoff_grid) | {params.cutoff})
+        epoch_steps = params.tune_epoch_frames * params.frame_steps
+        self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
         # Requests seen running last step -> (goodput if they finish now, deadline or +inf).
         self._seen: dict[str, tuple[float, float]] = {}
         self._removed: set[str] = set()

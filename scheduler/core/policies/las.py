@@ -9,6 +9,7 @@ level is strictly worse than a waiting one's is swapped out, so long programs yi
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -18,20 +19,23 @@ from scheduler.core.types import EngineView, RequestView, StepPlan
 DEFAULT_THRESHOLDS = (512.0, 2048.0, 8192.0, 32768.0)
 
 
+@dataclass(frozen=True)
+class LasParams:
+    level_thresholds: tuple[float, ...] | None = DEFAULT_THRESHOLDS  # None: rank by raw attained service
+    starvation_s: float | None = 30.0  # None: no promotion
+    preempt: bool = True
+    quantum_steps: int = 20
+
+
 class LasPolicy:
     name = "las"
 
-    def __init__(
-        self,
-        level_thresholds: Sequence[float] | None = DEFAULT_THRESHOLDS,
-        starvation_s: float | None = 30.0,
-        preempt: bool = True,
-        quantum_steps: int = 20,
-    ) -> None:
-        self.thresholds = np.asarray(sorted(level_thresholds), dtype=np.float64) if level_thresholds else None
-        self.starvation_s = starvation_s
-        self.preempt = preempt
-        self.quantum_steps = quantum_steps
+    def __init__(self, params: LasParams = LasParams()) -> None:
+        levels = params.level_thresholds
+        self.thresholds = np.asarray(sorted(levels), dtype=np.float64) if levels else None
+        self.starvation_s = params.starvation_s
+        self.preempt = params.preempt
+        self.quantum_steps = params.quantum_steps
 
     def levels(self, reqs: Sequence[RequestView], now: float) -> np.ndarray:
         """Priority level per request (lower runs first): the attained-service bucket, or the

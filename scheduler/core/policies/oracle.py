@@ -7,12 +7,13 @@ on only to policies whose name ends in `_oracle`; every other policy never sees 
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
+from scheduler.core.registry import Entry
 from scheduler.core.types import EngineView, Policy, RequestView, StepPlan
+
+C = TypeVar("C")
 
 ORACLE_SUFFIX = "_oracle"
 
@@ -34,9 +35,11 @@ class OracleVariant:
         return self.base.plan(replace(view, waiting=waiting, running=running))
 
 
-def oracle_of(factory: Callable[..., Policy], base_name: str) -> Callable[..., Policy]:
-    def make(**params: Any) -> Policy:
-        return OracleVariant(factory(**params), base_name + ORACLE_SUFFIX)
+def oracle_of(base: Entry[C, Policy]) -> Entry[C, Policy]:
+    """The registry entry of `base`'s oracle variant: the same parameters, the same context."""
+    name = base.name + ORACLE_SUFFIX
 
-    make.__signature__ = inspect.signature(factory)  # type: ignore[attr-defined]
-    return make
+    def make(params: Any, context: C) -> Policy:
+        return OracleVariant(base.factory(params, context), name)
+
+    return Entry(name, base.params_type, make)

@@ -7,18 +7,30 @@ engine's start-up chunk size)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from scheduler.core.registry import require
 from scheduler.core.types import EngineView, StepPlan
+
+
+@dataclass(frozen=True)
+class SarathiParams:
+    token_budget: int = 512  # tokens per iteration, decodes and the prefill chunk together
+    count_decodes: bool = True
+    min_chunk: int = 1
+
+    def __post_init__(self) -> None:
+        require(self.token_budget >= 1, "token_budget", "must be >= 1", self.token_budget)
+        require(self.min_chunk >= 1, "min_chunk", "must be >= 1", self.min_chunk)
 
 
 class SarathiPolicy:
     name = "sarathi"
 
-    def __init__(self, token_budget: int = 512, count_decodes: bool = True, min_chunk: int = 1) -> None:
-        if token_budget < 1 or min_chunk < 1:
-            raise ValueError("token_budget and min_chunk must be >= 1")
-        self.token_budget = token_budget
-        self.count_decodes = count_decodes
-        self.min_chunk = min_chunk
+    def __init__(self, params: SarathiParams = SarathiParams()) -> None:
+        self.token_budget = params.token_budget
+        self.count_decodes = params.count_decodes
+        self.min_chunk = params.min_chunk
 
     def plan(self, view: EngineView) -> StepPlan:
         # A running request without its first token is still prefilling: it does not decode.

@@ -4,17 +4,24 @@ max_new_tokens, else a default: never the true length."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, predicted_totals
 from scheduler.core.types import EngineView, StepPlan
 
 
+@dataclass(frozen=True)
+class SjfParams:
+    default_output_len: float = DEFAULT_OUTPUT_LEN  # when neither a prediction nor max_new_tokens is known
+
+
 class SjfPolicy:
     name = "sjf"
 
-    def __init__(self, default_output_len: float = DEFAULT_OUTPUT_LEN) -> None:
-        self.default_output_len = default_output_len
+    def __init__(self, params: SjfParams = SjfParams()) -> None:
+        self.default_output_len = params.default_output_len
 
     def remaining(self, view: EngineView) -> np.ndarray:
         """Predicted remaining output tokens of each waiting request (the sort key)."""

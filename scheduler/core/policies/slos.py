@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import heapq
 import math
+from dataclasses import dataclass
 
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
 from scheduler.core.slos_serve._linear import LinearPerfModel
 from scheduler.core.slos_serve.batch_formation import max_decoders_within
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
@@ -21,26 +23,27 @@ from scheduler.core.slos_serve.spec_length import optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 
+@dataclass(frozen=True)
+class SlosServeParams:
+    acceptance_rate: float | None = None  # speculation's per-token acceptance; None: no speculation
+    max_candidates: int = 16  # undecided requests entering the DP per step
+    max_spec_steps: int = 8
+    default_output_tokens: int = DEFAULT_OUTPUT_LEN
+    deadline_prefill_share: float = 0.2
+    idle_batch_s: float = 0.05
+
+
 class SlosServePolicy:
     name = "slos"
 
-    def __init__(
-        self,
-        perf_model: PerfModel | None = None,
-        acceptance_rate: float | None = None,
-        max_candidates: int = 16,
-        max_spec_steps: int = 8,
-        default_output_tokens: int = 256,
-        deadline_prefill_share: float = 0.2,
-        idle_batch_s: float = 0.05,
-    ) -> None:
+    def __init__(self, params: SlosServeParams = SlosServeParams(), perf_model: PerfModel | None = None) -> None:
         self.perf: PerfModel = perf_model if perf_model is not None else LinearPerfModel()
-        self.alpha = acceptance_rate
-        self.max_candidates = max_candidates
-        self.max_spec = max_spec_steps
-        self.default_output = default_output_tokens
-        self.prefill_share = deadline_prefill_share
-        self.idle = idle_batch_s
+        self.alpha = params.acceptance_rate
+        self.max_candidates = params.max_candidates
+        self.max_spec = params.max_spec_steps
+        self.default_output = params.default_output_tokens
+        self.prefill_share = params.deadline_prefill_share
+        self.idle = params.idle_batch_s
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._floor = MIN_DERIVED_TPOT_S
         self._spec_memo: dict[tuple, int] = {}  # draft length per decoder mix (changes slowly)

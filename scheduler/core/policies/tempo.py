@@ -14,6 +14,7 @@ backfill when unused. Preemption happens only at quanta and only when it pays fo
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from scheduler.core.estimates import (
     remaining_work,
     token_dues,
 )
+from scheduler.core.registry import require
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 
@@ -52,34 +54,37 @@ def reserved_slots(step: int, quantum_steps: int, share: float, batch: int) -> i
     return min(batch, int(math.floor((q + 1) * per_quantum + 1e-9) - math.floor(q * per_quantum + 1e-9)))
 
 
+@dataclass(frozen=True)
+class TempoParams:
+    alpha: float = 1.0  # gain degradation exponent (Eq. 1-3)
+    w_in: float = W_IN
+    w_out: float = W_OUT
+    reserve_share: float = 0.1  # of the batch, for best-effort work
+    fairness: float = 0.0
+    quantum_steps: int = 20  # decode steps between preemption points
+    preempt: bool = True
+    preempt_margin: float = 0.0
+    default_output_len: float = DEFAULT_OUTPUT_LEN
+
+    def __post_init__(self) -> None:
+        require(0.0 <= self.reserve_share <= 1.0, "reserve_share", "must be in [0, 1]", self.reserve_share)
+        require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
+
+
 class TempoPolicy:
     name = "tempo"
 
-    def __init__(
-        self,
-        perf_model: PerfModel | None = None,
-        alpha: float = 1.0,
-        w_in: float = W_IN,
-        w_out: float = W_OUT,
-        reserve_share: float = 0.1,
-        fairness: float = 0.0,
-        quantum_steps: int = 20,
-        preempt: bool = True,
-        preempt_margin: float = 0.0,
-        default_output_len: float = DEFAULT_OUTPUT_LEN,
-    ) -> None:
-        if not 0.0 <= reserve_share <= 1.0 or not 0.0 <= fairness <= 1.0:
-            raise ValueError("reserve_share and fairness must be in [0, 1]")
+    def __init__(self, params: TempoParams = TempoParams(), perf_model: PerfModel | None = None) -> None:
         self.perf = perf_model if perf_model is not None else LinearStepModel()
-        self.alpha = alpha
-        self.w_in = w_in
-        self.w_out = w_out
-        self.reserve_share = reserve_share
-        self.fairness = fairness
-        self.quantum_steps = quantum_steps
-        self.preempt = preempt
-        self.preempt_margin = preempt_margin
-        self.default_output_len = default_output_len
+        self.alpha = params.alpha
+        self.w_in = params.w_in
+        self.w_out = params.w_out
+        self.reserve_share = params.reserve_share
+        self.fairness = params.fairness
+        self.quantum_steps = params.quantum_steps
+        self.preempt = params.preempt
+        self.preempt_margin = params.preempt_margin
+        self.default_output_len = params.default_output_len
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from scheduler.core.analyzer import available, load_predictor, make_predictor
-from scheduler.core.analyzer.history import HistoryPredictor
-from scheduler.core.analyzer.moe import MoePredictor
+from scheduler.core.analyzer.history import HistoryParams, HistoryPredictor
+from scheduler.core.analyzer.moe import MoeParams, MoePredictor
+from scheduler.core.registry import ParamError
 from tests.unit.core._analyzer_synth import make_samples
 
 
@@ -41,11 +42,11 @@ def test_moe_predict_floor_and_round_trip(moe, data, tmp_path):
 
 def test_moe_needs_square_expert_count():
     with pytest.raises(ValueError):
-        MoePredictor(n_experts=8)
+        MoePredictor(MoeParams(n_experts=8))
 
 
 def test_history_per_app_and_conditional():
-    h = HistoryPredictor(quantile=None, min_count=3)
+    h = HistoryPredictor(HistoryParams(quantile=None, min_count=3))
     for n in (10, 12, 14):
         h.observe("short", n)
     for n in (400, 500, 600):
@@ -59,11 +60,11 @@ def test_history_per_app_and_conditional():
 
 
 def test_history_quantile_bound():
-    h = HistoryPredictor(quantile=0.9, min_count=1).fit(make_samples(300, seed=4))
+    h = HistoryPredictor(HistoryParams(quantile=0.9, min_count=1)).fit(make_samples(300, seed=4))
     assert h.predict("", 0, "translate") < h.predict("", 0, "implement")
 
 
 def test_registry_names():
     assert {"qrf", "moe", "history"} <= set(available())
-    with pytest.raises(KeyError):
+    with pytest.raises(ParamError, match="unknown predictor 'bert'; known: history, moe, qrf"):
         make_predictor("bert")

@@ -7,7 +7,7 @@ import pytest
 
 from scheduler.core.analyzer import load_predictor, make_predictor
 from scheduler.core.analyzer.data import first_turns, iter_json_array, to_samples
-from scheduler.core.analyzer.qrf import QrfPredictor, conformal_quantile
+from scheduler.core.analyzer.qrf import QrfParams, QrfPredictor, conformal_quantile
 from tests.unit.core._analyzer_synth import make_samples
 
 
@@ -78,7 +78,7 @@ def test_training_rows_are_a_fair_sample_of_running_requests(data):
     """Rows at checkpoint g must cover the answers longer than g regardless of their length
     (a fixed number of checkpoints per answer under-samples long answers at every g > 0)."""
     train = data[0]
-    qrf = QrfPredictor(refine_every=20, max_checkpoints=3)
+    qrf = QrfPredictor(QrfParams(refine_every=20, max_checkpoints=3))
     rows, y = qrf._training_rows(train)
     g = np.array([r[3] for r in rows])
     total = y + g
@@ -129,7 +129,7 @@ def test_save_load_round_trip(qrf, data, tmp_path):
 
 def test_rejects_bad_quantile():
     with pytest.raises(ValueError):
-        QrfPredictor(quantile=1.0)
+        QrfPredictor(QrfParams(quantile=1.0))
 
 
 # Training data path: the packaged ShareGPT JSON is truncated mid-record.

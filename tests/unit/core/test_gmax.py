@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from scheduler.core.estimates import LinearStepModel
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
-from scheduler.core.policies.gmax import GmaxPolicy, best_window
+from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
@@ -61,7 +61,7 @@ def _swap_case(waiting_weight: float):
 
 
 def test_preemption_needs_the_d2_margin_and_a_frame_boundary():
-    pol = GmaxPolicy(preempt_margin=0.5, frame_steps=50, aging_delta=0.0, tune_cutoff=False)
+    pol = GmaxPolicy(GmaxParams(preempt_margin=0.5, frame_steps=50, aging_delta=0.0, tune_cutoff=False))
     w, r = _swap_case(waiting_weight=1.2)  # better, but not by 1 + δ
     assert pol.plan(_view(w, r, cap=1, step=100, now=1.0)).preempt == []
     w, r = _swap_case(waiting_weight=20.0)
@@ -72,14 +72,14 @@ def test_preemption_needs_the_d2_margin_and_a_frame_boundary():
 def test_preemption_is_refused_when_the_stall_costs_more():
     running = _deadline("cur", prompt=2_000_000, out=50, generated=10, first_token_time=0.1)
     newcomer = _deadline("new", out=40, weight=2.0, arrival=1.0)
-    pol = GmaxPolicy(tune_cutoff=False)
+    pol = GmaxPolicy(GmaxParams(tune_cutoff=False))
     assert pol.plan(_view([newcomer], [running], cap=1, step=100, now=1.0)).preempt == []
 
 
 @settings(max_examples=60, deadline=None)
 @given(view=engine_views(), frame=st.integers(2, 80))
 def test_never_preempts_off_frame(view, frame):
-    plan = GmaxPolicy(frame_steps=frame).plan(view)
+    plan = GmaxPolicy(GmaxParams(frame_steps=frame)).plan(view)
     if view.step % frame != 0:
         assert plan.preempt == []
 
@@ -90,7 +90,7 @@ def test_never_preempts_off_frame(view, frame):
 def test_unachievable_deadline_has_no_goodput_left():
     ok = _deadline("ok", deadline_ms=60_000, out=100)
     hopeless = _deadline("hopeless", deadline_ms=10, out=100)
-    p = GmaxPolicy(aging_delta=0.0).priorities(_view([ok, hopeless]))
+    p = GmaxPolicy(GmaxParams(aging_delta=0.0)).priorities(_view([ok, hopeless]))
     assert p[0] > 0 and p[1] == 0
 
 
@@ -102,7 +102,7 @@ def test_latency_goodput_counts_only_tokens_that_can_be_on_time():
         slo = SloSpec(ttft_ms=500, tpot_ms=tpot, slo_class=SloClass.LATENCY)
         return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=200)
 
-    p = GmaxPolicy(perf_model=perf, aging_delta=0.0).priorities(_view([lat("easy", 100), lat("hard", 5)]))
+    p = GmaxPolicy(GmaxParams(aging_delta=0.0), perf_model=perf).priorities(_view([lat("easy", 100), lat("hard", 5)]))
     assert p[0] > p[1] > 0
 
 
@@ -114,7 +114,7 @@ def test_higher_weight_never_lowers_priority(view, factor, pick):
         return
     target = reqs[pick % len(reqs)]
     i = [r.rid for r in reqs].index(target.rid)
-    pol = GmaxPolicy(tune_cutoff=False, enforce_max_queue=False)
+    pol = GmaxPolicy(GmaxParams(tune_cutoff=False, enforce_max_queue=False))
     assert pol.priorities(with_weight(view, target.rid, factor))[i] >= pol.priorities(view)[i] * (1 - 1e-12)
 
 
@@ -123,7 +123,7 @@ def test_higher_weight_never_lowers_priority(view, factor, pick):
 def test_aging_raises_best_effort_priority(wait_a, extra):
     older = RequestView(rid="old", slo=SloSpec(), arrival=-(wait_a + extra), prompt_len=10)
     newer = RequestView(rid="new", slo=SloSpec(), arrival=-wait_a, prompt_len=10)
-    p = GmaxPolicy(aging_delta=1.0).priorities(_view([older, newer]))
+    p = GmaxPolicy(GmaxParams(aging_delta=1.0)).priorities(_view([older, newer]))
     assert p[0] > p[1]
 
 
@@ -136,7 +136,7 @@ def test_aging_prevents_starvation_of_best_effort():
     reqs.append(SimRequest("be", SloSpec(), 0.5 * TAU, 8, 4, 4, 4))
     finished = {}
     for delta in (0.0, 50.0):
-        pol = GmaxPolicy(perf_model=ConstantStepModel(TAU), aging_delta=delta, tune_cutoff=False)
+        pol = GmaxPolicy(GmaxParams(aging_delta=delta, tune_cutoff=False), perf_model=ConstantStepModel(TAU))
         sim = Simulator(pol, ConstantStepModel(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
         finished[delta] = sim.run(reqs, max_steps=steps).records["be"].finished
     assert finished == {0.0: False, 50.0: True}
@@ -166,7 +166,7 @@ def test_order_puts_the_chosen_group_first():
         _deadline(f"r{i}", prompt=p, out=200, weight=w)
         for i, (p, w) in enumerate([(100, 1.0), (4000, 1.0), (110, 1.0), (120, 1.0), (3000, 0.2)])
     ]
-    pol = GmaxPolicy(cutoff=0.5, tune_cutoff=False, aging_delta=0.0)
+    pol = GmaxPolicy(GmaxParams(cutoff=0.5, tune_cutoff=False, aging_delta=0.0))
     view = _view(reqs, cap=2)
     prio = pol.priorities(view)
     group = best_window(prio, np.array([r.prompt_len for r in reqs], dtype=float), 2, 0.5)
@@ -186,7 +186,7 @@ def test_max_queue_drops_and_removes_from_order():
     plan = GmaxPolicy().plan(_view([stale, fresh], now=1.0))
     assert plan.drop == {"stale": QUEUE_TIMEOUT_REASON}
     assert plan.order == ["fresh"]
-    assert GmaxPolicy(enforce_max_queue=False).plan(_view([stale, fresh], now=1.0)).drop == {}
+    assert GmaxPolicy(GmaxParams(enforce_max_queue=False)).plan(_view([stale, fresh], now=1.0)).drop == {}
 
 
 # -- online cutoff tuning --------------------------------------------------------------------
@@ -207,7 +207,7 @@ def test_cutoff_tuner_climbs_towards_the_better_cutoff():
 
 @pytest.mark.parametrize(("deadline_ms", "rewarded"), [(60_000, True), (1_500, False)])
 def test_gmax_tuner_credits_requests_that_left_before_their_deadline(deadline_ms, rewarded):
-    pol = GmaxPolicy(frame_steps=1, tune_epoch_frames=1)
+    pol = GmaxPolicy(GmaxParams(frame_steps=1, tune_epoch_frames=1))
     r = _deadline("r", deadline_ms=deadline_ms, generated=5, first_token_time=0.1)
     pol.plan(_view([], [r], step=1, now=1.0))
     pol.plan(_view([], [], step=2, now=2.0))  # r left both queues: it finished at about t = 2

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import math
 
-from scheduler.core.analyzer.history import HistoryPredictor
+from scheduler.core.analyzer.history import HistoryParams, HistoryPredictor
 
 
 def test_min_global_withholds_a_guess_until_enough_answers() -> None:
-    p = HistoryPredictor(default=math.inf, min_global=3)
+    p = HistoryPredictor(HistoryParams(default=math.inf, min_global=3))
     p.observe(None, 10)
     p.observe(None, 20)
     assert math.isinf(p.predict())

@@ -10,9 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.policies import POLICIES, make_policy
-from scheduler.core.policies.las import LasPolicy
-from scheduler.core.policies.sarathi import SarathiPolicy
-from scheduler.core.policies.sjf import SjfPolicy
+from scheduler.core.policies.las import LasParams, LasPolicy
+from scheduler.core.policies.sarathi import SarathiParams, SarathiPolicy
+from scheduler.core.policies.sjf import SjfParams, SjfPolicy
+from scheduler.core.registry import ParamError
 from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
@@ -46,7 +47,7 @@ def _req(rid, arrival=0.0, **kw) -> RequestView:
 def test_registry_has_the_new_policies_and_rejects_unknown_parameters():
     for name in NEW_POLICIES:
         assert make_policy(name).name == name
-    with pytest.raises(TypeError):
+    with pytest.raises(ParamError, match="takes no parameter 'no_such_knob'"):
         make_policy("tempo", no_such_knob=1)
 
 
@@ -88,7 +89,7 @@ def test_sjf_ranks_by_predicted_remaining_with_fallbacks():
         _req("pred400_gen390", predicted_output_len=400.0, generated=390, first_token_time=1.0),
         _req("capped", predicted_output_len=5000.0, max_new_tokens=30),  # cap bounds the prediction
     ]
-    order = SjfPolicy(default_output_len=100).plan(_view(reqs)).order
+    order = SjfPolicy(SjfParams(default_output_len=100)).plan(_view(reqs)).order
     assert order == ["pred400_gen390", "cap20", "capped", "pred50", "default"]
 
 
@@ -134,19 +135,19 @@ def test_las_serves_least_attained_program_first_fcfs_within_a_level():
         _req("fresh_a", arrival=1.0, attained_service=100.0),
     ]
     assert LasPolicy().plan(_view(reqs)).order == ["fresh_a", "fresh_b", "old_prog"]
-    assert LasPolicy(level_thresholds=None).plan(_view(reqs)).order == ["fresh_b", "fresh_a", "old_prog"]
+    assert LasPolicy(LasParams(level_thresholds=None)).plan(_view(reqs)).order == ["fresh_b", "fresh_a", "old_prog"]
 
 
 def test_las_promotes_starving_requests():
     reqs = [_req("hog", arrival=0.0, attained_service=1e6), _req("new", arrival=99.0)]
-    assert LasPolicy(starvation_s=30.0).plan(_view(reqs, now=100.0)).order == ["hog", "new"]
-    assert LasPolicy(starvation_s=None).plan(_view(reqs, now=100.0)).order == ["new", "hog"]
+    assert LasPolicy(LasParams(starvation_s=30.0)).plan(_view(reqs, now=100.0)).order == ["hog", "new"]
+    assert LasPolicy(LasParams(starvation_s=None)).plan(_view(reqs, now=100.0)).order == ["new", "hog"]
 
 
 def test_las_preempts_worse_level_only_at_quanta():
     running = [_req("long_prog", attained_service=1e5, generated=10, first_token_time=1.0)]
     waiting = [_req("new", arrival=5.0)]
-    pol = LasPolicy(quantum_steps=20)
+    pol = LasPolicy(LasParams(quantum_steps=20))
     assert pol.plan(_view(waiting, running, cap=1, step=40)).preempt == ["long_prog"]
     assert pol.plan(_view(waiting, running, cap=1, step=41)).preempt == []
     assert pol.plan(_view(waiting, running, cap=2, step=40)).preempt == []  # a free slot: no need
@@ -161,7 +162,7 @@ def test_las_more_attained_service_never_moves_earlier(view, extra, pick):
     bumped = replace(
         view, waiting=[replace(r, attained_service=r.attained_service + extra) if r is t else r for r in view.waiting]
     )
-    pol = LasPolicy(starvation_s=None)
+    pol = LasPolicy(LasParams(starvation_s=None))
     assert pol.plan(bumped).order.index(t.rid) >= pol.plan(view).order.index(t.rid)
 
 
@@ -171,18 +172,25 @@ def test_las_more_attained_service_never_moves_earlier(view, extra, pick):
 def test_sarathi_budget_is_shared_with_decodes_and_order_is_fcfs():
     running = [_req(f"r{i}", generated=3, first_token_time=1.0) for i in range(100)]
     waiting = [_req("b", arrival=2.0), _req("a", arrival=1.0)]
-    plan = SarathiPolicy(token_budget=512).plan(_view(waiting, running, cap=256, chunk=8192))
+    plan = SarathiPolicy(SarathiParams(token_budget=512)).plan(_view(waiting, running, cap=256, chunk=8192))
     assert plan.order == ["a", "b"]
     assert plan.chunk_size == 412
-    assert SarathiPolicy(token_budget=512).plan(_view(waiting, [], chunk=256)).chunk_size == 256
-    assert SarathiPolicy(token_budget=64).plan(_view(waiting, running, cap=256)).chunk_size == 1
-    assert SarathiPolicy(token_budget=512, count_decodes=False).plan(_view(waiting, running, cap=256)).chunk_size == 512
+    assert SarathiPolicy(SarathiParams(token_budget=512)).plan(_view(waiting, [], chunk=256)).chunk_size == 256
+    assert SarathiPolicy(SarathiParams(token_budget=64)).plan(_view(waiting, running, cap=256)).chunk_size == 1
+    assert (
+        SarathiPolicy(SarathiParams(token_budget=512, count_decodes=False))
+        .plan(_view(waiting, running, cap=256))
+        .chunk_size
+        == 512
+    )
 
 
 def test_sarathi_chunks_long_prompts_in_simulation():
     # A 300-token prompt under a 100-token budget needs 3 iterations before its first token.
     reqs = [SimRequest("p", SloSpec(), 0.0, 300, output_len=1)]
-    res = Simulator(SarathiPolicy(token_budget=100), ConstantStepModel(TAU), EngineConfig(chunk_size=512)).run(reqs)
+    res = Simulator(
+        SarathiPolicy(SarathiParams(token_budget=100)), ConstantStepModel(TAU), EngineConfig(chunk_size=512)
+    ).run(reqs)
     assert res.records["p"].token_times == [3 * TAU]
 
 

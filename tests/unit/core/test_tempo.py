@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.estimates import LinearStepModel
-from scheduler.core.policies.tempo import TempoPolicy, reserved_slots
+from scheduler.core.policies.tempo import TempoParams, TempoPolicy, reserved_slots
 from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
@@ -69,8 +69,8 @@ def test_hopeless_deadline_is_degraded_by_f():
     # Same request, one whose deadline can no longer be met: gain cut by f = SLO / TTLT.
     ok = _deadline("ok", deadline_ms=60_000, out=1000)
     late = _deadline("late", deadline_ms=100, out=1000)
-    d = TempoPolicy(alpha=1.0).densities(_view([ok, late]))
-    d_step = TempoPolicy(alpha=50.0).densities(_view([ok, late]))
+    d = TempoPolicy(TempoParams(alpha=1.0)).densities(_view([ok, late]))
+    d_step = TempoPolicy(TempoParams(alpha=50.0)).densities(_view([ok, late]))
     assert d_step[1] < d[1]  # a harsher α punishes the late one more
 
 
@@ -92,7 +92,7 @@ def test_higher_weight_never_lowers_density_or_rank(view, factor, pick, fairness
     if not reqs:
         return
     target = reqs[pick % len(reqs)]
-    pol = TempoPolicy(fairness=fairness)
+    pol = TempoPolicy(TempoParams(fairness=fairness))
     i = [r.rid for r in reqs].index(target.rid)
     bumped = with_weight(view, target.rid, factor)
     assert pol.densities(bumped)[i] >= pol.densities(view)[i] * (1 - 1e-12)
@@ -113,11 +113,14 @@ def test_reserved_slots_average_the_share():
 def test_best_effort_goes_first_inside_the_reserve_and_last_otherwise():
     be = RequestView(rid="be", slo=SloSpec(), arrival=0.0, prompt_len=10)
     slo = _deadline("slo", deadline_ms=1_000)
-    assert TempoPolicy(reserve_share=0.5).plan(_view([slo, be], cap=2)).order == ["be", "slo"]
-    assert TempoPolicy(reserve_share=0.0).plan(_view([slo, be], cap=2)).order == ["slo", "be"]
+    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(_view([slo, be], cap=2)).order == ["be", "slo"]
+    assert TempoPolicy(TempoParams(reserve_share=0.0)).plan(_view([slo, be], cap=2)).order == ["slo", "be"]
     running_be = RequestView(rid="be0", slo=SloSpec(), arrival=0.0, prompt_len=10, generated=1, first_token_time=0.1)
     # The reserve (one slot) is already used by a running best-effort request: backfill with SLO work.
-    assert TempoPolicy(reserve_share=0.5).plan(_view([slo, be], [running_be], cap=2)).order == ["slo", "be"]
+    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(_view([slo, be], [running_be], cap=2)).order == [
+        "slo",
+        "be",
+    ]
 
 
 def _saturating_stream(steps: int) -> list[SimRequest]:
@@ -131,7 +134,7 @@ def _saturating_stream(steps: int) -> list[SimRequest]:
 @pytest.mark.parametrize(("share", "runs"), [(0.0, False), (0.1, True)])
 def test_best_effort_is_not_starved_with_a_reserve(share, runs):
     steps = 400
-    pol = TempoPolicy(perf_model=ConstantStepModel(TAU), reserve_share=share)
+    pol = TempoPolicy(TempoParams(reserve_share=share), perf_model=ConstantStepModel(TAU))
     sim = Simulator(pol, ConstantStepModel(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
     res = sim.run(_saturating_stream(steps), max_steps=steps)
     assert res.records["be"].finished is runs
@@ -143,8 +146,8 @@ def test_best_effort_is_not_starved_with_a_reserve(share, runs):
 def test_fairness_one_serves_least_attained_first():
     rich = _deadline("rich", deadline_ms=1_000, attained_service=1e5)  # dense but already well served
     poor = _deadline("poor", deadline_ms=100_000, attained_service=0.0)
-    assert TempoPolicy(fairness=0.0).plan(_view([rich, poor])).order == ["rich", "poor"]
-    assert TempoPolicy(fairness=1.0).plan(_view([rich, poor])).order == ["poor", "rich"]
+    assert TempoPolicy(TempoParams(fairness=0.0)).plan(_view([rich, poor])).order == ["rich", "poor"]
+    assert TempoPolicy(TempoParams(fairness=1.0)).plan(_view([rich, poor])).order == ["poor", "rich"]
 
 
 # -- preemption ------------------------------------------------------------------------------
@@ -158,11 +161,11 @@ def _preempt_case(victim_prompt: int):
 
 def test_preemption_happens_when_it_pays_and_only_at_quanta():
     waiting, running = _preempt_case(victim_prompt=10)
-    pol = TempoPolicy(quantum_steps=20)
+    pol = TempoPolicy(TempoParams(quantum_steps=20))
     assert pol.plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == ["bulk"]
     assert pol.plan(_view(waiting, running, cap=1, step=41, now=1.0)).preempt == []
     assert pol.plan(_view(waiting, running, cap=2, step=40, now=1.0)).preempt == []  # free slot
-    assert TempoPolicy(preempt=False).plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
+    assert TempoPolicy(TempoParams(preempt=False)).plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
 
 
 def test_preemption_is_refused_when_the_stall_costs_more():
@@ -173,7 +176,7 @@ def test_preemption_is_refused_when_the_stall_costs_more():
 @settings(max_examples=60, deadline=None)
 @given(view=engine_views(), quantum=st.integers(2, 50))
 def test_never_preempts_off_quantum(view, quantum):
-    plan = TempoPolicy(quantum_steps=quantum).plan(view)
+    plan = TempoPolicy(TempoParams(quantum_steps=quantum)).plan(view)
     if view.step % quantum != 0:
         assert plan.preempt == []
 

@@ -12,9 +12,10 @@ import zmq.asyncio
 
 import launch_router
 from router.http_api import create_app
+from router.policies import accepted_params
 from router.policies.slos import SlosRoutingPolicy
 from router.prefix import prefix_hashes
-from router.service import GenerateCall, RouterConfig, RouterService, policy_param_names
+from router.service import GenerateCall, RouterConfig, RouterService
 from scheduler.core.slo import SloClass, SloSpec
 from tests.unit.router._router_harness import run
 
@@ -46,6 +47,10 @@ def test_policy_params_are_json_and_validated() -> None:
         _config("--routing-policy-param", "tau")
     with pytest.raises(SystemExit, match="tau must be positive"):
         launch_router.build_service(_config("--routing-policy-param", "tau=0"))
+    with pytest.raises(SystemExit, match="--routing-policy-param: .*tau must be int, got 1.5"):
+        _config("--routing-policy-param", "tau=1.5")
+    with pytest.raises(SystemExit, match="default_perf.base_s must be float"):
+        _config("--routing-policy", "slos", "--routing-policy-param", 'default_perf={"base_s": "x"}')
 
 
 def test_bad_flags_stop_with_a_message() -> None:
@@ -63,13 +68,14 @@ def test_bad_flags_stop_with_a_message() -> None:
 
 
 def test_slos_gets_replica_admission_over_the_dispatchers_view() -> None:
-    assert {"limit", "order", "default_output_tokens", "idle_batch_s"} <= policy_param_names("slos")
-    assert "admit" not in policy_param_names("slos")
+    assert {"limit", "order", "default_output_tokens", "idle_batch_s"} <= set(accepted_params("slos"))
+    assert "admit" not in accepted_params("slos")
     params = {"limit": 2, "idle_batch_s": 0.01, "default_perf": {"base_s": 0.01}}
     service = RouterService(RouterConfig(routing_policy="slos", policy_params=params))
     assert isinstance(service.policy, SlosRoutingPolicy) and service.policy.limit == 2
     admission = service.policy.admit
     assert admission.idle == 0.01 and admission.default_perf.base_s == 0.01
+    assert admission.clock is service.clock
 
 
 def test_the_lifespan_starts_and_stops_the_service(ctx: zmq.asyncio.Context) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from router.policies.load_metrics import LeastRequestPolicy, LlumnixLoadPolicy, LowestTpmPolicy
-from router.policies.spread import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy
+from router.policies.spread import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SeedParams
 from tests.unit.router._policy_views import request, worker
 
 WORKERS = [
@@ -23,18 +23,18 @@ def test_round_robin_cycles_over_healthy_workers() -> None:
 
 
 def test_random_is_deterministic_for_a_seed_and_covers_healthy_workers() -> None:
-    first = _picks(RandomPolicy(seed=3), 60)
-    assert first == _picks(RandomPolicy(seed=3), 60)
+    first = _picks(RandomPolicy(SeedParams(seed=3)), 60)
+    assert first == _picks(RandomPolicy(SeedParams(seed=3)), 60)
     assert set(first) == {"a", "b", "c"}
 
 
 def test_power_of_two_takes_the_less_loaded_of_two_draws() -> None:
-    picks = _picks(PowerOfTwoPolicy(seed=1), 60)
-    assert picks == _picks(PowerOfTwoPolicy(seed=1), 60)
+    picks = _picks(PowerOfTwoPolicy(SeedParams(seed=1)), 60)
+    assert picks == _picks(PowerOfTwoPolicy(SeedParams(seed=1)), 60)
     assert "x" not in picks
     assert "a" not in picks  # the most loaded healthy worker always loses its draw
     two = [worker("busy", inflight=9), worker("idle", inflight=1)]
-    assert set(_picks(PowerOfTwoPolicy(seed=5), 10, two)) == {"idle"}
+    assert set(_picks(PowerOfTwoPolicy(SeedParams(seed=5)), 10, two)) == {"idle"}
 
 
 def test_least_request_counts_inflight_or_queue_plus_running() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.policies.cache_aware import CacheAwarePolicy
+from router.policies.cache_aware import CacheAwareParams, CacheAwarePolicy
 from router.policies.prefix_table import PrefixTable
 from tests.unit.router._policy_views import request, worker
 
@@ -35,7 +35,7 @@ def test_sticks_to_the_worker_holding_the_prefix() -> None:
 
 
 def test_low_match_share_goes_to_least_loaded_which_then_caches_it() -> None:
-    policy = CacheAwarePolicy(cache_threshold=0.5)
+    policy = CacheAwarePolicy(CacheAwareParams(cache_threshold=0.5))
     workers = [worker("a", inflight=1), worker("b", inflight=0), worker("c", inflight=3)]
     policy.on_routed(request("warm", prefix_hashes=(10,)), "c")
     d = policy.choose(request("r1", prefix_hashes=(10, 20, 21, 22)), workers, now=0.0)
@@ -45,13 +45,13 @@ def test_low_match_share_goes_to_least_loaded_which_then_caches_it() -> None:
 
 
 def test_falls_back_when_the_holder_is_overloaded() -> None:
-    policy = CacheAwarePolicy(balance_abs_threshold=8, balance_rel_threshold=1.5)
+    policy = CacheAwarePolicy(CacheAwareParams(balance_abs_threshold=8, balance_rel_threshold=1.5))
     policy.on_routed(request("warm", prefix_hashes=(1, 2)), "hot")
     busy = [worker("hot", inflight=20), worker("cold", inflight=4)]
     d = policy.choose(request("r", prefix_hashes=(1, 2)), busy, now=0.0)
     assert (d.worker_id, d.reason) == ("cold", "least_loaded")
     # Within the absolute gap the cache still wins.
-    fresh = CacheAwarePolicy(balance_abs_threshold=8, balance_rel_threshold=1.5)
+    fresh = CacheAwarePolicy(CacheAwareParams(balance_abs_threshold=8, balance_rel_threshold=1.5))
     fresh.on_routed(request("warm", prefix_hashes=(1, 2)), "hot")
     mild = [worker("hot", inflight=10), worker("cold", inflight=4)]
     assert fresh.choose(request("r2", prefix_hashes=(1, 2)), mild, now=0.0).worker_id == "hot"

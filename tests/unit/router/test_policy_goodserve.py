@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from router.policies.estimates import output_tokens
-from router.policies.goodserve import GoodServePolicy
+from router.policies.goodserve import GoodServeParams, GoodServePolicy
 from router.views import RunningView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
 from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker
@@ -47,10 +47,10 @@ def test_within_a_speed_class_the_least_loaded_wins() -> None:
     busy = worker("busy", queue_delay_s=2.0, decode_s_per_token=0.055)
     fast = worker("fast", queue_delay_s=0.0, decode_s_per_token=0.01)
     assert GoodServePolicy().choose(_req(), [busy, idle, fast], now=0.0).worker_id == "idle"
-    strict = GoodServePolicy(speed_tolerance=0.0)  # the literal rule: the slower-measuring card
+    strict = GoodServePolicy(GoodServeParams(speed_tolerance=0.0))  # the literal rule: the slower-measuring card
     assert strict.choose(_req(), [busy, idle, fast], now=0.0).worker_id == "busy"
     with pytest.raises(ValueError):
-        GoodServePolicy(speed_tolerance=-0.1)
+        GoodServePolicy(GoodServeParams(speed_tolerance=-0.1))
 
 
 def test_prefix_reuse_makes_a_slower_worker_feasible() -> None:
@@ -94,7 +94,7 @@ def _running(rid, worker_id, deadline_ms=10_000.0, generated=10, first_token_s=0
 
 
 def test_migration_fires_only_every_tau_calls() -> None:
-    policy = GoodServePolicy(tau=3)
+    policy = GoodServePolicy(GoodServeParams(tau=3))
     at_risk = [_running("late", "slow")]  # 90 tokens left at 0.2 s: 18 s > 9 s left
     assert policy.migrations(at_risk, CLUSTER, now=1.0) == []
     assert policy.migrations(at_risk, CLUSTER, now=1.0) == []
@@ -104,7 +104,7 @@ def test_migration_fires_only_every_tau_calls() -> None:
 
 
 def test_migration_needs_a_miss_and_a_target_that_meets() -> None:
-    policy = GoodServePolicy(tau=1)
+    policy = GoodServePolicy(GoodServeParams(tau=1))
     on_time = [_running("ok", "mid")]  # 90 · 0.05 = 4.5 s, 9 s left
     assert policy.migrations(on_time, CLUSTER, now=1.0) == []
     hopeless = [_running("lost", "slow", deadline_ms=1500)]  # even fast needs ~1 s with 0.5 s left
@@ -114,7 +114,7 @@ def test_migration_needs_a_miss_and_a_target_that_meets() -> None:
 
 
 def test_migration_counts_target_queue_and_reprefill() -> None:
-    policy = GoodServePolicy(tau=1)
+    policy = GoodServePolicy(GoodServeParams(tau=1))
     # Mid would need 0.5 + 0.0002·1010 + 0.05·90 = 5.2 s; only 4 s left, so the fast worker.
     assert policy.migrations([_running("late", "slow")], CLUSTER, now=6.0) == [("late", "fast")]
     queued = worker("fast", queue_delay_s=5.0, prefill_s_per_token=0.0001, decode_s_per_token=0.01)
@@ -122,13 +122,13 @@ def test_migration_counts_target_queue_and_reprefill() -> None:
 
 
 def test_rescues_go_to_the_least_loaded_card_of_the_slowest_class_that_meets() -> None:
-    policy = GoodServePolicy(tau=1)
+    policy = GoodServePolicy(GoodServeParams(tau=1))
     mid_busy = worker("mid2", queue_delay_s=1.0, prefill_s_per_token=0.0002, decode_s_per_token=0.052, gpu="a100")
     assert policy.migrations([_running("late", "slow")], [FAST, mid_busy, MID, SLOW], now=1.0) == [("late", "mid")]
 
 
 def test_migration_spreads_rescues_within_one_check() -> None:
-    policy = GoodServePolicy(tau=1)
+    policy = GoodServePolicy(GoodServeParams(tau=1))
     slow_prefill = worker("fast", prefill_s_per_token=0.002, decode_s_per_token=0.01)
     # Each rescue re-prefills 1010 tokens (2.02 s) on fast; the second no longer fits in 4 s.
     late = [_running("a", "slow"), _running("b", "slow")]

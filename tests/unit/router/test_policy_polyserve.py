@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from router.policies.polyserve import PolyServePolicy
+from router.policies.polyserve import PolyServeParams, PolyServePolicy
 from tests.unit.router._policy_views import latency_slo, request, worker
 
 TIERS = (25.0, 50.0, 100.0)
@@ -18,7 +18,7 @@ def _req(rid="r", tpot=60.0, ttft=1000.0, **kw):
 
 
 def test_binning_rounds_down_to_a_configured_tier() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     assert policy.tier_of(_req(tpot=60)) == 50.0
     assert policy.tier_of(_req(tpot=100)) == 100.0
     assert policy.tier_of(_req(tpot=10)) == 25.0  # tighter than every tier: the tightest
@@ -28,23 +28,23 @@ def test_binning_rounds_down_to_a_configured_tier() -> None:
 
 def test_routes_to_the_highest_load_instance_that_fits() -> None:
     ws = [_inst("low", 50.0, running=2), _inst("high", 50.0, running=10, iteration_s=0.03), _inst("x", 100.0)]
-    d = PolyServePolicy(tiers_ms=TIERS).choose(_req(), ws, now=0.0)
+    d = PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0)
     assert (d.worker_id, d.reason) == ("high", "tier")
     # One more request makes `high` exceed 50 ms (0.048 · 1.05): next highest load.
     ws[1] = _inst("high", 50.0, running=10, iteration_s=0.048)
-    assert PolyServePolicy(tiers_ms=TIERS).choose(_req(), ws, now=0.0).worker_id == "low"
+    assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0).worker_id == "low"
 
 
 def test_ttft_counts_queue_iteration_wait_and_prefill() -> None:
     ws = [_inst("queued", 50.0, running=10, queue_delay_s=0.9, prefill_s_per_token=0.0002), _inst("free", 50.0)]
     # 0.9 + 0.02 + 0.1 > 1 s TTFT on the busier instance.
-    assert PolyServePolicy(tiers_ms=TIERS).choose(_req(), ws, now=0.0).worker_id == "free"
+    assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0).worker_id == "free"
 
 
 def test_promotes_lazily_only_when_the_tier_is_full() -> None:
     tight = _inst("tight", 25.0, running=12, iteration_s=0.01)
     room = _inst("room", 50.0, running=2)
-    policy = PolyServePolicy(tiers_ms=TIERS)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     assert policy.choose(_req("a"), [tight, room], now=0.0).worker_id == "room"
     full = _inst("room", 50.0, running=16)
     d = policy.choose(_req("b"), [tight, full], now=0.0)
@@ -52,7 +52,7 @@ def test_promotes_lazily_only_when_the_tier_is_full() -> None:
 
 
 def test_scales_up_from_the_pool_then_falls_back_to_best_effort() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     full = _inst("full", 50.0, running=16)
     pool = _inst("spare", None, running=1)
     d = policy.choose(_req("a"), [full, pool], now=0.0)
@@ -68,7 +68,7 @@ def test_scales_up_from_the_pool_then_falls_back_to_best_effort() -> None:
 
 
 def test_pending_instance_joins_the_tier_its_residents_belong_to() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     tight = _inst("tight", 25.0, running=2, iteration_s=0.01)
     full50 = _inst("full50", 50.0, running=16)
     assert policy.choose(_req("p"), [tight, full50], now=0.0).reason == "promoted"
@@ -81,7 +81,7 @@ def test_pending_instance_joins_the_tier_its_residents_belong_to() -> None:
 
 
 def test_idle_instances_return_to_the_pool_after_a_while() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS, release_after_s=10.0)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS, release_after_s=10.0))
     idle = _inst("idle", 100.0, running=0)
     busy = _inst("busy", 50.0, running=3, inflight=3)
     policy.choose(_req("a"), [idle, busy], now=0.0)
@@ -95,7 +95,7 @@ def test_idle_instances_return_to_the_pool_after_a_while() -> None:
 
 
 def test_requests_without_tpot_go_to_the_pool() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     ws = [_inst("t50", 50.0, running=1), _inst("p1", None, running=5), _inst("p2", None, running=2)]
     d = policy.choose(request("be"), ws, now=0.0)
     assert (d.worker_id, d.reason, d.best_effort) == ("p2", "pool", False)
@@ -103,7 +103,7 @@ def test_requests_without_tpot_go_to_the_pool() -> None:
 
 
 def test_status_counts_per_tier() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     ws = [_inst("a", 50.0), _inst("b", 50.0), _inst("c", 100.0)]
     for i in range(3):
         policy.choose(_req(f"r{i}"), ws, now=0.0)
@@ -114,7 +114,7 @@ def test_status_counts_per_tier() -> None:
 
 
 def test_an_instance_reporting_zero_load_forgets_missed_finishes() -> None:
-    policy = PolyServePolicy(tiers_ms=TIERS, check_every_s=0.0)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS, check_every_s=0.0))
     busy = _inst("a", 50.0, running=2, inflight=2)
     policy.choose(_req("r"), [busy], now=1.0)
     assert policy.status()["tiers"]["50"]["pending_instances"] == 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.policies.slos import SlosRoutingPolicy
+from router.policies.slos import SlosRoutingParams, SlosRoutingPolicy
 from tests.unit.router._policy_views import deadline_slo, request, worker
 
 WORKERS = [worker("a", inflight=5), worker("b", inflight=1), worker("c", inflight=3), worker("x", healthy=False)]
@@ -33,7 +33,7 @@ def test_asks_in_ascending_load_and_takes_the_first_that_admits() -> None:
 
 def test_best_effort_on_least_loaded_after_the_limit() -> None:
     admit = Admit("a")  # only the most loaded would admit, but the limit stops before it
-    d = SlosRoutingPolicy(admit, limit=2).choose(REQ, WORKERS, now=0.0)
+    d = SlosRoutingPolicy(admit, SlosRoutingParams(limit=2)).choose(REQ, WORKERS, now=0.0)
     assert (d.worker_id, d.reason, d.best_effort) == ("b", "refused_everywhere", True)
     assert admit.asked == ["b", "c"]
     nobody = Admit()
@@ -44,7 +44,7 @@ def test_best_effort_on_least_loaded_after_the_limit() -> None:
 
 def test_round_robin_order_rotates_the_first_replica() -> None:
     admit = Admit("a", "b", "c")
-    policy = SlosRoutingPolicy(admit, order="round_robin")
+    policy = SlosRoutingPolicy(admit, SlosRoutingParams(order="round_robin"))
     assert [policy.choose(REQ, WORKERS, now=0.0).worker_id for _ in range(4)] == ["a", "b", "c", "a"]
 
 
@@ -56,6 +56,6 @@ def test_requests_without_slo_skip_admission() -> None:
 
 def test_bad_parameters() -> None:
     with pytest.raises(ValueError):
-        SlosRoutingPolicy(Admit(), order="random")
+        SlosRoutingPolicy(Admit(), SlosRoutingParams(order="random"))
     with pytest.raises(ValueError):
-        SlosRoutingPolicy(Admit(), limit=0)
+        SlosRoutingPolicy(Admit(), SlosRoutingParams(limit=0))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.policies import make_routing_policy
+from router.policies import RoutingContext, make_routing_policy
 from router.policies.slos_admission import ReplicaAdmission
 from router.views import RunningView
 from scheduler.core.slos_serve._linear import LinearPerfModel
@@ -15,9 +15,9 @@ FAST = {"prefill_s_per_token": 5e-5, "decode_s_per_token": 0.012, "iteration_s":
 REQ = request("new", prompt=500, arrival=NOW, slo=latency_slo(1000, 50), predicted_output_tokens=200)
 
 
-def admission(running: dict[str, list[RunningView]] | None = None, **kw) -> ReplicaAdmission:
+def admission(running: dict[str, list[RunningView]] | None = None) -> ReplicaAdmission:
     table = running or {}
-    return ReplicaAdmission(lambda wid: table.get(wid, []), clock=lambda: NOW, **kw)
+    return ReplicaAdmission(lambda wid: table.get(wid, []), clock=lambda: NOW)
 
 
 def decoding(wid: str, n: int, tpot_ms: float) -> list[RunningView]:
@@ -101,7 +101,9 @@ def test_routing_takes_the_first_admitting_replica_and_falls_back_best_effort() 
         worker("later", inflight=9, **FAST),
     ]
     loose = [RunningView(request(f"b{i}", arrival=NOW - 1), "ok", 5, NOW - 0.5) for i in range(7)]
-    policy = make_routing_policy("slos", admit=admission({"busy": decoding("busy", 6, 25), "ok": loose}))
+    running = {"busy": decoding("busy", 6, 25), "ok": loose}
+    # Through the registry: the factory builds the admission over the router's view and clock.
+    policy = make_routing_policy("slos", RoutingContext(running_on=lambda wid: running.get(wid, []), clock=lambda: NOW))
     req = request("new", prompt=100, arrival=NOW, slo=latency_slo(1000, 25), predicted_output_tokens=100)
     d = policy.choose(req, workers, NOW)
     assert (d.worker_id, d.reason, d.best_effort, d.detail["refusals"]) == ("ok", "admitted", False, 2)

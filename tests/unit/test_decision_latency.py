@@ -1,0 +1,22 @@
+"""The decision-latency benchmark, at toy sizes: every registered SLO policy and routing policy is
+built from its registry and timed without an error, and the DP row is there."""
+
+from __future__ import annotations
+
+from benchmarks.decision_latency import MIGRATION_ROW, bench_dp, bench_policies, bench_routing
+from router.policies import ROUTING_POLICIES
+from scheduler.core.policies import POLICIES
+
+
+def test_every_slo_policy_plans_a_synthetic_view() -> None:
+    rows = bench_policies(queued=(20,), running=4)
+    assert list(rows) == list(POLICIES)
+    assert all(isinstance(row[20], float) for row in rows.values()), rows
+    dp = bench_dp(new=3, running=10, repeats=2)
+    assert set(dp) == {"dp_10_new_200_running_ms", "slos_plan_10_new_200_running_ms"}
+
+
+def test_every_routing_policy_decides_on_a_small_pool() -> None:
+    rows = bench_routing(workers=(4,), max_calls=5, max_seconds=0.05)
+    assert list(rows) == [*ROUTING_POLICIES, MIGRATION_ROW]
+    assert all(len(values) == 1 and values[0] > 0 for values in rows.values()), rows
