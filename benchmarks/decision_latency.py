@@ -22,9 +22,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scheduler.core.perf_model import default_model  # noqa: E402
 from scheduler.core.policies import POLICIES  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
-from scheduler.core.slos_serve._linear import LinearPerfModel  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit  # noqa: E402
 from scheduler.core.types import EngineView, RequestView  # noqa: E402
 
@@ -130,7 +130,7 @@ def bench_dp(new: int = 10, running: int = 200, seed: int = 7) -> dict[str, floa
         )
         for i in range(new)
     ]
-    perf = LinearPerfModel()
+    perf = default_model()
 
     def run() -> None:
         admit(items, TierBudget(perf, tiers, 400_000, 8192), base, NOW, 600_000, 512)

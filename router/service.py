@@ -147,9 +147,9 @@ def build_policy(
     admission_names = _admission_params()
     admission_kw = {k: v for k, v in params.items() if k in admission_names}
     if isinstance(admission_kw.get("default_perf"), dict):
-        from scheduler.core.slos_serve._linear import LinearPerfModel
+        from scheduler.core.perf_model import DEFAULT_COEFFICIENTS
 
-        admission_kw["default_perf"] = LinearPerfModel(**admission_kw["default_perf"])
+        admission_kw["default_perf"] = dataclasses.replace(DEFAULT_COEFFICIENTS, **admission_kw["default_perf"])
     policy_kw = {k: v for k, v in params.items() if k not in admission_names}
     admit = ReplicaAdmission(running_on, clock=clock, **admission_kw)
     return make_routing_policy("slos", admit=admit, **policy_kw)

@@ -16,13 +16,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from scheduler.core.perf_model import default_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.policies._estimates import (
     COMPOUND,
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
-    LinearStepModel,
     ReqArrays,
     SloTable,
     Speeds,
@@ -80,7 +80,7 @@ class GmaxPolicy:
     ) -> None:
         if not 0.0 < cutoff <= 1.0 or not 0.0 <= fairness <= 1.0:
             raise ValueError("cutoff must be in (0, 1] and fairness in [0, 1]")
-        self.perf = perf_model if perf_model is not None else LinearStepModel()
+        self.perf = perf_model if perf_model is not None else default_model()
         self.aging_delta = aging_delta
         self.frame_steps = frame_steps
         self.preempt = preempt

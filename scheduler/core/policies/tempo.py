@@ -17,13 +17,13 @@ import math
 
 import numpy as np
 
+from scheduler.core.perf_model import default_model
 from scheduler.core.policies._estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
     W_IN,
     W_OUT,
-    LinearStepModel,
     ReqArrays,
     SloTable,
     Speeds,
@@ -67,7 +67,7 @@ class TempoPolicy:
     ) -> None:
         if not 0.0 <= reserve_share <= 1.0 or not 0.0 <= fairness <= 1.0:
             raise ValueError("reserve_share and fairness must be in [0, 1]")
-        self.perf = perf_model if perf_model is not None else LinearStepModel()
+        self.perf = perf_model if perf_model is not None else default_model()
         self.alpha = alpha
         self.w_in = w_in
         self.w_out = w_out
