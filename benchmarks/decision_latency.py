@@ -37,9 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
 from router.views import RouteRequest, RunningView, WorkerView  # noqa: E402
+from scheduler.core.perf_model import default_model  # noqa: E402
 from scheduler.core.policies import POLICIES, PolicyContext  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
-from scheduler.core.slos_serve._linear import LinearPerfModel  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit  # noqa: E402
 from scheduler.core.types import EngineView, RequestView  # noqa: E402
 
@@ -144,7 +144,7 @@ def bench_dp(new: int = 10, running: int = 200, seed: int = 7, repeats: int = 50
         )
         for i in range(new)
     ]
-    perf = LinearPerfModel()
+    perf = default_model()
 
     def run() -> None:
         admit(items, TierBudget(perf, tiers, 400_000, 8192), base, ENGINE_NOW, 600_000, 512)

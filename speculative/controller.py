@@ -15,11 +15,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from scheduler.core.estimates import next_token_due
-from scheduler.core.slos_serve.spec_length import acceptance
+from scheduler.core.slos_serve.spec_length import LengthChoice, Tier, acceptance, best, choose_per_tier, choose_uniform
 from scheduler.core.types import EngineView, PerfModel, RequestView
 from speculative.acceptance import AcceptanceTracker
 from speculative.cost import SpecCost
-from speculative.length_choice import LengthChoice, Tier, best, choose_per_tier, choose_uniform
 
 
 def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: float) -> float | None:
@@ -72,7 +71,7 @@ class SloSpeculation:
         self.dwell = dwell
         self.catch_up_tokens = catch_up_tokens
         self.tighten_floor = tighten_floor
-        self.mixed_batches = mixed_batches  # does prefill ride in verify batches (length_choice)
+        self.mixed_batches = mixed_batches  # does prefill ride in verify batches (spec_length)
         self._pending: int | None = None
         self._pending_for = 0
         self.switches = 0
@@ -110,7 +109,9 @@ class SloSpeculation:
         """Re-decide the length for the running requests; returns the length now in force."""
         tpots = [effective_tpot_s(r, view.now, self.catch_up_tokens, self.tighten_floor) for r in view.running]
         self.tiers = _count_tiers(tpots)
-        self.tightened = sum(1 for r, t in zip(view.running, tpots) if t is not None and t < r.slo.tpot_ms / 1000.0)
+        self.tightened = sum(
+            1 for r, t in zip(view.running, tpots) if t is not None and t < (r.slo.tpot_ms or 0.0) / 1000.0
+        )
         if not self.tiers:
             return self.current  # no TPOT to keep: nothing to trade, stay put
         cost = SpecCost(perf, self.draft_ratio)

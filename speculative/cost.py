@@ -8,11 +8,12 @@ memory-bound; 1.0 for a self-draft). The target's perf model then only ever sees
 
 from __future__ import annotations
 
-from scheduler.core.perf_model import _InverseMixin
-from scheduler.core.types import PerfModel
+from scheduler.core.perf_model import PerfModel, StepTimeModel
 
 
 class SpecCost:
+    """The batch cost the speculation-length optimiser takes (its `SpecStepCost`)."""
+
     def __init__(self, perf: PerfModel, draft_ratio: float) -> None:
         if draft_ratio < 0:
             raise ValueError("draft_ratio must be >= 0")
@@ -36,7 +37,7 @@ class SpecCost:
         return AtSteps(self, steps)
 
 
-class AtSteps(_InverseMixin):
+class AtSteps(StepTimeModel):
     """The perf-model interface for batches where every decode drafts `steps` tokens, so the
     batch-cap and chunk searches written for plain decoding apply unchanged."""
 

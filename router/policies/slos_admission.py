@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
+from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients, PerfModel
 from scheduler.core.slo import SloClass
-from scheduler.core.slos_serve._linear import LinearPerfModel
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand
 from scheduler.core.types import RequestView
@@ -56,7 +56,7 @@ def request_view(req: RouteRequest, generated: int = 0, first_token_s: float | N
 
 @dataclass(frozen=True)
 class AdmissionParams:
-    default_perf: LinearPerfModel | None = None  # speeds a worker has not reported yet
+    default_perf: LinearCoefficients = DEFAULT_COEFFICIENTS  # speeds a worker has not reported yet
     default_output_tokens: int = DEFAULT_OUTPUT_LEN
     deadline_prefill_share: float = 0.2
     idle_batch_s: float = 0.05
@@ -77,19 +77,22 @@ class ReplicaAdmission:
     ) -> None:
         self.running_on = running_on
         self.clock = clock  # the router clock: the one arrival_s and first_token_s are stamped with
-        self.default_perf = params.default_perf if params.default_perf is not None else LinearPerfModel()
+        self.default_perf = params.default_perf
         self.default_output = params.default_output_tokens
         self.prefill_share = params.deadline_prefill_share
         self.idle = params.idle_batch_s
         self.chunk = params.chunk_size
 
-    def perf_model(self, w: WorkerView) -> LinearPerfModel:
-        """Linear step model from the worker's EMAs, unreported terms from `default_perf`."""
+    def coefficients(self, w: WorkerView) -> LinearCoefficients:
+        """A linear step time from the worker's EMAs, unreported terms from `default_perf`."""
         per_token = w.prefill_s_per_token or self.default_perf.per_token_s
         step = w.decode_s_per_token or w.iteration_s
         if step <= 0:
-            return LinearPerfModel(self.default_perf.base_s, per_token)
-        return LinearPerfModel(max(0.0, step - per_token * max(1, w.running)), per_token)
+            return replace(self.default_perf, per_token_s=per_token)
+        return LinearCoefficients(base_s=max(0.0, step - per_token * max(1, w.running)), per_token_s=per_token)
+
+    def perf_model(self, w: WorkerView) -> PerfModel:
+        return self.coefficients(w).model()
 
     def _demand(self, view: RequestView, now: float, floor: float) -> Demand | None:
         return demand(view, now, self.default_output, self.prefill_share, floor)

@@ -34,20 +34,6 @@ def tightest_tpot(view: EngineView) -> float | None:
     return min(values) if values else None
 
 
-def _chunk_for_budget(perf: PerfModel, budget_s: float, decodes: int, kv: int, limit: int) -> int:
-    """Largest prefill chunk ≤ limit with step_time(chunk, decodes, kv + chunk) ≤ budget."""
-    if perf.step_time(1, decodes, kv + 1) > budget_s:
-        return 0
-    lo, hi = 1, limit + 1
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if perf.step_time(mid, decodes, kv + mid) <= budget_s:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
 def _ttft_need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) -> int:
     """Tokens per step the most urgent waiting request needs to finish its prefill on time."""
     need = 0
@@ -81,7 +67,7 @@ def batch_knobs(view: EngineView, perf: PerfModel, tokens_per_step: float = 1.0)
     cap = perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests)
     chunk = None
     if view.chunk_size > 0:
-        fit = _chunk_for_budget(perf, tpot, decodes, kv, view.chunk_size)
+        fit = perf.max_chunk_within(tpot, decodes, kv, view.chunk_size)
         need = _ttft_need(view, perf, decodes, kv, view.chunk_size)
         chunk = min(view.chunk_size, max(fit, need, MIN_CHUNK))
     return BatchKnobs(max(cap, 1), chunk, tightest)

@@ -6,7 +6,7 @@ numbers here, so a deadline or a length bound means the same thing everywhere. M
 come in a scalar form (one request: views, the router, metrics) and a vector form (numpy arrays,
 nan for "none"): policies see thousands of queued requests per step, so per-request Python work
 is done once (`ReqArrays.from_views`) and everything else is numpy arithmetic. Tests hold the
-two forms equal. Times come from a `PerfModel`; `LinearStepModel` is a small default so
+two forms equal. Times come from a `PerfModel` (`perf_model.default_model()` when a policy is given none), so
 policies work without a fitted profile.
 """
 
@@ -212,35 +212,6 @@ _CLASS_CODE = {
     SloClass.COMPOUND: COMPOUND,
     SloClass.BEST_EFFORT: BEST_EFFORT,
 }
-
-
-class LinearStepModel:
-    """Affine iteration-time model: a fixed launch cost plus per-token/per-request terms.
-
-    Defaults are rough numbers for a small model on one GPU; replace with a fitted model."""
-
-    def __init__(
-        self,
-        base_s: float = 0.008,
-        prefill_s_per_token: float = 6e-5,
-        decode_s_per_req: float = 1.5e-4,
-        kv_s_per_token: float = 2e-8,
-        spec_s_per_token: float = 6e-5,
-    ) -> None:
-        self.base_s = base_s
-        self.prefill_s_per_token = prefill_s_per_token
-        self.decode_s_per_req = decode_s_per_req
-        self.kv_s_per_token = kv_s_per_token
-        self.spec_s_per_token = spec_s_per_token
-
-    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
-        return (
-            self.base_s
-            + self.prefill_s_per_token * prefill_tokens
-            + self.decode_s_per_req * decode_reqs
-            + self.kv_s_per_token * kv_tokens
-            + self.spec_s_per_token * spec_tokens
-        )
 
 
 @dataclass(frozen=True)

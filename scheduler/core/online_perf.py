@@ -16,16 +16,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm, Sample
-from scheduler.core.types import PerfModel
+from scheduler.core.perf_model import PerfModel, RooflinePerfModel, Sample, StepTimeModel, default_model
 
 
-def crude_prior() -> RooflinePerfModel:
-    """10 ms + 0.1 ms per new token: only so policies can rank before anything is measured."""
-    return RooflinePerfModel([RooflineTerm(k_tokens=1e-4, k_spec=0.0, k_kv=0.0, b=0.01)])
-
-
-class OnlinePerfModel:
+class OnlinePerfModel(StepTimeModel):
     def __init__(
         self,
         prior: PerfModel | None = None,
@@ -44,7 +38,7 @@ class OnlinePerfModel:
         self._timer = timer
         self._next_fit_at = -float("inf")
         self.fits = 0
-        self.model = prior if prior is not None else crude_prior()
+        self.model: PerfModel = prior if prior is not None else default_model()
         self._trusted_prior = prior is not None  # a given profile: used as is, never refitted
         self.samples: deque[Sample] = deque(maxlen=window)
         self.min_samples = max(min_samples, 4 * n_terms)
@@ -66,9 +60,6 @@ class OnlinePerfModel:
     def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
         return self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
 
-    def max_batch_within(self, budget_s: float, kv_tokens_per_req: float, **kwargs: int) -> int:
-        return self.model.max_batch_within(budget_s, kv_tokens_per_req, **kwargs)
-
     def observe(
         self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int, measured_s: float
     ) -> None:
@@ -79,6 +70,7 @@ class OnlinePerfModel:
         self.observed += 1
         if self._trusted_prior:
             return  # measure the error against the profile, but keep it
+        assert isinstance(self.model, RooflinePerfModel)  # the default prior or a refit
         self.samples.append(Sample(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s))
         self._since_fit += 1
         self.model.observe(prefill_tokens, decode_reqs, kv_tokens, spec_tokens, measured_s)

@@ -13,12 +13,12 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from scheduler.core.types import PerfModel
+from scheduler.core.perf_model import PerfModel, StepTimeModel
 
 SPIN_S = 3e-4  # finish the wait spinning: time.sleep overshoots by ~0.1 ms, a lot at 7 ms steps
 
 
-class SlowedPerfModel:
+class SlowedPerfModel(StepTimeModel):
     """Another model's times, `factor` times longer: the emulated GPU in dilated time.
 
     A 2-core host cannot run SGLang's scheduler plus a forward pass in an H100's 7 ms, so the
@@ -33,9 +33,6 @@ class SlowedPerfModel:
 
     def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
         return self.factor * self.base.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
-
-    def max_batch_within(self, budget_s: float, kv_tokens_per_req: float, **kwargs: int) -> int:
-        return self.base.max_batch_within(budget_s / self.factor, kv_tokens_per_req, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -1,16 +1,21 @@
-"""Iteration-time models: how long one forward pass takes, so policies can size batches.
+"""Step-time models: how long one forward pass takes, so policies can size batches.
 
-Two forms, both satisfying the `PerfModel` protocol (scheduler/core/types.py):
+One family behind one protocol, `PerfModel`. Every member derives from `StepTimeModel`, which
+answers the inverse questions (the largest decode batch, the largest prefill chunk that fits a
+time budget) from the member's own `step_time`, so a member writes only the forward model:
 
-- `RooflinePerfModel` — SLOs-Serve §3.1.1: T = max_l(k1_l·#tokens + k2_l·#spec + b_l), fitted by
+- `RooflinePerfModel`: SLOs-Serve §3.1.1, T = max_l(k1_l·#tokens + k2_l·#spec + b_l), fitted by
   regression. We add a per-term KV coefficient (decode attention reads every KV token, which the
-  token count alone misses at long contexts); with k_kv = 0 it is the paper's form.
-- `TablePerfModel` — PolyServe §4.5: a profiled (token batch size, KV tokens) → time table,
+  token count alone misses at long contexts); with k_kv = 0 it is the paper's form. Its one-term
+  special cases are `linear_model`, `constant_model` and `default_model` (the numbers used when
+  no perf model is given).
+- `TablePerfModel`: PolyServe §4.5, a profiled (token batch size, KV tokens) → time table,
   bilinearly interpolated (linearly extrapolated past its edges).
+- Elsewhere: `OnlinePerfModel` (learned from measured iterations), `SlowedPerfModel` (an
+  emulated card in dilated time), the speculative `AtSteps` (verify plus draft passes).
 
-Both learn online from measured iterations (`observe`) and answer the inverse question
-`max_batch_within` (largest decode batch that fits a time budget). Profiles are JSON files whose
-format is documented in scheduler/profiles/README.md.
+Roofline and table learn online from measured iterations (`observe`). Profiles are JSON files
+whose format is documented in scheduler/profiles/README.md.
 """
 
 from __future__ import annotations
@@ -18,16 +23,42 @@ from __future__ import annotations
 import itertools
 import json
 import math
-from collections.abc import Mapping, Sequence
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 PROFILE_FORMAT = "sglang-slo-perf-profile/1"
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
 MAX_BATCH_LIMIT = 4096
+
+
+class PerfModel(Protocol):
+    """Predicts one engine iteration's wall time, and the largest batch or chunk within a budget."""
+
+    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
+        """Seconds for one forward pass with this many new prefill tokens, decoding requests,
+        total KV tokens attended, and speculative tokens verified; 0 for an empty batch."""
+        ...
+
+    def max_batch_within(
+        self,
+        budget_s: float,
+        kv_tokens_per_req: float,
+        prefill_tokens: int = 0,
+        spec_tokens_per_req: int = 0,
+        extra_kv_tokens: int = 0,
+        limit: int = MAX_BATCH_LIMIT,
+    ) -> int:
+        """Largest decode batch ≤ `limit` whose iteration fits `budget_s` (0 if none)."""
+        ...
+
+    def max_chunk_within(self, budget_s: float, decode_reqs: int, kv_tokens: int, limit: int) -> int:
+        """Largest prefill chunk ≤ `limit` that fits `budget_s` beside these decodes (0 if none)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -54,11 +85,31 @@ def spec_steps(decode_reqs: int, spec_tokens: int) -> int:
     return math.ceil(spec_tokens / max(decode_reqs, 1))
 
 
-class _InverseMixin:
-    """Shared inverse; relies on step time being non-decreasing in the decode batch size."""
+def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
+    """Largest n in [1, limit] with fits(n), for fits true up to some n and false beyond
+    (step time never falls as a batch grows); 0 if not even n = 1 fits. Doubling first keeps
+    small answers cheap against a large limit."""
+    if limit < 1 or not fits(1):
+        return 0
+    lo, hi = 1, 2
+    while hi <= limit and fits(hi):
+        lo, hi = hi, hi * 2
+    hi = min(hi, limit + 1)  # hi never fits (or is past the limit)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fits(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
+
+class StepTimeModel(ABC):
+    """A step-time model: subclasses give `step_time`, the inverses here follow from it."""
+
+    @abstractmethod
     def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
-        raise NotImplementedError
+        """Seconds for one forward pass (see `PerfModel.step_time`)."""
 
     def max_batch_within(
         self,
@@ -77,19 +128,17 @@ class _InverseMixin:
             kv = int(round(n * kv_tokens_per_req)) + extra_kv_tokens
             return self.step_time(prefill_tokens, n, kv, n * spec_tokens_per_req) <= budget_s
 
-        if limit < 1 or not fits(1):
-            return 0
-        lo, hi = 1, 2
-        while hi <= limit and fits(hi):
-            lo, hi = hi, hi * 2
-        hi = min(hi, limit + 1)  # hi never fits (or is past the limit)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if fits(mid):
-                lo = mid
-            else:
-                hi = mid
-        return lo
+        return largest_fitting(fits, limit)
+
+    def max_chunk_within(self, budget_s: float, decode_reqs: int, kv_tokens: int, limit: int) -> int:
+        """Largest prefill chunk c ≤ `limit` whose iteration beside `decode_reqs` decodes
+        attending `kv_tokens` (the chunk attends itself too: kv_tokens + c) fits `budget_s`;
+        0 if not even one token fits."""
+
+        def fits(chunk: int) -> bool:
+            return self.step_time(chunk, decode_reqs, kv_tokens + chunk) <= budget_s
+
+        return largest_fitting(fits, limit)
 
 
 # ---------------------------------------------------------------- roofline (SLOs-Serve §3.1.1)
@@ -148,7 +197,7 @@ def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return best
 
 
-class RooflinePerfModel(_InverseMixin):
+class RooflinePerfModel(StepTimeModel):
     """T = max over terms of (k_tokens·#tokens + k_spec·#spec + k_kv·#kv + b + k_seqs·#decodes), ≥ 0."""
 
     def __init__(self, terms: Sequence[RooflineTerm], step_size: float = 0.5) -> None:
@@ -157,17 +206,30 @@ class RooflinePerfModel(_InverseMixin):
         if not 0 < step_size < 2:
             raise ValueError("step_size must lie in (0, 2) for the online update to converge")
         self._theta = np.stack([t.as_array() for t in terms])  # (L, 5), natural units
+        self._sync_terms()
         self.step_size = step_size
+
+    def _sync_terms(self) -> None:
+        # Plain float tuples for step_time: policies call it thousands of times per plan, where
+        # numpy's per-call overhead on a 5-vector would dominate.
+        self._rows = [(t.b, t.k_tokens, t.k_spec, t.k_kv, t.k_seqs) for t in self.terms]
 
     @property
     def terms(self) -> list[RooflineTerm]:
         return [RooflineTerm(*map(float, row)) for row in self._theta]
 
     def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
-        x = _features(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
-        if x[0] <= 0:
-            return 0.0
-        return max(float(np.max(self._theta @ x)), 0.0)
+        tokens = prefill_tokens + decode_reqs + spec_tokens  # batch_tokens, inlined: a hot path
+        if tokens <= 0:
+            return 0.0  # an empty batch is no forward pass
+        steps = spec_steps(decode_reqs, spec_tokens) if spec_tokens > 0 else 0
+        slowest = 0.0
+        for b, k_tokens, k_spec, k_kv, k_seqs in self._rows:
+            # summed constant first, as a one-term model's closed form reads: its times stay exact
+            t = b + k_tokens * tokens + k_spec * steps + k_kv * kv_tokens + k_seqs * decode_reqs
+            if t > slowest:
+                slowest = t
+        return slowest
 
     def observe(
         self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int, measured_s: float
@@ -183,6 +245,7 @@ class RooflinePerfModel(_InverseMixin):
         err = measured_s - float(self._theta[active] @ x)
         delta_scaled = self.step_size * err * z / float(z @ z)
         self._theta[active] = np.maximum(self._theta[active] + delta_scaled / _FEATURE_SCALE, 0.0)
+        self._sync_terms()
 
     @classmethod
     def fit(cls, samples: Sequence[Sample], n_terms: int = 2, iterations: int = 50) -> RooflinePerfModel:
@@ -230,6 +293,60 @@ class RooflinePerfModel(_InverseMixin):
         raise ValueError("profile has neither a 'roofline' section nor 'samples' to fit one")
 
 
+# ---------------------------------------------------------------- one-term rooflines
+
+
+@dataclass(frozen=True)
+class LinearCoefficients:
+    """An affine step time: base + per_token·(prefill + decode + spec tokens) + per_seq·decodes
+    + per_kv_token·KV tokens + per_spec_step·draft steps. `per_seq_s` is what a decode costs
+    beyond its one token (per-request sampling, attention launches)."""
+
+    base_s: float
+    per_token_s: float
+    per_seq_s: float = 0.0
+    per_kv_token_s: float = 0.0
+    per_spec_step_s: float = 0.0
+
+    def model(self) -> RooflinePerfModel:
+        term = RooflineTerm(
+            k_tokens=self.per_token_s,
+            k_spec=self.per_spec_step_s,
+            k_kv=self.per_kv_token_s,
+            b=self.base_s,
+            k_seqs=self.per_seq_s,
+        )
+        return RooflinePerfModel([term])
+
+
+# The one set of numbers for "no perf model given": rough figures for a small model on one GPU
+# (8 ms per pass, 60 µs per token, 150 µs per decode all told), only so policies can rank
+# before anything is measured; replace with a profile or let the online model learn.
+DEFAULT_COEFFICIENTS = LinearCoefficients(base_s=0.008, per_token_s=6e-5, per_seq_s=9e-5, per_kv_token_s=2e-8)
+
+
+def linear_model(
+    base_s: float,
+    per_token_s: float,
+    per_seq_s: float = 0.0,
+    per_kv_token_s: float = 0.0,
+    per_spec_step_s: float = 0.0,
+) -> RooflinePerfModel:
+    """The one-term roofline of these coefficients (see `LinearCoefficients`)."""
+    return LinearCoefficients(base_s, per_token_s, per_seq_s, per_kv_token_s, per_spec_step_s).model()
+
+
+def constant_model(step_s: float) -> RooflinePerfModel:
+    """Every (non-empty) iteration takes exactly `step_s`: exact arithmetic for constructed schedules."""
+    return linear_model(base_s=step_s, per_token_s=0.0)
+
+
+def default_model() -> RooflinePerfModel:
+    """The model for "no perf model given" (`DEFAULT_COEFFICIENTS`), a fresh one each call:
+    a model may learn online, so callers must not share it."""
+    return DEFAULT_COEFFICIENTS.model()
+
+
 # ---------------------------------------------------------------- table (PolyServe §4.5)
 
 
@@ -241,7 +358,7 @@ def _axis_position(axis: np.ndarray, value: float) -> tuple[int, float]:
     return i, (value - axis[i]) / (axis[i + 1] - axis[i])
 
 
-class TablePerfModel(_InverseMixin):
+class TablePerfModel(StepTimeModel):
     """time(batch_tokens, kv_tokens) from a profiled grid; batch tokens = prefill + decode + spec.
 
     PolyServe drops prefill attention from the prediction (small next to GEMMs and decode

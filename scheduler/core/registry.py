@@ -121,9 +121,17 @@ def build_params(params_type: type, values: Mapping[str, Any], prefix: str = "")
         accepted = ", ".join(fields) or "none"
         raise ParamError(f"takes no parameter {prefix + unknown[0]!r} (accepted: {accepted})", prefix + unknown[0])
     hints = typing.get_type_hints(params_type)
-    kwargs = {k: _coerce(v, hints[k], prefix + k) for k, v in values.items()}
+    kwargs = {}
+    for k, v in values.items():
+        default = fields[k].default
+        if isinstance(v, Mapping) and dataclasses.is_dataclass(default) and not isinstance(default, type):
+            # a nested object starts from the field's default: it names only what it changes
+            v = {**{f.name: getattr(default, f.name) for f in dataclasses.fields(default)}, **v}
+        kwargs[k] = _coerce(v, hints[k], prefix + k)
     try:
         return params_type(**kwargs)
+    except TypeError as e:  # a nested object without a field that has no default
+        raise ParamError(f"{prefix.rstrip('.') or params_type.__name__}: {e}", prefix.rstrip(".") or None) from None
     except ParamError as e:
         if prefix and e.field is not None:
             raise ParamError(f"{prefix}{e}", prefix + e.field) from None

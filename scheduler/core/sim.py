@@ -310,13 +310,3 @@ class Simulator:
             attained_service=attained.get(r.slo.program_id or r.rid, 0.0),
             best_effort_tier=s.be_tier,
         )
-
-
-class ConstantStepModel:
-    """Every iteration takes the same time: exact arithmetic for constructed schedules."""
-
-    def __init__(self, step_s: float = 1.0 / 64) -> None:
-        self.step_s = step_s
-
-    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
-        return self.step_s

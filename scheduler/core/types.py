@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler.core.perf_model import PerfModel as PerfModel  # re-exported: policies see it with the views
 from scheduler.core.slo import SloSpec
 
 
@@ -66,16 +67,3 @@ class Policy(Protocol):
     name: str
 
     def plan(self, view: EngineView) -> StepPlan: ...
-
-
-class PerfModel(Protocol):
-    """Predicts one engine iteration's wall time; implemented in scheduler/core/perf_model.py."""
-
-    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
-        """Seconds for one forward pass with this many new prefill tokens, decoding requests,
-        total KV tokens attended, and speculative tokens verified."""
-        ...
-
-    def max_batch_within(self, budget_s: float, kv_tokens_per_req: float, **kwargs: int) -> int:
-        """Largest decode batch whose iteration fits `budget_s` (0 if none)."""
-        ...

@@ -131,7 +131,7 @@ def test_the_length_follows_the_tpot_mix(standalone: ServerProcess) -> None:
     for phase, tpot in ((tight, TIGHT_TPOT_MS), (loose, LOOSE_TPOT_MS)):
         assert [t["tpot_ms"] for t in phase["tiers"]] == [tpot] and phase["decisions"] > 0
         # α ≈ 0.78 and drafts at 0.1 of a target step: drafting shortens decode time per token,
-        # which leaves prefill batches more of every TPOT·Acc(s) (speculative/length_choice.py)
+        # which leaves prefill batches more of every TPOT·Acc(s) (scheduler/core/slos_serve/spec_length.py)
         assert phase["steps"] >= 1 and phase["current"]["feasible"]
         assert phase["current"]["batch_time_ms"] == pytest.approx(tpot * phase["tokens_per_verify"], rel=0.02)
     assert set(loose["steps_used"]) and sum(loose["steps_used"].values()) > sum(tight["steps_used"].values())

@@ -22,7 +22,6 @@ from scheduler.core.estimates import (
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
-    LinearStepModel,
     ReqArrays,
     SloTable,
     Speeds,
@@ -36,6 +35,7 @@ from scheduler.core.estimates import (
     remaining_work,
     request_deadline,
 )
+from scheduler.core.perf_model import default_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.registry import require
@@ -87,7 +87,7 @@ class GmaxPolicy:
     name = "gmax"
 
     def __init__(self, params: GmaxParams = GmaxParams(), perf_model: PerfModel | None = None) -> None:
-        self.perf = perf_model if perf_model is not None else LinearStepModel()
+        self.perf = perf_model if perf_model is not None else default_model()
         self.aging_delta = params.aging_delta
         self.frame_steps = params.frame_steps
         self.preempt = params.preempt

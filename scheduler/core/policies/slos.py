@@ -15,11 +15,11 @@ import math
 from dataclasses import dataclass
 
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
-from scheduler.core.slos_serve._linear import LinearPerfModel
-from scheduler.core.slos_serve.batch_formation import max_decoders_within
+from scheduler.core.perf_model import default_model
+from scheduler.core.slos_serve.batch_formation import EPS
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, prefill_deadline
-from scheduler.core.slos_serve.spec_length import optimize_spec_lengths
+from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 
@@ -37,7 +37,7 @@ class SlosServePolicy:
     name = "slos"
 
     def __init__(self, params: SlosServeParams = SlosServeParams(), perf_model: PerfModel | None = None) -> None:
-        self.perf: PerfModel = perf_model if perf_model is not None else LinearPerfModel()
+        self.perf: PerfModel = perf_model if perf_model is not None else default_model()
         self.alpha = params.acceptance_rate
         self.max_candidates = params.max_candidates
         self.max_spec = params.max_spec_steps
@@ -111,14 +111,14 @@ class SlosServePolicy:
         if self.alpha is not None and tiers and sum(counts):
             # One draft length per step (SGLang verifies one length per batch), chosen for
             # the decoders running now and then held fixed across the DP's states.
-            live = [(t, n) for t, n in zip(tiers, counts[:-1], strict=True)] + [(math.inf, counts[-1])]
+            live = [Tier(t, n) for t, n in zip(tiers, counts[:-1], strict=True)] + [Tier(math.inf, counts[-1])]
             key = (tuple(live), kv >> 12, view.chunk_size)
             spec = self._spec_memo.get(key)
             if spec is None:
                 if len(self._spec_memo) > 256:
                     self._spec_memo.clear()
                 choice = optimize_spec_lengths(self.perf, live, self.alpha, kv, self.max_spec, view.chunk_size, True)
-                spec = self._spec_memo[key] = choice.max_steps
+                spec = self._spec_memo[key] = choice.steps if choice is not None else 0
         budget = TierBudget(self.perf, tiers, kv, view.chunk_size, self.idle, self.alpha, self.max_spec, spec)
         result = admit(items, budget, tuple(counts), now, view.free_kv_tokens, view.max_running_requests)
         running_ids = {r.rid for r, _ in prefilling}
@@ -138,7 +138,11 @@ class SlosServePolicy:
         if shape.stable:  # else the tightest TPOT is already lost: throttling prefill saves nothing
             knobs["chunk_size"] = max(1, min(view.chunk_size, int(shape.prefill_budget)))
         if any(counts[:-1]):
-            most = max_decoders_within(self.perf, shape.batch_time, sum(counts), kv, shape.spec_steps)
+            # the most decoders of today's average context that keep the batch time
+            decoders = sum(counts)
+            most = self.perf.max_batch_within(
+                shape.batch_time + EPS, kv / decoders, spec_tokens_per_req=shape.spec_steps, limit=1 << 16
+            )
             if most > 0:
                 knobs["batch_cap"] = min(view.max_running_requests, most)
         if self.alpha is not None:

@@ -25,7 +25,6 @@ from scheduler.core.estimates import (
     W_IN,
     W_OUT,
     GainWeights,
-    LinearStepModel,
     ReqArrays,
     SloTable,
     Speeds,
@@ -39,6 +38,7 @@ from scheduler.core.estimates import (
     remaining_work,
     token_dues,
 )
+from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
@@ -75,7 +75,7 @@ class TempoPolicy:
     name = "tempo"
 
     def __init__(self, params: TempoParams = TempoParams(), perf_model: PerfModel | None = None) -> None:
-        self.perf = perf_model if perf_model is not None else LinearStepModel()
+        self.perf = perf_model if perf_model is not None else default_model()
         self.alpha = params.alpha
         self.w_in = params.w_in
         self.w_out = params.w_out

@@ -3,13 +3,14 @@ SLO-adaptive speculation length, as plain functions the `slos` policy composes."
 
 from scheduler.core.slos_serve.batch_formation import BatchShape, prefill_capacity
 from scheduler.core.slos_serve.dp import DpItem, DpResult, TierBudget, admit, interval_budget
-from scheduler.core.slos_serve.spec_length import SpecChoice, acceptance, optimize_spec_lengths
+from scheduler.core.slos_serve.spec_length import LengthChoice, Tier, acceptance, optimize_spec_lengths
 
 __all__ = [
     "BatchShape",
     "DpItem",
     "DpResult",
-    "SpecChoice",
+    "LengthChoice",
+    "Tier",
     "TierBudget",
     "acceptance",
     "admit",

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from scheduler.core.types import PerfModel
+from scheduler.core.perf_model import PerfModel, largest_fitting
 
 EPS = 1e-9
 TOKEN_LIMIT = 1 << 22  # a bound on tokens per batch, far above any real chunk size
@@ -32,27 +32,15 @@ def prefill_capacity(
         return perf.step_time(p, decode_reqs, kv_tokens, spec_tokens) <= batch_time + EPS  # type: ignore[arg-type]
 
     if not fits(0):
-        if integral:
-            over = perf.step_time(0, decode_reqs, kv_tokens, spec_tokens) - batch_time
-            return -1.0 - over  # more negative = further from fitting
-        # Extend the model below zero, so "how far from fitting" stays smooth too.
-        lo, hi = -1.0, 0.0
-        while not fits(lo):
-            lo, hi = lo * 2, lo
-            if lo < -TOKEN_LIMIT:
-                return -float(TOKEN_LIMIT)
-    else:
-        lo, hi = 0.0, 1.0
-    while hi > 0 and fits(hi):
+        over = perf.step_time(0, decode_reqs, kv_tokens, spec_tokens) - batch_time
+        return -1.0 - over  # more negative = further from fitting
+    if integral:
+        return float(largest_fitting(fits, TOKEN_LIMIT))
+    lo, hi = 0.0, 1.0
+    while fits(hi):
         lo, hi = hi, hi * 2
         if hi > TOKEN_LIMIT:
             return float(TOKEN_LIMIT)
-    if integral:
-        lo_i, hi_i = int(lo), int(hi)
-        while hi_i - lo_i > 1:
-            mid = (lo_i + hi_i) // 2
-            lo_i, hi_i = (mid, hi_i) if fits(mid) else (lo_i, mid)
-        return float(lo_i)
     for _ in range(60):
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
@@ -78,25 +66,3 @@ class BatchShape:
     def decode_cap(self) -> int:
         """The most decoders a batch of this time could hold (one token each, no prefill)."""
         return self.decode_reqs + max(0, int(self.prefill_budget))
-
-
-def max_decoders_within(
-    perf: PerfModel, batch_time: float, decoders_now: int, kv_now: int, spec_steps: int = 0, limit: int = 1 << 16
-) -> int:
-    """Largest decode batch (no prefill) fitting `batch_time`, each decoder bringing the
-    current average KV context: the batch cap that keeps the tightest TPOT. 0 if none fits."""
-    kv_per = kv_now / decoders_now if decoders_now > 0 else 0.0
-
-    def fits(n: int) -> bool:
-        return perf.step_time(0, n, int(n * kv_per), n * spec_steps) <= batch_time + EPS
-
-    if not fits(1):
-        return 0
-    lo, hi = 1, 2
-    while hi <= limit and fits(hi):
-        lo, hi = hi, hi * 2
-    hi = min(hi, limit + 1)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from scheduler.core.slos_serve.batch_formation import BatchShape, prefill_capacity
-from scheduler.core.slos_serve.spec_length import acceptance, optimize_spec_lengths
+from scheduler.core.slos_serve.spec_length import Tier, acceptance, optimize_spec_lengths
 from scheduler.core.types import PerfModel
 
 EPS = 1e-9
@@ -106,9 +106,10 @@ class TierBudget:
         if self.alpha is not None and decoders and self.spec_steps is not None:
             steps, batch_time = self.spec_steps, t0 * acceptance(self.spec_steps, self.alpha)
         elif self.alpha is not None and decoders:
-            tiers = list(zip(self.tiers, counts[:-1], strict=True)) + [(math.inf, counts[-1])]
+            tiers = [Tier(t, n) for t, n in zip(self.tiers, counts[:-1], strict=True)] + [Tier(math.inf, counts[-1])]
             choice = optimize_spec_lengths(self.perf, tiers, self.alpha, self.kv, self.max_spec, self.cap, uniform=True)
-            steps, batch_time = choice.max_steps, choice.batch_time
+            if choice is not None:
+                steps, batch_time = choice.steps, choice.batch_time_s
         budget = prefill_capacity(self.perf, batch_time, decoders, self.kv, decoders * steps)
         if self.cap is not None:
             budget = min(budget, float(self.cap))

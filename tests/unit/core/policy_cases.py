@@ -7,7 +7,8 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, SimResult, Simulator
+from scheduler.core.perf_model import constant_model
+from scheduler.core.sim import EngineConfig, SimRequest, SimResult, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, Policy, RequestView
 
@@ -112,7 +113,7 @@ def d1_instance(n: int, a_weight: float, b_slack: float = 1.5) -> list[SimReques
 
 def run_single_slot(policy: Policy, requests: list[SimRequest], **cfg: int) -> SimResult:
     config = EngineConfig(max_running_requests=cfg.get("batch", 1), chunk_size=cfg.get("chunk", 64))
-    return Simulator(policy, ConstantStepModel(TAU), config).run(requests, max_steps=cfg.get("max_steps", 100_000))
+    return Simulator(policy, constant_model(TAU), config).run(requests, max_steps=cfg.get("max_steps", 100_000))
 
 
 def weighted_goodput(result: SimResult) -> float:

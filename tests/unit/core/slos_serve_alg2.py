@@ -1,6 +1,6 @@
 """SLOs-Serve's Alg. 2 (§3.2.2) as the paper writes it: a helper for the paper-fidelity tests.
 
-The `slos` policy forms its batches through the DP's `TierBudget` and `max_decoders_within`
+The `slos` policy forms its batches through the DP's `TierBudget` and the perf model's `max_batch_within`
 (scheduler/core/slos_serve); these literal forms only check the algorithm behaves as described.
 """
 

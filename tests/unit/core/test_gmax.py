@@ -9,14 +9,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.estimates import LinearStepModel
+from scheduler.core.perf_model import constant_model, linear_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
-from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
+from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
 from tests.unit.core.policy_cases import TAU, d1_instance, engine_views, run_single_slot, weighted_goodput, with_weight
+
+
+def small_gpu(base_s: float = 0.008):
+    """An affine step time for a small model on one GPU (8 ms per pass, 150 µs per decode)."""
+    return linear_model(base_s=base_s, per_token_s=6e-5, per_seq_s=9e-5, per_kv_token_s=2e-8)
+
 
 DL = SloClass.DEADLINE
 
@@ -45,7 +51,7 @@ def _deadline(rid, deadline_ms=60_000, prompt=10, out=100, arrival=0.0, weight=1
 @pytest.mark.parametrize("n", [4, 9])
 @pytest.mark.parametrize("b_slack", [1.0, 1.5])
 def test_d1_gmax_serves_the_valuable_request(n, b_slack):
-    pol = GmaxPolicy(perf_model=ConstantStepModel(TAU))
+    pol = GmaxPolicy(perf_model=constant_model(TAU))
     res = run_single_slot(pol, d1_instance(n, 10.0 * n, b_slack))
     assert weighted_goodput(res) == pytest.approx(10.0 * n * (n + 2))
     assert res.outcomes()["A"].attained
@@ -96,7 +102,7 @@ def test_unachievable_deadline_has_no_goodput_left():
 
 def test_latency_goodput_counts_only_tokens_that_can_be_on_time():
     # One decode iteration ~8 ms; a 5 ms TPOT cannot be kept, so only the early tokens count.
-    perf = LinearStepModel()
+    perf = small_gpu()
 
     def lat(rid, tpot):
         slo = SloSpec(ttft_ms=500, tpot_ms=tpot, slo_class=SloClass.LATENCY)
@@ -136,8 +142,8 @@ def test_aging_prevents_starvation_of_best_effort():
     reqs.append(SimRequest("be", SloSpec(), 0.5 * TAU, 8, 4, 4, 4))
     finished = {}
     for delta in (0.0, 50.0):
-        pol = GmaxPolicy(GmaxParams(aging_delta=delta, tune_cutoff=False), perf_model=ConstantStepModel(TAU))
-        sim = Simulator(pol, ConstantStepModel(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
+        pol = GmaxPolicy(GmaxParams(aging_delta=delta, tune_cutoff=False), perf_model=constant_model(TAU))
+        sim = Simulator(pol, constant_model(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
         finished[delta] = sim.run(reqs, max_steps=steps).records["be"].finished
     assert finished == {0.0: False, 50.0: True}
 

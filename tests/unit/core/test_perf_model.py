@@ -1,5 +1,6 @@
 """Perf models: roofline fit recovers known coefficients, table interpolation, inverse
-consistency, online updates converge, profile JSON round trip."""
+consistency for every member of the family, online updates converge, profile JSON round trip,
+the one-term rooflines (linear, constant, default)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.core.online_perf import OnlinePerfModel
+from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.perf_model import (
+    DEFAULT_COEFFICIENTS,
     PROFILE_FORMAT,
     RooflinePerfModel,
     RooflineTerm,
     Sample,
+    StepTimeModel,
     TablePerfModel,
+    constant_model,
+    default_model,
+    linear_model,
     load_perf_model,
     load_profile,
+    profile_path,
     save_profile,
     spec_steps,
 )
+from speculative.cost import SpecCost
 
 # memory-bound term (weights read once) and compute-bound term (per-token FLOPs)
 TRUE = [
@@ -194,3 +204,150 @@ def test_load_profile_rejects_other_json(tmp_path):
     path.write_text('{"format": "something-else"}')
     with pytest.raises(ValueError):
         load_profile(path)
+
+
+# ---------------------------------------------------------------- the whole family, one protocol
+
+
+def _family() -> dict[str, StepTimeModel]:
+    table = load_perf_model(profile_path("h100"), kind="table")
+    return {
+        "roofline": RooflinePerfModel(TRUE),
+        "table": linear_table(),
+        "h100_table": table,
+        "linear": linear_model(
+            base_s=0.004, per_token_s=3e-5, per_seq_s=5e-5, per_kv_token_s=1e-8, per_spec_step_s=2e-4
+        ),
+        "constant": constant_model(0.015),
+        "default": default_model(),
+        "online_learning": OnlinePerfModel(),
+        "online_profiled": OnlinePerfModel(prior=RooflinePerfModel(TRUE)),
+        "slowed": SlowedPerfModel(table, 3.0),
+        "at_steps": SpecCost(RooflinePerfModel(TRUE), 0.25).at_steps(3),
+    }
+
+
+FAMILY = _family()
+
+
+def test_every_member_derives_the_inverses_from_one_base() -> None:
+    for name, model in FAMILY.items():
+        assert isinstance(model, StepTimeModel), name
+        assert model.step_time(0, 0, 5000) == 0.0, f"{name}: an empty batch is no forward pass"
+        assert model.step_time(1, 0, 0) > 0.0, name
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.sampled_from(sorted(FAMILY)),
+    budget=st.floats(min_value=1e-4, max_value=2.0),
+    kv_per_req=st.floats(min_value=0.0, max_value=8000.0),
+    prefill=st.sampled_from([0, 128, 1024]),
+    spec_per_req=st.sampled_from([0, 2]),
+    extra_kv=st.sampled_from([0, 5000]),
+    limit=st.sampled_from([1, 37, 4096]),
+)
+def test_batch_inverse_is_consistent_with_each_members_step_time(
+    name: str, budget: float, kv_per_req: float, prefill: int, spec_per_req: int, extra_kv: int, limit: int
+) -> None:
+    model = FAMILY[name]
+    n = model.max_batch_within(budget, kv_per_req, prefill, spec_per_req, extra_kv, limit)
+
+    def t(m: int) -> float:
+        return model.step_time(prefill, m, int(round(m * kv_per_req)) + extra_kv, m * spec_per_req)
+
+    assert 0 <= n <= limit
+    if n == 0:
+        assert t(1) > budget
+    else:
+        assert t(n) <= budget
+        assert n == limit or t(n + 1) > budget
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    name=st.sampled_from(sorted(FAMILY)),
+    budget=st.floats(min_value=1e-4, max_value=2.0),
+    decodes=st.integers(0, 64),
+    kv=st.integers(0, 200_000),
+    limit=st.sampled_from([1, 512, 8192]),
+)
+def test_chunk_inverse_is_consistent_with_each_members_step_time(
+    name: str, budget: float, decodes: int, kv: int, limit: int
+) -> None:
+    model = FAMILY[name]
+    chunk = model.max_chunk_within(budget, decodes, kv, limit)
+
+    def t(c: int) -> float:
+        return model.step_time(c, decodes, kv + c)  # the chunk attends itself too
+
+    assert 0 <= chunk <= limit
+    if chunk == 0:
+        assert t(1) > budget
+    else:
+        assert t(chunk) <= budget
+        assert chunk == limit or t(chunk + 1) > budget
+
+
+def test_slowed_and_online_members_answer_like_the_model_they_wrap() -> None:
+    base = RooflinePerfModel(TRUE)
+    online = OnlinePerfModel(prior=base)
+    for budget in (0.01, 0.05, 0.2):
+        assert online.max_batch_within(budget, 1000) == base.max_batch_within(budget, 1000)
+        assert online.max_chunk_within(budget, 8, 8000, 8192) == base.max_chunk_within(budget, 8, 8000, 8192)
+    slowed = SlowedPerfModel(base, 2.0)  # times double exactly: the inverses of half the budget
+    for budget in (0.02, 0.1, 0.4):
+        assert slowed.max_batch_within(budget, 1000) == base.max_batch_within(budget / 2.0, 1000)
+        assert slowed.max_chunk_within(budget, 8, 8000, 8192) == base.max_chunk_within(budget / 2.0, 8, 8000, 8192)
+
+
+# ---------------------------------------------------------------- one-term rooflines
+
+
+@given(
+    prefill=st.integers(0, 8192),
+    decodes=st.integers(0, 512),
+    kv=st.integers(0, 2_000_000),
+    spec=st.integers(0, 2048),
+    coefficients=st.tuples(
+        st.sampled_from([0.0, 0.002, 0.008]),
+        st.sampled_from([1e-5, 6e-5]),
+        st.sampled_from([0.0, 9e-5]),
+        st.sampled_from([0.0, 2e-8]),
+        st.sampled_from([0.0, 1e-3]),
+    ),
+)
+def test_linear_model_is_its_closed_form(prefill, decodes, kv, spec, coefficients) -> None:
+    base, per_token, per_seq, per_kv, per_step = coefficients
+    model = linear_model(base, per_token, per_seq, per_kv, per_step)
+    if prefill + decodes + spec == 0:
+        assert model.step_time(prefill, decodes, kv, spec) == 0.0
+        return
+    # an affine step time with a per-request decode cost (per_token + per_seq per decode)
+    closed = (
+        base
+        + per_token * prefill
+        + (per_token + per_seq) * decodes
+        + per_kv * kv
+        + per_token * spec
+        + per_step * spec_steps(decodes, spec)
+    )
+    assert model.step_time(prefill, decodes, kv, spec) == pytest.approx(closed, rel=1e-12, abs=1e-15)
+    if per_seq == 0.0 and per_step == 0.0:
+        # tokens-only: the sum is formed exactly as base + per_token·tokens + per_kv·kv
+        tokens = prefill + decodes + spec
+        assert model.step_time(prefill, decodes, kv, spec) == base + per_token * tokens + per_kv * kv
+
+
+@given(prefill=st.integers(0, 8192), decodes=st.integers(0, 512), kv=st.integers(0, 2_000_000), spec=st.integers(0, 64))
+def test_constant_model_is_exactly_its_constant_for_any_batch(prefill, decodes, kv, spec) -> None:
+    step = 1.0 / 64
+    expected = step if prefill + decodes + spec > 0 else 0.0
+    assert constant_model(step).step_time(prefill, decodes, kv, spec) == expected
+
+
+def test_default_model_is_the_named_coefficients_and_never_shared() -> None:
+    a, b = default_model(), default_model()
+    assert a is not b  # a model may learn online: each caller gets its own
+    assert a.terms == DEFAULT_COEFFICIENTS.model().terms
+    assert a.step_time(0, 1, 0) == pytest.approx(DEFAULT_COEFFICIENTS.base_s + 1.5e-4)

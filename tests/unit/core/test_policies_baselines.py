@@ -9,12 +9,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from scheduler.core.perf_model import constant_model
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.policies.las import LasParams, LasPolicy
 from scheduler.core.policies.sarathi import SarathiParams, SarathiPolicy
 from scheduler.core.policies.sjf import SjfParams, SjfPolicy
 from scheduler.core.registry import ParamError
-from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
+from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
 from tests.unit.core.policy_cases import TAU, d1_instance, engine_views, run_single_slot, weighted_goodput
@@ -105,7 +106,7 @@ def test_sjf_never_sees_the_true_length_in_simulation():
         SimRequest("truly_long", slo, 0.0, 4, output_len=40, predicted_output_len=2.0),
         SimRequest("truly_short", slo, 0.0, 4, output_len=2, predicted_output_len=30.0),
     ]
-    res = Simulator(SjfPolicy(), ConstantStepModel(TAU), EngineConfig(max_running_requests=1)).run(reqs)
+    res = Simulator(SjfPolicy(), constant_model(TAU), EngineConfig(max_running_requests=1)).run(reqs)
     assert res.records["truly_long"].finish_time < res.records["truly_short"].finish_time
 
 
@@ -189,7 +190,7 @@ def test_sarathi_chunks_long_prompts_in_simulation():
     # A 300-token prompt under a 100-token budget needs 3 iterations before its first token.
     reqs = [SimRequest("p", SloSpec(), 0.0, 300, output_len=1)]
     res = Simulator(
-        SarathiPolicy(SarathiParams(token_budget=100)), ConstantStepModel(TAU), EngineConfig(chunk_size=512)
+        SarathiPolicy(SarathiParams(token_budget=100)), constant_model(TAU), EngineConfig(chunk_size=512)
     ).run(reqs)
     assert res.records["p"].token_times == [3 * TAU]
 
@@ -220,7 +221,7 @@ def test_sim_token_timing_and_resume_after_preemption_keeps_tokens():
             return StepPlan()
 
     reqs = [SimRequest("x", SloSpec(), 0.0, 8, output_len=6)]
-    res = Simulator(PreemptOnce(), ConstantStepModel(TAU), EngineConfig(max_running_requests=1)).run(reqs)
+    res = Simulator(PreemptOnce(), constant_model(TAU), EngineConfig(max_running_requests=1)).run(reqs)
     rec = res.records["x"]
     assert len(rec.token_times) == 6 and rec.preemptions == 1
     # tokens at steps 1,2,3; step 4 recomputes the context and emits token 4; then 5, 6.

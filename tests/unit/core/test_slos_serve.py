@@ -5,26 +5,29 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from scheduler.core.perf_model import RooflinePerfModel, linear_model
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.slos_serve import (
     DpItem,
+    Tier,
     TierBudget,
     acceptance,
     admit,
     optimize_spec_lengths,
 )
-from scheduler.core.slos_serve._linear import LinearPerfModel
+from scheduler.core.slos_serve.spec_length import DraftsInModel, best, choose_uniform
 from scheduler.core.types import EngineView, RequestView
 from tests.unit.core.slos_serve_alg2 import alg2_batches, form_batch
 
 # ---------------------------------------------------------------- Fig. 3 (§2.3)
 # Six tokens per time unit, three running decodes, a burst of four requests with six prefill
 # tokens each; TTFT 6 units, TPOT 1 unit (deadline-based: token k due at TTFT + k·TPOT).
-SIX_PER_UNIT = LinearPerfModel(base_s=0.0, per_token_s=1 / 6)
+SIX_PER_UNIT = linear_model(base_s=0.0, per_token_s=1 / 6)
 FIG3_SLO = SloSpec(ttft_ms=6000, tpot_ms=1000, slo_class=SloClass.LATENCY)
 
 
@@ -144,10 +147,11 @@ def test_registry_has_slos():
 
 
 # ------------------------------------------------------- feasibility under the model
-def _max_prefill(perf: LinearPerfModel, batch_time: float, decoders: int, kv: int) -> int:
-    """Largest integer prefill fitting the batch, found from the closed form of the model."""
-    free = batch_time - perf.base_s - perf.per_kv_token_s * kv
-    p = math.floor(free / perf.per_token_s - decoders + 1e-6)
+def _max_prefill(perf: RooflinePerfModel, batch_time: float, decoders: int, kv: int) -> int:
+    """Largest integer prefill fitting the batch, found from the closed form of the (one-term) model."""
+    (term,) = perf.terms
+    free = batch_time - term.b - term.k_kv * kv
+    p = math.floor(free / term.k_tokens - decoders + 1e-6)
     while p >= 0 and perf.step_time(p, decoders, kv) > batch_time + 1e-9:
         p -= 1
     return p
@@ -211,7 +215,7 @@ def scenarios(draw):
     tiers = draw(TIER_SETS)
     nt = len(tiers)
     base = tuple(draw(st.integers(0, 30)) for _ in range(nt)) + (draw(st.integers(0, 10)),)
-    perf = LinearPerfModel(
+    perf = linear_model(
         base_s=draw(st.sampled_from([0.0, 0.005, 0.01])),
         per_token_s=draw(st.sampled_from([2e-5, 5e-5, 1e-4, 3e-4])),
     )
@@ -250,7 +254,8 @@ def test_more_capacity_never_admits_fewer(sc, speedup, more_mem):
     tiers, base, perf, items, cap, mem, max_dec = sc
     items = [DpItem(**{**it.__dict__, "forced": False}) for it in items]
     slow = admit(items, TierBudget(perf, tiers, 0, cap), base, 0.0, mem, max_dec)
-    fast_perf = LinearPerfModel(perf.base_s * speedup, perf.per_token_s * speedup)
+    (term,) = perf.terms
+    fast_perf = linear_model(base_s=term.b * speedup, per_token_s=term.k_tokens * speedup)
     fast = admit(items, TierBudget(fast_perf, tiers, 0, cap), base, 0.0, mem * more_mem, max_dec)
     assert len(fast.admitted) >= len(slow.admitted)
 
@@ -264,7 +269,7 @@ def test_infeasible_forced_items_are_freed_not_kept():
 
 # ------------------------------------------------------------- batch formation (Alg. 2)
 def test_dynamic_batch_size_follows_the_tightest_running_tpot():
-    perf = LinearPerfModel(base_s=0.01, per_token_s=1e-4)
+    perf = linear_model(base_s=0.01, per_token_s=1e-4)
     loose = form_batch(perf, [0.1] * 10)
     tight = form_batch(perf, [0.1] * 9 + [0.05])
     assert loose.batch_time == 0.1 and tight.batch_time == 0.05
@@ -273,7 +278,7 @@ def test_dynamic_batch_size_follows_the_tightest_running_tpot():
 
 
 def test_alg2_serves_loose_tiers_only_when_due():
-    six_per_tenth = LinearPerfModel(base_s=0.0, per_token_s=1 / 60)
+    six_per_tenth = linear_model(base_s=0.0, per_token_s=1 / 60)
     batches = alg2_batches(0.4, [("tight", 0.1), ("loose", 0.2)], six_per_tenth)
     assert [b.decode_rids for b in batches] == [["tight", "loose"], ["tight"], ["tight", "loose"], ["tight"]]
     assert [b.prefill_budget for b in batches] == [4, 5, 4, 5]
@@ -287,11 +292,13 @@ def test_acceptance_formula():
 
 
 SPEC_PERF = st.builds(
-    LinearPerfModel,
+    linear_model,
     base_s=st.sampled_from([0.002, 0.008, 0.02]),
     per_token_s=st.sampled_from([1e-5, 5e-5, 2e-4]),
 )
-SPEC_TIERS = st.lists(st.tuples(st.sampled_from([0.02, 0.04, 0.08, 0.15]), st.integers(1, 64)), min_size=1, max_size=3)
+SPEC_TIERS = st.lists(
+    st.builds(Tier, st.sampled_from([0.02, 0.04, 0.08, 0.15]), st.integers(1, 64)), min_size=1, max_size=3
+)
 
 
 @settings(max_examples=100, deadline=None)
@@ -299,37 +306,52 @@ SPEC_TIERS = st.lists(st.tuples(st.sampled_from([0.02, 0.04, 0.08, 0.15]), st.in
 def test_spec_length_non_decreasing_in_alpha(perf, tiers, a1, a2):
     lo, hi = sorted((a1, a2))
     assert (
-        optimize_spec_lengths(perf, tiers, lo, uniform=True).max_steps
-        <= optimize_spec_lengths(perf, tiers, hi, uniform=True).max_steps
+        optimize_spec_lengths(perf, tiers, lo, uniform=True).steps
+        <= optimize_spec_lengths(perf, tiers, hi, uniform=True).steps
     )
-    one = [(tiers[0][0], sum(n for _, n in tiers))]
-    assert optimize_spec_lengths(perf, one, lo).max_steps <= optimize_spec_lengths(perf, one, hi).max_steps
+    one = [Tier(tiers[0].tpot_s, sum(t.requests for t in tiers))]
+    assert optimize_spec_lengths(perf, one, lo).steps <= optimize_spec_lengths(perf, one, hi).steps
 
 
 @settings(max_examples=100, deadline=None)
 @given(SPEC_PERF, SPEC_TIERS, st.floats(0.05, 0.95), st.sampled_from([0.3, 0.5, 0.8]))
 def test_tighter_tpot_never_gives_more_steps_when_batch_time_binds(perf, tiers, alpha, factor):
-    tighter = optimize_spec_lengths(perf, [(tpot * factor, n) for tpot, n in tiers], alpha, uniform=True)
+    tighter = optimize_spec_lengths(perf, [Tier(t.tpot_s * factor, t.requests) for t in tiers], alpha, uniform=True)
     looser = optimize_spec_lengths(perf, tiers, alpha, uniform=True)
     # (where no length can meet the tighter TPOT at all, speculating harder is the least bad)
-    assume(tighter.prefill_budget >= 0)
-    assert tighter.max_steps <= looser.max_steps
+    assume(tighter.feasible)
+    assert tighter.steps <= looser.steps
 
 
 def test_spec_helps_and_policy_sets_spec_steps():
-    perf = LinearPerfModel(base_s=0.02, per_token_s=2e-5)
-    choice = optimize_spec_lengths(perf, [(0.03, 32)], 0.8)
-    assert choice.max_steps > 0 and choice.rate > optimize_spec_lengths(perf, [(0.03, 32)], 0.0).rate
+    perf = linear_model(base_s=0.02, per_token_s=2e-5)
+    choice = optimize_spec_lengths(perf, [Tier(0.03, 32)], 0.8)
+    assert choice.steps > 0 and choice.prefill_rate > optimize_spec_lengths(perf, [Tier(0.03, 32)], 0.0).prefill_rate
     slo = SloSpec(ttft_ms=500, tpot_ms=30, slo_class=SloClass.LATENCY)
     running = [RequestView(f"r{i}", slo, 0.0, 100, generated=3, first_token_time=0.1) for i in range(32)]
     view = EngineView(1.0, [RequestView("w", slo, 1.0, 200)], running, 256, 8192, 10**6, 10**6)
     plan = make_policy("slos", perf_model=perf, acceptance_rate=0.8).plan(view)
-    assert plan.spec_steps == choice.max_steps and plan.best_effort == set()
+    assert plan.spec_steps == choice.steps and plan.best_effort == set()
     assert make_policy("slos", perf_model=perf).plan(view).spec_steps is None
 
 
+def test_the_dp_rates_a_capped_batch_over_t_and_the_engine_over_its_own_time():
+    # 21 decoders at TPOT 40 ms, α = 0.6, chunk limit 512: without speculation 379 prefill tokens
+    # fit in 40 ms; one draft stretches T to 64 ms, where the limit caps the budget at 512.
+    perf = linear_model(base_s=0.02, per_token_s=5e-5)
+    tiers = [Tier(0.04, 21)]
+    planned = optimize_spec_lengths(perf, tiers, 0.6, chunk_cap=512, uniform=True)
+    # the DP's plans are batches of T back to back: 512 per 64 ms loses to 379 per 40 ms
+    assert (planned.steps, planned.prefill_budget) == (0, 379)
+    assert planned.prefill_rate == pytest.approx(379 / 0.04, rel=1e-6)
+    # the engine ends a capped batch early: 512 tokens in that batch's own 47.7 ms win
+    run = best(choose_uniform(DraftsInModel(perf), tiers, 0.6, range(9), 0, 512))
+    assert (run.steps, run.prefill_budget) == (1, 512)
+    assert run.prefill_rate == pytest.approx(512 / perf.step_time(512, 21, 0, 21))
+
+
 def test_a_lost_deadline_does_not_set_everyones_batch_time():
-    perf = LinearPerfModel(base_s=0.01, per_token_s=1e-4)
+    perf = linear_model(base_s=0.01, per_token_s=1e-4)
     chat = SloSpec(ttft_ms=500, tpot_ms=50, slo_class=SloClass.LATENCY)
     late = SloSpec(deadline_ms=1000, slo_class=SloClass.DEADLINE)
     running = [RequestView(f"c{i}", chat, 0.0, 100, generated=5, first_token_time=0.2) for i in range(10)]
@@ -344,7 +366,7 @@ def test_a_short_prefill_deadline_is_admitted_when_a_full_chunk_is_slow():
     """A slow engine (CPU) where a full 8192-token chunk outlasts the prefill deadline: the
     DP plans idle-length slices instead, so a 10-token prompt still fits and the burst beyond
     the decoder cap goes to the best-effort tier."""
-    perf = LinearPerfModel(base_s=0.004, per_token_s=8e-4)
+    perf = linear_model(base_s=0.004, per_token_s=8e-4)
     spec = SloSpec(deadline_ms=546, slo_class=SloClass.DEADLINE)
     waiting = [RequestView(f"r{i}", spec, 100.0, 10, max_new_tokens=24) for i in range(12)]
     plan = make_policy("slos", perf_model=perf).plan(EngineView(100.0, waiting, [], 2, 8192, 16000, 16384))

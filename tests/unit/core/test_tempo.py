@@ -8,12 +8,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.estimates import LinearStepModel
+from scheduler.core.perf_model import constant_model, linear_model
 from scheduler.core.policies.tempo import TempoParams, TempoPolicy, reserved_slots
-from scheduler.core.sim import ConstantStepModel, EngineConfig, SimRequest, Simulator
+from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
 from tests.unit.core.policy_cases import TAU, d1_instance, engine_views, run_single_slot, weighted_goodput, with_weight
+
+
+def small_gpu(base_s: float = 0.008):
+    """An affine step time for a small model on one GPU (8 ms per pass, 150 µs per decode)."""
+    return linear_model(base_s=base_s, per_token_s=6e-5, per_seq_s=9e-5, per_kv_token_s=2e-8)
+
 
 DL = SloClass.DEADLINE
 
@@ -42,7 +48,7 @@ def _deadline(rid, deadline_ms, prompt=10, out=100, arrival=0.0, **kw) -> Reques
 @pytest.mark.parametrize("n", [4, 9])
 @pytest.mark.parametrize("b_slack", [1.0, 1.5])  # SJF instance (SLO = δ) and EDF instance
 def test_d1_lsdf_serves_the_valuable_request(n, b_slack):
-    res = run_single_slot(TempoPolicy(perf_model=ConstantStepModel(TAU)), d1_instance(n, 10.0 * n, b_slack))
+    res = run_single_slot(TempoPolicy(perf_model=constant_model(TAU)), d1_instance(n, 10.0 * n, b_slack))
     assert weighted_goodput(res) == pytest.approx(10.0 * n * (n + 2))  # M = R(A)
     assert res.outcomes()["A"].attained
 
@@ -79,7 +85,7 @@ def test_compound_stage_uses_the_slowest_sibling():
         slo = SloSpec(deadline_ms=2_000, slo_class=SloClass.COMPOUND, program_id="prog", stage=1)
         return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=10, predicted_output_len=out, program_arrival=0.0)
 
-    pol = TempoPolicy(perf_model=LinearStepModel())
+    pol = TempoPolicy(perf_model=small_gpu())
     alone = pol.densities(_view([call("short", 10)]))[0]
     with_sibling = pol.densities(_view([call("short", 10), call("long", 1000)]))[0]
     assert with_sibling < alone
@@ -134,8 +140,8 @@ def _saturating_stream(steps: int) -> list[SimRequest]:
 @pytest.mark.parametrize(("share", "runs"), [(0.0, False), (0.1, True)])
 def test_best_effort_is_not_starved_with_a_reserve(share, runs):
     steps = 400
-    pol = TempoPolicy(TempoParams(reserve_share=share), perf_model=ConstantStepModel(TAU))
-    sim = Simulator(pol, ConstantStepModel(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
+    pol = TempoPolicy(TempoParams(reserve_share=share), perf_model=constant_model(TAU))
+    sim = Simulator(pol, constant_model(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
     res = sim.run(_saturating_stream(steps), max_steps=steps)
     assert res.records["be"].finished is runs
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from router.policies import RoutingContext, make_routing_policy
-from router.policies.slos_admission import ReplicaAdmission
+from router.policies.slos_admission import AdmissionParams, ReplicaAdmission
 from router.views import RunningView
-from scheduler.core.slos_serve._linear import LinearPerfModel
+from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients
 from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker
 
 NOW = 10.0
@@ -15,9 +17,9 @@ FAST = {"prefill_s_per_token": 5e-5, "decode_s_per_token": 0.012, "iteration_s":
 REQ = request("new", prompt=500, arrival=NOW, slo=latency_slo(1000, 50), predicted_output_tokens=200)
 
 
-def admission(running: dict[str, list[RunningView]] | None = None) -> ReplicaAdmission:
+def admission(running: dict[str, list[RunningView]] | None = None, **params: Any) -> ReplicaAdmission:
     table = running or {}
-    return ReplicaAdmission(lambda wid: table.get(wid, []), clock=lambda: NOW)
+    return ReplicaAdmission(lambda wid: table.get(wid, []), AdmissionParams(**params), clock=lambda: NOW)
 
 
 def decoding(wid: str, n: int, tpot_ms: float) -> list[RunningView]:
@@ -41,7 +43,7 @@ def test_a_replica_full_of_tight_decoders_refuses_while_an_empty_one_admits() ->
     empty = worker("empty", running=0, prefill_s_per_token=1e-3, decode_s_per_token=0.020)
     admit = admission({"busy": decoding("busy", 6, 25)})
     req = request("new", prompt=100, arrival=NOW, slo=latency_slo(1000, 25), predicted_output_tokens=100)
-    assert admit.perf_model(busy).base_s == pytest.approx(admit.perf_model(empty).base_s)
+    assert admit.coefficients(busy).base_s == pytest.approx(admit.coefficients(empty).base_s)
     assert not admit(req, busy)
     assert admit(req, empty)
 
@@ -68,18 +70,20 @@ def test_exhausted_kv_memory_refuses_even_before_the_report_shows_it() -> None:
 
 def test_before_any_report_the_default_model_still_checks_tpot_and_slots() -> None:
     fresh = worker("fresh", max_running=4)  # every EMA still zero
-    admit = admission()
-    assert admit.perf_model(fresh) == LinearPerfModel()
+    assert admission().coefficients(fresh) == DEFAULT_COEFFICIENTS
+    nominal = LinearCoefficients(base_s=0.008, per_token_s=5e-5)
+    admit = admission(default_perf=nominal)
+    assert admit.coefficients(fresh) == nominal
     assert admit(REQ, fresh)
     assert not admit(request("tight", arrival=NOW, slo=latency_slo(1000, 5)), fresh)  # below the 8 ms base step
     others = [RunningView(request(f"o{i}", arrival=NOW), "fresh", 0) for i in range(4)]
-    assert not admission({"fresh": others})(REQ, fresh)  # no batch slot left
+    assert not admission({"fresh": others}, default_perf=nominal)(REQ, fresh)  # no batch slot left
 
 
 def test_measured_decode_step_is_reproduced_at_the_reported_batch() -> None:
     w = worker("w", running=8, prefill_s_per_token=1e-4, decode_s_per_token=0.03)
+    assert admission().coefficients(w).per_token_s == 1e-4
     perf = admission().perf_model(w)
-    assert perf.per_token_s == 1e-4
     assert perf.step_time(0, 8, 0) == pytest.approx(0.03)
     assert admission().perf_model(worker("i", iteration_s=0.02)).step_time(0, 1, 0) == pytest.approx(0.02)
 

@@ -13,15 +13,15 @@ import random
 import pytest
 
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm, load_perf_model, profile_path
-from scheduler.core.slos_serve.spec_length import acceptance
-from speculative.cost import SpecCost
-from speculative.length_choice import (
+from scheduler.core.slos_serve.spec_length import (
     LengthChoice,
     Tier,
+    acceptance,
     best,
     choose_per_tier,
     choose_uniform,
 )
+from speculative.cost import SpecCost
 
 UNIT = 2.0**-14  # seconds per token: 1/16384
 B = 64 * UNIT  # 2^-8 s per pass
