@@ -54,6 +54,7 @@ class FinalPlan:
     preempt: tuple[str, ...] = ()  # running rids to retract this pass
     batch_cap: int | None = None  # running-batch cap for this pass
     chunk_size: int | None = None  # prefill token budget for this pass (None: the start-up size)
+    prefill: bool = True  # False: no prefill this pass (none started, none continued): decodes only
 
 
 def finalize_plan(

@@ -13,8 +13,9 @@ The true output length is known only to the simulator; views expose what a serve
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from scheduler.core.clock import ManualClock
 from scheduler.core.estimates import absolute_deadline, deadline_seconds
@@ -37,6 +38,8 @@ class SimRequest:
     predicted_output_len: float | None = None
     program_arrival: float | None = None
     stage_deadline: float | None = None
+    parents: tuple[str, ...] = ()  # rids that must finish first: it arrives think_s after the last
+    think_s: float = 0.0
 
 
 @dataclass
@@ -108,6 +111,55 @@ def default_settings(policy: Policy) -> PlanSettings:
     return PlanSettings(knobs=policy.name != "fcfs", mixed_batching=True)
 
 
+class _Arrivals:
+    """Requests not yet arrived: open-loop ones at their arrival time, and dependent ones (a
+    program's later stages) think_s after their last parent finishes; a stage whose parent never
+    finished never arrives."""
+
+    def __init__(self, requests: Iterable[SimRequest]) -> None:
+        self._heap: list[tuple[float, str, SimRequest]] = []
+        self._blocked: dict[str, SimRequest] = {}
+        self._waiting_on: dict[str, set[str]] = {}
+        self._children: dict[str, list[str]] = {}
+        self._parent_end: dict[str, float] = {}
+        for r in requests:
+            if r.parents:
+                self._blocked[r.rid] = r
+                self._waiting_on[r.rid] = set(r.parents)
+                for p in r.parents:
+                    self._children.setdefault(p, []).append(r.rid)
+            else:
+                heapq.heappush(self._heap, (r.arrival, r.rid, r))
+
+    def due(self, now: float) -> list[SimRequest]:
+        out = []
+        while self._heap and self._heap[0][0] <= now + 1e-12:
+            out.append(heapq.heappop(self._heap)[2])
+        return out
+
+    def next_time(self) -> float | None:
+        return self._heap[0][0] if self._heap else None
+
+    def finished(self, rid: str, t: float | None) -> None:
+        """`rid` ended at `t` (None: without finishing, so its dependents never arrive)."""
+        for child in self._children.pop(rid, ()):
+            req = self._blocked.get(child)
+            if req is None:
+                continue
+            if t is None:
+                continue  # stays blocked: reported as never arrived
+            end = max(self._parent_end.get(child, t), t)
+            self._parent_end[child] = end
+            self._waiting_on[child].discard(rid)
+            if not self._waiting_on[child]:
+                del self._blocked[child], self._waiting_on[child]
+                release = end + req.think_s
+                heapq.heappush(self._heap, (release, child, replace(req, arrival=release)))
+
+    def never_arrived(self) -> list[SimRequest]:
+        return [r for _, _, r in self._heap] + list(self._blocked.values())
+
+
 class Simulator:
     """Run `policy` over `requests` on one engine; `predictor` may refine predicted lengths.
     `record_trace` keeps every step's view and finished plan (for comparing plan paths)."""
@@ -131,7 +183,7 @@ class Simulator:
         self.record_trace = record_trace
 
     def run(self, requests: Iterable[SimRequest], max_steps: int = 1_000_000, until: float | None = None) -> SimResult:
-        pending = sorted(requests, key=lambda r: (r.arrival, r.rid))
+        arrivals = _Arrivals(requests)
         records: dict[str, SimRecord] = {}
         waiting: list[_State] = []
         running: list[_State] = []
@@ -139,29 +191,30 @@ class Simulator:
         plans: list[tuple[int, FinalPlan]] = []
         trace: list[tuple[EngineView, FinalPlan]] = []
         knob_model = KnobModel(self.perf)
+        mixed = self.settings.mixed_batching
         seq = 0
         step = 0
-        nxt = 0
         cfg = self.cfg
 
         def finish(st: _State, t: float | None, reason: str | None) -> None:
             records[st.req.rid] = SimRecord(st.req, st.token_times, t, reason, st.preemptions)
+            arrivals.finished(st.req.rid, t)
 
         while step < max_steps:
             now = self.clock.now()
             if until is not None and now >= until:
                 break
-            while nxt < len(pending) and pending[nxt].arrival <= now + 1e-12:
-                st = _State(pending[nxt])
-                nxt += 1
+            for req in arrivals.due(now):
+                st = _State(req)
                 if st.context + 1 > cfg.total_kv_tokens:
                     finish(st, None, "kv_too_large")  # could never fit, as SGLang rejects it
                 else:
                     waiting.append(st)
             if not waiting and not running:
-                if nxt >= len(pending):
+                nxt = arrivals.next_time()
+                if nxt is None:
                     break
-                self.clock.set(pending[nxt].arrival)
+                self.clock.set(max(now, nxt))
                 continue
 
             used = sum(s.kv for s in running)
@@ -197,7 +250,7 @@ class Simulator:
             waiting = self._ordered(waiting, plan)
             cap = cfg.max_running_requests if plan.batch_cap is None else plan.batch_cap
             budget = cfg.chunk_size if plan.chunk_size is None else plan.chunk_size
-            budget = max(budget, 1)
+            budget = max(budget, 1) if plan.prefill else 0
 
             # Out of KV for this iteration's decode tokens: retract the newest, as SGLang does.
             used = sum(s.kv for s in running)
@@ -235,10 +288,13 @@ class Simulator:
             gone = {id(s) for s in admitted}
             waiting = [s for s in waiting if id(s) not in gone]
             running.extend(admitted)
+            if prefill and not mixed:
+                decoding = []  # separate batching: a prefill step runs alone, every decode waits
 
             if not decoding and not prefill:
-                if nxt < len(pending):
-                    self.clock.set(max(now, pending[nxt].arrival))
+                nxt = arrivals.next_time()
+                if nxt is not None:
+                    self.clock.set(max(now, nxt))
                     continue
                 break  # nothing can ever run (e.g. the policy capped the batch at zero)
 
@@ -273,7 +329,7 @@ class Simulator:
         end = self.clock.now()
         for s in waiting + running:
             finish(s, None, None)
-        for r in pending[nxt:]:
+        for r in arrivals.never_arrived():
             records[r.rid] = SimRecord(r, [], None, None, 0)
         return SimResult(records=records, end_time=end, steps=step, plans=plans, trace=trace)
 

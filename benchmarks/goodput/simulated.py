@@ -1,0 +1,235 @@
+"""The goodput benchmark's workloads on the virtual-time simulator, scored like live runs.
+
+The same planned requests a live run sends (trace, mix, rate, seed) go to
+`scheduler.core.sim.Simulator`, which runs the very policy objects the server runs through the
+same plan path, on a GPU+model profile's step times (the table the emulator paces with; the
+policies plan with the profile's roofline, as the server's do). Compound stages arrive
+think time after their parents finish, as the load generator sends them. The records come back
+as the load generator's `RequestRecord`s, so `metrics.score` scores both the same way.
+
+It is an instrument for ranking policies at scales and sweeps a 2-core machine cannot run live;
+where a simulated and an emulated run disagree, the emulated one (real SGLang) is the truth.
+
+  .venv/bin/python -m benchmarks.goodput.simulated --gpu h100 --mix tempo --rates 2,4,8 --seeds 0,1,2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from benchmarks.goodput.metrics import RunMetrics, score
+from benchmarks.goodput.mixes import MIXES, Scale, profile_zero_load
+from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.workload import WorkloadSpec, plan
+from scheduler.core.perf_model import PerfModel, load_perf_model, load_profile, profile_path
+from scheduler.core.plan_path import PlanSettings
+from scheduler.core.policies import POLICIES, make_policy
+from scheduler.core.sim import EngineConfig, SimRecord, SimRequest, Simulator
+from scheduler.core.slo import SloSpec, parse_slo
+
+CLIENT_MAX_TOKENS = 1024  # the cap the load generator puts in max_new_tokens (LoadOptions)
+
+
+@dataclass(frozen=True)
+class Card:
+    """A GPU+model profile as the simulator uses it."""
+
+    name: str
+    pace: PerfModel  # what a step really takes (the emulator's table)
+    plan_with: PerfModel  # what the policies predict with (the server's roofline prior)
+    kv_tokens: int
+
+    @classmethod
+    def load(cls, gpu: str, model: str = "llama3-8b") -> Card:
+        path = profile_path(gpu, model)
+        profile = load_profile(path)
+        return cls(
+            name=f"{gpu}/{model}",
+            pace=load_perf_model(path, kind="table"),
+            plan_with=load_perf_model(path, kind="roofline"),
+            kv_tokens=int(profile["kv_token_capacity"]),
+        )
+
+
+def sim_requests(planned: Sequence[PlannedRequest]) -> list[SimRequest]:
+    """What the load generator would send, as simulator requests (the true length hidden)."""
+    starts: dict[str, float] = {}
+    for p in planned:
+        if p.req.program_id is not None:
+            starts[p.req.program_id] = min(starts.get(p.req.program_id, p.req.arrival_s), p.req.arrival_s)
+    out = []
+    for p in planned:
+        r = p.req
+        slo = parse_slo(p.slo) if p.slo else SloSpec()
+        out.append(
+            SimRequest(
+                rid=r.rid,
+                slo=slo,
+                arrival=r.arrival_s,
+                prompt_len=r.prompt_tokens,
+                output_len=r.output_tokens,
+                max_new_tokens=max(CLIENT_MAX_TOKENS, r.output_tokens),
+                program_arrival=starts.get(r.program_id) if slo.program_id is not None and r.program_id else None,
+                parents=tuple(r.parents),
+                think_s=r.think_s,
+            )
+        )
+    return out
+
+
+def to_record(p: PlannedRequest, rec: SimRecord | None, program_starts: dict[str, float]) -> RequestRecord:
+    """A simulated request as the load generator would have recorded it."""
+    r = p.req
+    record = RequestRecord(
+        key=r.rid,
+        cls=p.cls,
+        slo=p.slo,
+        prompt_tokens=r.prompt_tokens,
+        target_output_tokens=r.output_tokens,
+        scheduled_s=r.arrival_s,
+        program_id=r.program_id,
+        program_start_s=program_starts.get(r.program_id) if r.program_id else None,
+        program_deadline_s=None if p.program_deadline_ms is None else p.program_deadline_ms / 1000.0,
+    )
+    if rec is None or (not rec.token_times and rec.finish_time is None and rec.drop_reason is None):
+        return record  # never arrived (a parent failed, or the run ended first)
+    record.send_s = rec.req.arrival
+    record.token_s = list(rec.token_times)
+    if rec.finish_time is not None:
+        record.finish_s, record.finish_reason = rec.finish_time, "length"
+    elif rec.drop_reason is not None:
+        record.finish_s, record.finish_reason, record.error = rec.req.arrival, "abort", rec.drop_reason
+    else:
+        record.cut = True  # still queued or running when the simulation stopped
+    return record
+
+
+def simulate(
+    planned: Sequence[PlannedRequest],
+    policy: str,
+    card: Card,
+    *,
+    mixed: bool = True,
+    stock_fcfs: bool = True,
+    max_running: int = 256,
+    chunk: int = 8192,
+    horizon_s: float | None = None,
+) -> list[RequestRecord]:
+    """One policy over one planned workload on one card. fcfs is stock SGLang: no knobs, and
+    separate prefill steps (SGLang's default) unless `stock_fcfs` is False."""
+    if policy == "fcfs" and stock_fcfs:
+        mixed = False
+    settings = PlanSettings(knobs=policy != "fcfs", mixed_batching=mixed)
+    sim = Simulator(
+        make_policy(policy, card.plan_with),
+        card.pace,
+        EngineConfig(max_running_requests=max_running, chunk_size=chunk, total_kv_tokens=card.kv_tokens),
+        settings=settings,
+    )
+    reqs = sim_requests(planned)
+    last = max((r.arrival for r in reqs), default=0.0)
+    result = sim.run(reqs, until=None if horizon_s is None else last + horizon_s)
+    starts = {rid: rec.req.arrival for rid, rec in result.records.items()}
+    program_starts: dict[str, float] = {}
+    for p in planned:
+        pid = p.req.program_id
+        if pid is not None and p.req.rid in starts:
+            program_starts[pid] = min(program_starts.get(pid, starts[p.req.rid]), starts[p.req.rid])
+    return [to_record(p, result.records.get(p.req.rid), program_starts) for p in planned]
+
+
+def run_point(
+    spec: WorkloadSpec, rate: float, policies: Sequence[str], card: Card, **engine: object
+) -> dict[str, RunMetrics]:
+    """Every policy on the same planned workload; goodput is per offered second."""
+    scale = Scale(1.0, profile_zero_load(card.name.split("/")[0]))
+    planned = plan(spec, rate, scale)
+    arrivals = [p.req.arrival_s for p in planned]
+    window = max(arrivals) - min(arrivals) if len(arrivals) > 1 else None
+    return {name: score(simulate(planned, name, card, **engine), duration_s=window) for name in policies}  # type: ignore[arg-type]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--gpu", default="h100")
+    ap.add_argument("--mix", default="tempo", choices=sorted(MIXES))
+    ap.add_argument("--trace", default="azure-conv")
+    ap.add_argument("--units", type=int, default=300)
+    ap.add_argument("--rates", default="2,4,8", help="arrival units per second, comma-separated")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--policies", default=",".join(n for n in POLICIES if not n.endswith("_oracle")))
+    ap.add_argument("--batching", choices=["mixed", "separate"], default="mixed")
+    ap.add_argument("--fcfs-batching", choices=["stock", "same"], default="stock", help="stock: separate steps")
+    ap.add_argument("--max-running", type=int, default=256)
+    ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--max-prompt", type=int, default=4096)
+    ap.add_argument("--max-output", type=int, default=1024)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    card = Card.load(args.gpu)
+    policies = [p for p in args.policies.split(",") if p]
+    rows: dict[tuple[float, str], list[RunMetrics]] = {}
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        spec = WorkloadSpec(
+            trace=args.trace,
+            units=args.units,
+            mix=args.mix,
+            seed=seed,
+            max_prompt=args.max_prompt,
+            max_output=args.max_output,
+            arrivals="poisson",
+        )
+        for rate in [float(r) for r in args.rates.split(",")]:
+            results = run_point(
+                spec,
+                rate,
+                policies,
+                card,
+                mixed=args.batching == "mixed",
+                stock_fcfs=args.fcfs_batching == "stock",
+                max_running=args.max_running,
+                chunk=args.chunk,
+            )
+            for name, m in results.items():
+                rows.setdefault((rate, name), []).append(m)
+    summary = []
+    for (rate, name), runs in sorted(rows.items()):
+        base = rows.get((rate, "fcfs"))
+        ratio = [
+            (m.goodput_rps or 0) / (b.goodput_rps or 1e-9) for m, b in zip(runs, base or runs, strict=False)
+        ]
+        summary.append(
+            {
+                "rate": rate,
+                "policy": name,
+                "attainment": statistics.mean(m.attainment for m in runs),
+                "attainment_min": min(m.attainment for m in runs),
+                "attainment_max": max(m.attainment for m in runs),
+                "goodput_rps": statistics.mean(m.goodput_rps or 0.0 for m in runs),
+                "x_fcfs": statistics.mean(ratio),
+                "x_fcfs_min": min(ratio),
+                "x_fcfs_max": max(ratio),
+                "by_class": {k: round(v, 3) for k, v in runs[0].attainment_by_class.items()},
+            }
+        )
+    if args.json:
+        json.dump(summary, sys.stdout, indent=1)
+        return 0
+    print(f"{card.name} {args.batching} mix={args.mix} units={args.units} seeds={args.seeds}")
+    print(f"{'rate':>6} {'policy':<14} {'attain':>7} {'(min-max)':>13} {'goodput':>8} {'x fcfs':>7} {'(min-max)':>13}")
+    for row in summary:
+        print(
+            f"{row['rate']:>6.2f} {row['policy']:<14} {row['attainment']:>7.3f} "
+            f"({row['attainment_min']:.2f}-{row['attainment_max']:.2f}) {row['goodput_rps']:>8.3f} "
+            f"{row['x_fcfs']:>7.2f} ({row['x_fcfs_min']:.2f}-{row['x_fcfs_max']:.2f})  {row['by_class']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
