@@ -1,4 +1,4 @@
-"""Co-located vs prefill-decode disaggregated pools, side by side (issue #8).
+"""Co-located vs prefill-decode disaggregated pools, side by side.
 
 The same number of emulated H100s (Llama-3-8B profile, every forward pass K = --slowdown times
 slower) serve the same planned workload in two layouts: all co-located, or split into prefill

@@ -1,4 +1,4 @@
-"""Every routing policy side by side on one emulated heterogeneous pool (issue #6).
+"""Every routing policy side by side on one emulated heterogeneous pool.
 
 One pool of emulated workers (default H100 + A100 + A40 + A40, Llama-3-8B profiles, every forward
 pass K = --slowdown times slower so four workers keep pace on a small CPU) is started once. For
