@@ -1,4 +1,4 @@
-"""Co-located vs prefill-decode disaggregated pools, side by side (issue #8).
+"""Co-located vs prefill-decode disaggregated pools, side by side.
 
 The same number of emulated H100s (Llama-3-8B profile, every forward pass K = --slowdown times
 slower) serve the same planned workload in two layouts: all co-located, or split into prefill
@@ -32,7 +32,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import install_signal_handlers, resolve_model
-from benchmarks.goodput.compare import describe, header_run, uniform_length_control
+from benchmarks.goodput.compare import describe, doc_parser, header_run, uniform_length_control
 from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import write_results
 from benchmarks.goodput.workload import plan
@@ -115,12 +115,7 @@ def crossing(points: list[tuple[float, float]], target: float) -> tuple[float | 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.pd",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser("python -m benchmarks.pd", __doc__)
     p.add_argument("--layouts", default="co:4,pd:1+3", help="co:N and pd:P+D layouts, comma-separated")
     p.add_argument("--gpu", default="h100", help="emulated card of every worker")
     p.add_argument("--slowdown", type=float, default=8.0)

@@ -1,4 +1,4 @@
-"""Every routing policy side by side on one emulated heterogeneous pool (issue #6).
+"""Every routing policy side by side on one emulated heterogeneous pool.
 
 One pool of emulated workers (default H100 + A100 + A40 + A40, Llama-3-8B profiles, every forward
 pass K = --slowdown times slower so four workers keep pace on a small CPU) is started once. For
@@ -39,6 +39,7 @@ from benchmarks._server import ROOT, install_signal_handlers, resolve_model
 from benchmarks.goodput.compare import (
     Target,
     describe,
+    doc_parser,
     header_run,
     load_options,
     run_once,
@@ -73,12 +74,7 @@ def _csv(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.routing",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
-    )
+    p = doc_parser("python -m benchmarks.routing", __doc__)
     pool = p.add_argument_group("pool")
     pool.add_argument("--pool", default="h100,a100,a40,a40", help="emulated cards, one worker each")
     pool.add_argument("--slowdown", type=float, default=8.0, help="--emulate-slowdown K of every worker")

@@ -1,4 +1,4 @@
-"""SLO-adaptive vs fixed-length vs no speculation, on SLOs-Serve's ChatBot and Coder (issue #9).
+"""SLO-adaptive vs fixed-length vs no speculation, on SLOs-Serve's ChatBot and Coder.
 
 One emulated GPU (Llama-3-8B profile, every forward pass K = --slowdown times slower) serves the
 same planned workload under each configuration:

@@ -41,19 +41,16 @@ import math
 from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from scheduler.core.perf_model import PerfModel
 
 DEFAULT_WINDOW_S = 60.0
 DEFAULT_TPOT_MS = 100.0  # requests without a TPOT, when no tier is known to borrow from
 PROBE_BATCH = 256  # decode batch at which the per-token cost is measured (see perf_constants)
 PROBE_PREFILL_TOKENS = 2048  # prefill chunk at which a prefill device's throughput is measured
 NO_TPOT = "no_tpot"  # tier label of requests without a TPOT
-
-
-class StepTimeModel(Protocol):
-    """What `perf_constants` needs: scheduler.core.perf_model's models all qualify."""
-
-    def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -151,7 +148,7 @@ class MixTracker:
 
 
 def perf_constants(
-    perf: StepTimeModel, kv_tokens_per_req: float = 0.0, probe_batch: int = PROBE_BATCH
+    perf: PerfModel, kv_tokens_per_req: float = 0.0, probe_batch: int = PROBE_BATCH
 ) -> tuple[float, float]:
     """(C, MaxTokenTpt) of App. A's BatchTime(n) = n / MaxTokenTpt + C, read off a step-time model.
 
@@ -173,7 +170,7 @@ def perf_constants(
     return c, 1.0 / per_token
 
 
-def prefill_throughput(perf: StepTimeModel, chunk_tokens: int = PROBE_PREFILL_TOKENS) -> float:
+def prefill_throughput(perf: PerfModel, chunk_tokens: int = PROBE_PREFILL_TOKENS) -> float:
     """Prompt tokens/s of a prefill-only device running `chunk_tokens` chunks back to back (its
     attention reads about the chunk's own KV)."""
     t = float(perf.step_time(chunk_tokens, 0, chunk_tokens))
@@ -188,7 +185,7 @@ def _label(tier_ms: float | None) -> str:
 
 def pd_sizing(
     mix: Mapping[float | None, TierMix] | Iterable[TierMix],
-    perf: StepTimeModel | None = None,
+    perf: PerfModel | None = None,
     *,
     overhead_s: float | None = None,
     max_token_tpt: float | None = None,
@@ -317,7 +314,7 @@ def pd_sizing(
     }
 
 
-def tracker_sizing(tracker: MixTracker, now: float, perf: StepTimeModel | None = None, **kw: Any) -> dict[str, Any]:
+def tracker_sizing(tracker: MixTracker, now: float, perf: PerfModel | None = None, **kw: Any) -> dict[str, Any]:
     """`pd_sizing` of the tracker's window at `now`, tiers without completions falling back to
     the pooled mean output; adds `window_s` and `span_s`."""
     kw.setdefault("fallback_output", tracker.pooled_mean_output(now))

@@ -245,6 +245,7 @@ async def parse_native(
     else:
         params["custom_params"] = custom
     if ids is None:
+        assert text is not None  # checked above: exactly one of the two was given
         ids = _encode(await tokenizer(), text, "text")
     return GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text)
 

@@ -299,7 +299,7 @@ class RouterService:
         """Route the request; NoWorkerAvailable when no worker within the admission timeout."""
         submit = Submit(
             rid=call.rid,
-            input_ids=call.input_ids,
+            input_ids=tuple(call.input_ids),
             sampling_params=call.sampling_params,
             slo=call.slo.to_dict(),
             stream=call.stream,
@@ -351,14 +351,15 @@ class RouterService:
 
     async def flush_cache(self) -> dict[str, str]:
         """POST /flush_cache on every healthy worker; worker id -> "ok" or what went wrong."""
-        assert self._http is not None
+        http = self._http
+        assert http is not None
         urls = self._urls()
         if not urls:
             raise WorkerUnavailable("no healthy worker with an HTTP address")
 
         async def one(url: str) -> str:
             try:
-                resp = await self._http.post(url + "/flush_cache", headers=self._auth_headers())
+                resp = await http.post(url + "/flush_cache", headers=self._auth_headers())
             except httpx.HTTPError as exc:
                 return f"{type(exc).__name__}: {exc}"
             return "ok" if resp.status_code == 200 else f"HTTP {resp.status_code}: {resp.text[:200]}"
@@ -382,8 +383,11 @@ class RouterService:
         views = self.views()
         prefill = [v for v in views if v.role == PREFILL]
         decode = [v for v in views if v.role == DECODE]
-        sized_on = (decode or views or [None])[0]
-        profile = None if sized_on is None else self._profile(sized_on.gpu)
+        candidates = decode or views
+        if not candidates:
+            return None
+        sized_on = candidates[0]
+        profile = self._profile(sized_on.gpu)
         if profile is None:
             return None
         perf, kv_capacity = profile

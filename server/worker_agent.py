@@ -1,4 +1,4 @@
-"""The worker side of the router protocol: a worker's link to the router (issue #6).
+"""The worker side of the router protocol: a worker's link to the router.
 
 Runs inside the worker's HTTP process (a daemon thread with its own event loop), so it lives and
 dies with the server: a killed worker stops heartbeating and the router fails its requests over.

@@ -166,13 +166,17 @@ def describe(run: dict[str, Any]) -> str:
     return line + (f"\n   INCONSISTENT: {bad}" if bad else "")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="python -m benchmarks.goodput",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog=__doc__.split("\n\n", 1)[1],
+def doc_parser(prog: str, doc: str) -> argparse.ArgumentParser:
+    """A benchmark's parser whose --help is its module docstring: the first paragraph as the
+    description, the rest (how to run it, what it writes) as the epilog."""
+    description, epilog = doc.split("\n\n", 1)
+    return argparse.ArgumentParser(
+        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = doc_parser("python -m benchmarks.goodput", __doc__)
     t = p.add_argument_group("targets")
     t.add_argument("--policies", default="fcfs,edf", help="our server, one run per --slo-policy (default fcfs,edf)")
     t.add_argument("--stock", action="store_true", help="also run stock `python -m sglang.launch_server` (first)")

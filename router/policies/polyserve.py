@@ -45,7 +45,6 @@ from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, token_due
 
 Tier = float | None  # TPOT tier in ms; None = best-effort pool / no TPOT
 _NONE: Counter[Tier] = Counter()  # read-only stand-in for an instance with no residents
-_UNSEEN = object()
 
 
 @dataclass
@@ -122,10 +121,9 @@ class PolyServePolicy(RoutingPolicy):
         by_tier: dict[Tier, list[WorkerView]] = {}
         assigned = self._tier
         for w in alive:
-            t = assigned.get(w.worker_id, _UNSEEN)
-            if t is _UNSEEN:
-                t = assigned[w.worker_id] = w.tpot_tier_ms  # first sight: adopt its configured tier
-            by_tier.setdefault(t, []).append(w)
+            if w.worker_id not in assigned:
+                assigned[w.worker_id] = w.tpot_tier_ms  # first sight: adopt its configured tier
+            by_tier.setdefault(assigned[w.worker_id], []).append(w)
         if now - self._last_check >= self.check_every_s:
             self._last_check = now
             if self._refresh(alive, now):  # some instance went back to the pool: regroup
@@ -139,19 +137,19 @@ class PolyServePolicy(RoutingPolicy):
             return self._place(req, w, None, reason, now)
 
         tpot = float(req.slo.tpot_ms or tier)  # below `tier` only when tighter than every tier
-        w = self._gradient(by_tier.get(tier, ()), req, l_out, min(tier, tpot), now)
-        if w is not None:
-            return self._place(req, w, tier, "tier", now)
+        target = self._gradient(by_tier.get(tier, ()), req, l_out, min(tier, tpot), now)
+        if target is not None:
+            return self._place(req, target, tier, "tier", now)
         tighter = sorted((t for t in by_tier if t is not None and t < tier), reverse=True)
         for t in tighter:
-            w = self._gradient(by_tier[t], req, l_out, min(t, tpot), now)
-            if w is not None:
-                return self._place(req, w, tier, "promoted", now)
-        w = self._scale_up(req, l_out, tier, min(tier, tpot), alive, now)
-        if w is not None:
-            self._tier[w.worker_id] = tier
-            self._idle_since.pop(w.worker_id, None)
-            return self._place(req, w, tier, "scaled_up", now)
+            target = self._gradient(by_tier[t], req, l_out, min(t, tpot), now)
+            if target is not None:
+                return self._place(req, target, tier, "promoted", now)
+        target = self._scale_up(req, l_out, tier, min(tier, tpot), alive, now)
+        if target is not None:
+            self._tier[target.worker_id] = tier
+            self._idle_since.pop(target.worker_id, None)
+            return self._place(req, target, tier, "scaled_up", now)
         return self._place(req, least_loaded(alive), tier, "best_effort", now, best_effort=True)
 
     def _gradient(

@@ -66,7 +66,9 @@ class CompoundDeadlines:
             self.matched += rel is not None
         return prog.deadlines[idx]
 
-    def on_finish(self, program_id: str, stage: int | str | None, input_tokens: int, output_tokens: int, now: float):
+    def on_finish(
+        self, program_id: str, stage: int | str | None, input_tokens: int, output_tokens: int, now: float
+    ) -> None:
         prog = self._program(program_id, now)
         key = self._key(prog, stage)
         prog.index(key)

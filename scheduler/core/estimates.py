@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, overload
 
 import numpy as np
 
@@ -42,6 +42,21 @@ def deadline_base(arrival: float, program_arrival: float | None) -> float:
     """Where an end-to-end deadline is counted from: a compound program's first arrival, else
     the request's own arrival."""
     return arrival if program_arrival is None else program_arrival
+
+
+@overload
+def absolute_deadline(
+    deadline_s: float, arrival: float, program_arrival: float | None = None, stage_deadline: float | None = None
+) -> float: ...
+
+
+@overload
+def absolute_deadline(
+    deadline_s: float | None,
+    arrival: float,
+    program_arrival: float | None = None,
+    stage_deadline: float | None = None,
+) -> float | None: ...
 
 
 def absolute_deadline(
@@ -273,7 +288,7 @@ class SloTable:
     def rows(self, reqs: Sequence[RequestView]) -> np.ndarray:
         """Column index in `cols` of each request's spec, adding the specs not cached yet."""
         get = self._index.get
-        rows = [get(id(r.slo)) for r in reqs]
+        rows: Sequence[int | None] = [get(id(r.slo)) for r in reqs]
         if None in rows:
             slos = [r.slo for r in reqs]
             if len(self._specs) > 2 * len(slos) + self.slack:
@@ -282,14 +297,14 @@ class SloTable:
             rows = self._add(slos, rows)
         return np.fromiter(rows, dtype=np.int64, count=len(rows))
 
-    def _add(self, slos: list[SloSpec], rows: list[int | None]) -> list[int]:
+    def _add(self, slos: list[SloSpec], rows: Sequence[int | None]) -> list[int]:
         index, specs = self._index, self._specs
         first_new = len(specs)
         new = list({id(s): s for s, row in zip(slos, rows, strict=True) if row is None}.values())
         index.update(zip(map(id, new), range(first_new, first_new + len(new))))
         specs.extend(new)
         get = index.__getitem__
-        rows = [get(id(s)) for s in slos]
+        found = [get(id(s)) for s in slos]
         if new:
             nan = math.nan
             m = len(new)
@@ -309,7 +324,7 @@ class SloTable:
             add[self.MAX_QUEUE_S] = _floats([nan if (x := s.max_queue_ms) is None else x for s in new], m) / 1000.0
             add[self.GROUP_KEY] = keys
             self.cols = np.concatenate([self.cols, add], axis=1)
-        return rows  # type: ignore[return-value]
+        return found
 
 
 class ReqArrays:

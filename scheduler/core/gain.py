@@ -87,8 +87,9 @@ def _output_value(
         total = 0.0
         for i, t in enumerate(token_times):
             due = slo.token_due_s(i)
-            lateness = t - (arrival + due)  # type: ignore[operator]
-            total += _late_factor(due, lateness, alpha)  # type: ignore[arg-type]
+            assert due is not None  # the SLO has a TTFT (checked above)
+            lateness = t - (arrival + due)
+            total += _late_factor(due, lateness, alpha)
         return total
     late = n - outcome.on_time_tokens
     if late <= 0:

@@ -54,6 +54,13 @@ class SloOutcome:
         }
 
 
+def _due_s(slo: SloSpec, index: int) -> float:
+    """Seconds after arrival that token `index` is due, for an SLO known to have a TTFT."""
+    due = slo.token_due_s(index)
+    assert due is not None
+    return due
+
+
 def evaluate(
     slo: SloSpec,
     arrival: float,
@@ -70,17 +77,13 @@ def evaluate(
     if slo.ttft_ms is not None and token_times:
         on_time = 0
         for i, t in enumerate(token_times):
-            lateness = t - (arrival + slo.token_due_s(i))  # type: ignore[operator]
+            lateness = t - (arrival + _due_s(slo, i))
             worst = lateness if worst is None else max(worst, lateness)
             on_time += lateness <= 0
     ttft_ok = None if slo.ttft_ms is None else (ttft is not None and ttft <= slo.ttft_ms / 1000.0)
     tpot_ok = None
     if slo.tpot_ms is not None and slo.ttft_ms is not None:
-        tpot_ok = bool(token_times) and all(
-            t <= arrival + slo.token_due_s(i)
-            for i, t in enumerate(token_times)
-            if i > 0  # type: ignore[operator]
-        )
+        tpot_ok = bool(token_times) and all(t <= arrival + _due_s(slo, i) for i, t in enumerate(token_times) if i > 0)
     deadline_ok = None
     if slo.deadline_ms is not None:
         due = deadline_abs if deadline_abs is not None else absolute_deadline(slo.deadline_ms / 1000.0, arrival)

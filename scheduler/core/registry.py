@@ -171,7 +171,7 @@ def _coerce(value: Any, hint: Any, field: str) -> Any:
         else:
             item = args[0] if args else Any
             return tuple(_coerce(v, item, f"{field}[{i}]") for i, v in enumerate(value))
-    elif dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
+    elif isinstance(hint, type) and dataclasses.is_dataclass(hint) and isinstance(value, Mapping):
         return build_params(hint, value, prefix=field + ".")
     elif isinstance(hint, type) and isinstance(value, hint):
         return value

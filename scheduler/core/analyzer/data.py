@@ -22,22 +22,29 @@ _APPROX_TOKEN = re.compile(r"\w+|[^\w\s]")
 DEFAULT_TOKENIZER = Path("/root/.cache/sglang-slo/models/smollm2-135m-instruct/tokenizer.json")
 
 
+def _skip_space(text: str, pos: int) -> int:
+    """Index of the first non-whitespace character at or after `pos`."""
+    match = _WS.match(text, pos)
+    assert match is not None  # \s* matches the empty string
+    return match.end()
+
+
 def iter_json_array(text: str) -> Iterator[Any]:
     """Yield each complete element of a (possibly truncated) top-level JSON array."""
     decoder = json.JSONDecoder()
-    pos = _WS.match(text, 0).end()
+    pos = _skip_space(text, 0)
     if pos >= len(text) or text[pos] != "[":
         raise ValueError("not a JSON array")
-    pos = _WS.match(text, pos + 1).end()
+    pos = _skip_space(text, pos + 1)
     while pos < len(text) and text[pos] != "]":
         try:
             item, pos = decoder.raw_decode(text, pos)
         except json.JSONDecodeError:
             return  # the cut: everything before it was complete
         yield item
-        pos = _WS.match(text, pos).end()
+        pos = _skip_space(text, pos)
         if pos < len(text) and text[pos] == ",":
-            pos = _WS.match(text, pos + 1).end()
+            pos = _skip_space(text, pos + 1)
 
 
 def first_turns(records: Sequence[dict[str, Any]] | Iterator[Any]) -> Iterator[tuple[str, str, str]]:

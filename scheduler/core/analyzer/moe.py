@@ -122,7 +122,7 @@ class MoePredictor(LengthPredictor):
         self.in_edges = np.zeros(0)
         self.out_edges = np.zeros(0)
 
-    def _features(self, texts: Sequence[str], prompt_lens: Sequence[int]) -> sparse.csr_matrix:
+    def _features(self, texts: Sequence[str], prompt_lens: Sequence[int] | np.ndarray) -> sparse.csr_matrix:
         dense = np.log1p(np.asarray(prompt_lens, float)).reshape(-1, 1) / 10.0
         return sparse.hstack([self.vectorizer.transform(texts), sparse.csr_matrix(dense)], format="csr")
 

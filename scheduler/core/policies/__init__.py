@@ -26,8 +26,8 @@ class PolicyContext:
     perf_model: PerfModel | None = None
 
 
-TEMPO = Entry("tempo", TempoParams, lambda p, ctx: TempoPolicy(p, ctx.perf_model))
-GMAX = Entry("gmax", GmaxParams, lambda p, ctx: GmaxPolicy(p, ctx.perf_model))
+TEMPO: Entry[PolicyContext, Policy] = Entry("tempo", TempoParams, lambda p, ctx: TempoPolicy(p, ctx.perf_model))
+GMAX: Entry[PolicyContext, Policy] = Entry("gmax", GmaxParams, lambda p, ctx: GmaxPolicy(p, ctx.perf_model))
 
 POLICIES: Registry[PolicyContext, Policy] = Registry(
     "SLO policy",

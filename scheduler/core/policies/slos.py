@@ -78,8 +78,8 @@ class SlosServePolicy:
                 no_target.append((r.arrival, r.rid))
             elif deadline <= now:
                 declined.append(r.rid)
-            elif r.rid in self._admitted:
-                forced.append((r, self._demand(r, now)))  # type: ignore[arg-type]
+            elif r.rid in self._admitted and (admitted_demand := self._demand(r, now)) is not None:
+                forced.append((r, admitted_demand))
             else:
                 by_rid[r.rid] = r
                 undecided.append((deadline, r.rid))

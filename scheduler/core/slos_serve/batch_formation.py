@@ -29,6 +29,8 @@ def prefill_capacity(
     `integral=False` bisects to a real number, which keeps optimisers over it smooth."""
 
     def fits(p: float) -> bool:
+        # The real-valued bisection probes between whole token counts: every model's step_time
+        # is plain float arithmetic, so a fractional count is meaningful there.
         return perf.step_time(p, decode_reqs, kv_tokens, spec_tokens) <= batch_time + EPS  # type: ignore[arg-type]
 
     if not fits(0):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, next_token_due, request_deadline, token_due
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, request_deadline, token_due
 from scheduler.core.slo import SloClass
 from scheduler.core.types import RequestView
 
@@ -82,11 +82,11 @@ def demand(
     mem = prefill + int(math.ceil(out))
     cls = r.slo.slo_class
     if cls is SloClass.LATENCY:
-        due = next_token_due(r)
-        if due is None:
+        first_due = token_due(r.slo, r.arrival, 0)
+        if first_due is None:  # no TTFT: no token is ever due
             return None
         tpot = None if r.slo.tpot_ms is None else r.slo.tpot_ms / 1000.0
-        return Demand(token_due(r.slo, r.arrival, 0), tpot, prefill, mem)  # type: ignore[arg-type]
+        return Demand(first_due, tpot, prefill, mem)
     if cls in (SloClass.DEADLINE, SloClass.COMPOUND):
         end = request_deadline(r)
         if end is None:

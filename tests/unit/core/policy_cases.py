@@ -4,15 +4,55 @@ App. D.1 constructions run on the virtual-time simulator."""
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import strategies as st
 
-from scheduler.core.perf_model import constant_model
+from scheduler.core.perf_model import RooflinePerfModel, constant_model, linear_model
 from scheduler.core.sim import EngineConfig, SimRequest, SimResult, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, Policy, RequestView
 
 TAU = 1.0 / 64  # one iteration; a power of two keeps virtual times exact
+
+
+def small_gpu(base_s: float = 0.008) -> RooflinePerfModel:
+    """An affine step time for a small model on one GPU (8 ms per pass, 150 µs per decode)."""
+    return linear_model(base_s=base_s, per_token_s=6e-5, per_seq_s=9e-5, per_kv_token_s=2e-8)
+
+
+def policy_view(
+    waiting: list[RequestView] | tuple[RequestView, ...],
+    running: list[RequestView] | tuple[RequestView, ...] = (),
+    cap: int = 4,
+    step: int = 0,
+    now: float = 0.0,
+) -> EngineView:
+    """A view with room to spare (512-token chunks, a million free KV tokens) and `cap` slots."""
+    return EngineView(
+        now=now,
+        waiting=list(waiting),
+        running=list(running),
+        max_running_requests=cap,
+        chunk_size=512,
+        free_kv_tokens=10**6,
+        total_kv_tokens=2 * 10**6,
+        step=step,
+    )
+
+
+def deadline_request(
+    rid: str,
+    deadline_ms: float = 60_000,
+    prompt: int = 10,
+    out: float = 100,
+    arrival: float = 0.0,
+    weight: float = 1.0,
+    **kw: Any,
+) -> RequestView:
+    """A deadline-class request view; `kw` sets any other RequestView field."""
+    slo = SloSpec(deadline_ms=deadline_ms, slo_class=SloClass.DEADLINE, weight=weight)
+    return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=prompt, predicted_output_len=out, **kw)
 
 
 @st.composite

@@ -4,45 +4,34 @@ constructions (power-of-K replicas: tests/unit/router/test_policy_jit.py)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.perf_model import constant_model, linear_model
+from scheduler.core.perf_model import constant_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, RequestView
-from tests.unit.core.policy_cases import TAU, d1_instance, engine_views, run_single_slot, weighted_goodput, with_weight
-
-
-def small_gpu(base_s: float = 0.008):
-    """An affine step time for a small model on one GPU (8 ms per pass, 150 µs per decode)."""
-    return linear_model(base_s=base_s, per_token_s=6e-5, per_seq_s=9e-5, per_kv_token_s=2e-8)
-
+from scheduler.core.types import RequestView
+from tests.unit.core.policy_cases import (
+    TAU,
+    d1_instance,
+    deadline_request,
+    engine_views,
+    policy_view,
+    run_single_slot,
+    small_gpu,
+    weighted_goodput,
+    with_weight,
+)
 
 DL = SloClass.DEADLINE
-
-
-def _view(waiting, running=(), cap=4, step=1, now=0.0) -> EngineView:
-    return EngineView(
-        now=now,
-        waiting=list(waiting),
-        running=list(running),
-        max_running_requests=cap,
-        chunk_size=512,
-        free_kv_tokens=10**6,
-        total_kv_tokens=2 * 10**6,
-        step=step,
-    )
-
-
-def _deadline(rid, deadline_ms=60_000, prompt=10, out=100, arrival=0.0, weight=1.0, **kw) -> RequestView:
-    slo = SloSpec(deadline_ms=deadline_ms, slo_class=DL, weight=weight)
-    return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=prompt, predicted_output_len=out, **kw)
+_view = partial(policy_view, step=1)  # off a frame boundary (step 0) unless a test says so
 
 
 # -- App. D.1 --------------------------------------------------------------------------------
@@ -61,8 +50,8 @@ def test_d1_gmax_serves_the_valuable_request(n, b_slack):
 
 
 def _swap_case(waiting_weight: float):
-    running = _deadline("cur", out=50, weight=1.0, generated=10, first_token_time=0.1)
-    newcomer = _deadline("new", out=40, weight=waiting_weight, arrival=1.0)
+    running = deadline_request("cur", out=50, weight=1.0, generated=10, first_token_time=0.1)
+    newcomer = deadline_request("new", out=40, weight=waiting_weight, arrival=1.0)
     return [newcomer], [running]
 
 
@@ -76,8 +65,8 @@ def test_preemption_needs_the_d2_margin_and_a_frame_boundary():
 
 
 def test_preemption_is_refused_when_the_stall_costs_more():
-    running = _deadline("cur", prompt=2_000_000, out=50, generated=10, first_token_time=0.1)
-    newcomer = _deadline("new", out=40, weight=2.0, arrival=1.0)
+    running = deadline_request("cur", prompt=2_000_000, out=50, generated=10, first_token_time=0.1)
+    newcomer = deadline_request("new", out=40, weight=2.0, arrival=1.0)
     pol = GmaxPolicy(GmaxParams(tune_cutoff=False))
     assert pol.plan(_view([newcomer], [running], cap=1, step=100, now=1.0)).preempt == []
 
@@ -94,8 +83,8 @@ def test_never_preempts_off_frame(view, frame):
 
 
 def test_unachievable_deadline_has_no_goodput_left():
-    ok = _deadline("ok", deadline_ms=60_000, out=100)
-    hopeless = _deadline("hopeless", deadline_ms=10, out=100)
+    ok = deadline_request("ok", deadline_ms=60_000, out=100)
+    hopeless = deadline_request("hopeless", deadline_ms=10, out=100)
     p = GmaxPolicy(GmaxParams(aging_delta=0.0)).priorities(_view([ok, hopeless]))
     assert p[0] > 0 and p[1] == 0
 
@@ -169,7 +158,7 @@ def test_best_window_filters_by_cutoff_then_groups_similar_lengths():
 
 def test_order_puts_the_chosen_group_first():
     reqs = [
-        _deadline(f"r{i}", prompt=p, out=200, weight=w)
+        deadline_request(f"r{i}", prompt=p, out=200, weight=w)
         for i, (p, w) in enumerate([(100, 1.0), (4000, 1.0), (110, 1.0), (120, 1.0), (3000, 0.2)])
     ]
     pol = GmaxPolicy(GmaxParams(cutoff=0.5, tune_cutoff=False, aging_delta=0.0))
@@ -214,7 +203,7 @@ def test_cutoff_tuner_climbs_towards_the_better_cutoff():
 @pytest.mark.parametrize(("deadline_ms", "rewarded"), [(60_000, True), (1_500, False)])
 def test_gmax_tuner_credits_requests_that_left_before_their_deadline(deadline_ms, rewarded):
     pol = GmaxPolicy(GmaxParams(frame_steps=1, tune_epoch_frames=1))
-    r = _deadline("r", deadline_ms=deadline_ms, generated=5, first_token_time=0.1)
+    r = deadline_request("r", deadline_ms=deadline_ms, generated=5, first_token_time=0.1)
     pol.plan(_view([], [r], step=1, now=1.0))
     pol.plan(_view([], [], step=2, now=2.0))  # r left both queues: it finished at about t = 2
     assert (pol.tuner.scores[pol.tuner.best] > 0) is rewarded

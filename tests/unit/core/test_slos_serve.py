@@ -31,6 +31,23 @@ SIX_PER_UNIT = linear_model(base_s=0.0, per_token_s=1 / 6)
 FIG3_SLO = SloSpec(ttft_ms=6000, tpot_ms=1000, slo_class=SloClass.LATENCY)
 
 
+def _prefill_unit(pending: dict[str, int], tokens: dict[str, list[int]], left: int, unit: int) -> tuple[int, list[str]]:
+    """Spend `left` prefill tokens of one unit on the pending prompts in order; a prompt that
+    completes sends its first token with this unit. Returns the tokens left and who completed."""
+    completed = []
+    for rid in list(pending):
+        if left == 0:
+            break
+        used = min(left, pending[rid])
+        pending[rid] -= used
+        left -= used
+        if pending[rid] == 0:
+            del pending[rid]
+            tokens[rid].append(unit)  # the first token leaves with the last chunk
+            completed.append(rid)
+    return left, completed
+
+
 def _toy_schedule(prefill_first: bool, horizon: int = 16) -> dict[str, list[int]]:
     """A greedy co-located scheduler on the toy: each unit has 6 tokens; returns for every
     request the end times of the units in which it got an output token."""
@@ -39,30 +56,16 @@ def _toy_schedule(prefill_first: bool, horizon: int = 16) -> dict[str, list[int]
     tokens: dict[str, list[int]] = {rid: [] for rid in decoding + list(pending)}
     for unit in range(1, horizon + 1):
         left = 6
-        joined = []
-
-        def prefill(left: int, unit: int = unit, joined: list[str] = joined) -> int:
-            for rid in list(pending):
-                used = min(left, pending[rid])
-                pending[rid] -= used
-                left -= used
-                if pending[rid] == 0:
-                    del pending[rid]
-                    tokens[rid].append(unit)  # the first token leaves with the last chunk
-                    joined.append(rid)
-                if left == 0:
-                    break
-            return left
-
+        joined: list[str] = []
         if prefill_first:
-            left = prefill(left)
+            left, joined = _prefill_unit(pending, tokens, left, unit)
         for rid in decoding:
             if left == 0:
                 break
             tokens[rid].append(unit)
             left -= 1
         if not prefill_first:
-            prefill(left)
+            _, joined = _prefill_unit(pending, tokens, left, unit)
         decoding += joined
     return tokens
 
@@ -113,14 +116,7 @@ def _toy_dp_schedule(admitted: list[str]) -> dict[str, list[int]]:
     for rid in [f"new{i}" for i in range(4)]:
         tokens[rid] = []
     for unit in range(1, 7):
-        left = 3
-        for rid in list(pending):
-            used = min(left, pending[rid])
-            pending[rid] -= used
-            left -= used
-            if pending[rid] == 0:
-                del pending[rid]
-                tokens[rid].append(unit)
+        _prefill_unit(pending, tokens, 3, unit)
     for rid in admitted:
         tokens[rid] += list(range(7, 17))
     return tokens

@@ -8,38 +8,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.perf_model import constant_model, linear_model
+from scheduler.core.perf_model import constant_model
 from scheduler.core.policies.tempo import TempoParams, TempoPolicy, reserved_slots
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, RequestView
-from tests.unit.core.policy_cases import TAU, d1_instance, engine_views, run_single_slot, weighted_goodput, with_weight
-
-
-def small_gpu(base_s: float = 0.008):
-    """An affine step time for a small model on one GPU (8 ms per pass, 150 µs per decode)."""
-    return linear_model(base_s=base_s, per_token_s=6e-5, per_seq_s=9e-5, per_kv_token_s=2e-8)
-
+from scheduler.core.types import RequestView
+from tests.unit.core.policy_cases import (
+    TAU,
+    d1_instance,
+    deadline_request,
+    engine_views,
+    policy_view,
+    run_single_slot,
+    small_gpu,
+    weighted_goodput,
+    with_weight,
+)
 
 DL = SloClass.DEADLINE
-
-
-def _view(waiting, running=(), cap=4, step=0, now=0.0) -> EngineView:
-    return EngineView(
-        now=now,
-        waiting=list(waiting),
-        running=list(running),
-        max_running_requests=cap,
-        chunk_size=512,
-        free_kv_tokens=10**6,
-        total_kv_tokens=2 * 10**6,
-        step=step,
-    )
-
-
-def _deadline(rid, deadline_ms, prompt=10, out=100, arrival=0.0, **kw) -> RequestView:
-    slo = SloSpec(deadline_ms=deadline_ms, slo_class=DL, weight=kw.pop("weight", 1.0))
-    return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=prompt, predicted_output_len=out, **kw)
 
 
 # -- App. D.1: LSDF gets M where EDF/SJF get N ------------------------------------------------
@@ -60,23 +46,23 @@ def test_urgent_latency_request_outranks_a_far_deadline():
     lat = RequestView(
         rid="chat", slo=SloSpec(ttft_ms=200, tpot_ms=50, slo_class=SloClass.LATENCY), arrival=0.0, prompt_len=100
     )
-    far = _deadline("batch", deadline_ms=600_000, prompt=100, out=100)
-    assert TempoPolicy().plan(_view([far, lat])).order == ["chat", "batch"]
+    far = deadline_request("batch", deadline_ms=600_000, prompt=100, out=100)
+    assert TempoPolicy().plan(policy_view([far, lat])).order == ["chat", "batch"]
 
 
 def test_far_deadline_gets_less_density_than_near_one_just_enough_bandwidth():
-    near = _deadline("near", deadline_ms=5_000)
-    far = _deadline("far", deadline_ms=500_000)
-    d = TempoPolicy().densities(_view([near, far]))
+    near = deadline_request("near", deadline_ms=5_000)
+    far = deadline_request("far", deadline_ms=500_000)
+    d = TempoPolicy().densities(policy_view([near, far]))
     assert d[0] > 10 * d[1]
 
 
 def test_hopeless_deadline_is_degraded_by_f():
     # Same request, one whose deadline can no longer be met: gain cut by f = SLO / TTLT.
-    ok = _deadline("ok", deadline_ms=60_000, out=1000)
-    late = _deadline("late", deadline_ms=100, out=1000)
-    d = TempoPolicy(TempoParams(alpha=1.0)).densities(_view([ok, late]))
-    d_step = TempoPolicy(TempoParams(alpha=50.0)).densities(_view([ok, late]))
+    ok = deadline_request("ok", deadline_ms=60_000, out=1000)
+    late = deadline_request("late", deadline_ms=100, out=1000)
+    d = TempoPolicy(TempoParams(alpha=1.0)).densities(policy_view([ok, late]))
+    d_step = TempoPolicy(TempoParams(alpha=50.0)).densities(policy_view([ok, late]))
     assert d_step[1] < d[1]  # a harsher α punishes the late one more
 
 
@@ -86,8 +72,8 @@ def test_compound_stage_uses_the_slowest_sibling():
         return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=10, predicted_output_len=out, program_arrival=0.0)
 
     pol = TempoPolicy(perf_model=small_gpu())
-    alone = pol.densities(_view([call("short", 10)]))[0]
-    with_sibling = pol.densities(_view([call("short", 10), call("long", 1000)]))[0]
+    alone = pol.densities(policy_view([call("short", 10)]))[0]
+    with_sibling = pol.densities(policy_view([call("short", 10), call("long", 1000)]))[0]
     assert with_sibling < alone
 
 
@@ -118,12 +104,12 @@ def test_reserved_slots_average_the_share():
 
 def test_best_effort_goes_first_inside_the_reserve_and_last_otherwise():
     be = RequestView(rid="be", slo=SloSpec(), arrival=0.0, prompt_len=10)
-    slo = _deadline("slo", deadline_ms=1_000)
-    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(_view([slo, be], cap=2)).order == ["be", "slo"]
-    assert TempoPolicy(TempoParams(reserve_share=0.0)).plan(_view([slo, be], cap=2)).order == ["slo", "be"]
+    slo = deadline_request("slo", deadline_ms=1_000)
+    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(policy_view([slo, be], cap=2)).order == ["be", "slo"]
+    assert TempoPolicy(TempoParams(reserve_share=0.0)).plan(policy_view([slo, be], cap=2)).order == ["slo", "be"]
     running_be = RequestView(rid="be0", slo=SloSpec(), arrival=0.0, prompt_len=10, generated=1, first_token_time=0.1)
     # The reserve (one slot) is already used by a running best-effort request: backfill with SLO work.
-    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(_view([slo, be], [running_be], cap=2)).order == [
+    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(policy_view([slo, be], [running_be], cap=2)).order == [
         "slo",
         "be",
     ]
@@ -150,17 +136,17 @@ def test_best_effort_is_not_starved_with_a_reserve(share, runs):
 
 
 def test_fairness_one_serves_least_attained_first():
-    rich = _deadline("rich", deadline_ms=1_000, attained_service=1e5)  # dense but already well served
-    poor = _deadline("poor", deadline_ms=100_000, attained_service=0.0)
-    assert TempoPolicy(TempoParams(fairness=0.0)).plan(_view([rich, poor])).order == ["rich", "poor"]
-    assert TempoPolicy(TempoParams(fairness=1.0)).plan(_view([rich, poor])).order == ["poor", "rich"]
+    rich = deadline_request("rich", deadline_ms=1_000, attained_service=1e5)  # dense but already well served
+    poor = deadline_request("poor", deadline_ms=100_000, attained_service=0.0)
+    assert TempoPolicy(TempoParams(fairness=0.0)).plan(policy_view([rich, poor])).order == ["rich", "poor"]
+    assert TempoPolicy(TempoParams(fairness=1.0)).plan(policy_view([rich, poor])).order == ["poor", "rich"]
 
 
 # -- preemption ------------------------------------------------------------------------------
 
 
 def _preempt_case(victim_prompt: int):
-    running = _deadline("bulk", deadline_ms=1_000_000, prompt=victim_prompt, generated=5, first_token_time=0.5)
+    running = deadline_request("bulk", deadline_ms=1_000_000, prompt=victim_prompt, generated=5, first_token_time=0.5)
     urgent = RequestView(rid="chat", slo=SloSpec(ttft_ms=200, slo_class=SloClass.LATENCY), arrival=1.0, prompt_len=100)
     return [urgent], [running]
 
@@ -168,15 +154,18 @@ def _preempt_case(victim_prompt: int):
 def test_preemption_happens_when_it_pays_and_only_at_quanta():
     waiting, running = _preempt_case(victim_prompt=10)
     pol = TempoPolicy(TempoParams(quantum_steps=20))
-    assert pol.plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == ["bulk"]
-    assert pol.plan(_view(waiting, running, cap=1, step=41, now=1.0)).preempt == []
-    assert pol.plan(_view(waiting, running, cap=2, step=40, now=1.0)).preempt == []  # free slot
-    assert TempoPolicy(TempoParams(preempt=False)).plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
+    assert pol.plan(policy_view(waiting, running, cap=1, step=40, now=1.0)).preempt == ["bulk"]
+    assert pol.plan(policy_view(waiting, running, cap=1, step=41, now=1.0)).preempt == []
+    assert pol.plan(policy_view(waiting, running, cap=2, step=40, now=1.0)).preempt == []  # free slot
+    assert (
+        TempoPolicy(TempoParams(preempt=False)).plan(policy_view(waiting, running, cap=1, step=40, now=1.0)).preempt
+        == []
+    )
 
 
 def test_preemption_is_refused_when_the_stall_costs_more():
     waiting, running = _preempt_case(victim_prompt=1_000_000)  # rebuilding its KV stalls the batch
-    assert TempoPolicy().plan(_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
+    assert TempoPolicy().plan(policy_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
 
 
 @settings(max_examples=60, deadline=None)
@@ -188,6 +177,6 @@ def test_never_preempts_off_quantum(view, quantum):
 
 
 def test_densities_are_finite_and_nonnegative():
-    reqs = [_deadline(f"r{i}", deadline_ms=float(10 ** (i % 6 + 1)), out=i + 1) for i in range(50)]
-    d = TempoPolicy().densities(_view(reqs, now=0.5))
+    reqs = [deadline_request(f"r{i}", deadline_ms=float(10 ** (i % 6 + 1)), out=i + 1) for i in range(50)]
+    d = TempoPolicy().densities(policy_view(reqs, now=0.5))
     assert np.all(np.isfinite(d)) and np.all(d >= 0)

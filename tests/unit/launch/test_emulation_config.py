@@ -9,7 +9,7 @@ import pytest
 from launch_cluster import ClusterConfigError, load_cluster, load_cluster_spec, parse_cluster, parse_cluster_spec
 from server.emulation import available, resolve, startup_flags
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_shipped_profiles_resolve_with_their_cards_kv_capacity() -> None:

@@ -30,7 +30,7 @@ from benchmarks.workloads.traces import (
     window,
 )
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 DATA = resolve_data_dir()
 
 # Row counts from the datasets' READMEs; the files are pinned by shared/data/SHA256SUMS.

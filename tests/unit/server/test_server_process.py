@@ -9,7 +9,7 @@ import requests
 
 from server.process import ServerProcess
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_a_taken_port_is_replaced_by_a_free_one() -> None:
@@ -17,7 +17,7 @@ def test_a_taken_port_is_replaced_by_a_free_one() -> None:
         squatter.bind(("127.0.0.1", 0))
         squatter.listen()
         taken = squatter.getsockname()[1]
-        server = ServerProcess(module="tests.unit._health_server", port=taken, cwd=ROOT, name="health")
+        server = ServerProcess(module="tests.unit.server._health_server", port=taken, cwd=ROOT, name="health")
         try:
             server.start()
             assert server.port != taken and server.url.endswith(f":{server.port}")
