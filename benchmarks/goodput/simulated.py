@@ -200,9 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = []
     for (rate, name), runs in sorted(rows.items()):
         base = rows.get((rate, "fcfs"))
-        ratio = [
-            (m.goodput_rps or 0) / (b.goodput_rps or 1e-9) for m, b in zip(runs, base or runs, strict=False)
-        ]
+        ratio = [(m.goodput_rps or 0) / (b.goodput_rps or 1e-9) for m, b in zip(runs, base or runs, strict=False)]
         summary.append(
             {
                 "rate": rate,
