@@ -89,7 +89,7 @@ class SloReportBook(SloReportKeeper):
         tracked = self._live.get(rid) if rid is not None else None
         stamps = meta_info.pop(TOKEN_TS_KEY, None)
         tiers = meta_info.pop(TIER_KEY, None)
-        if tracked is None:
+        if rid is None or tracked is None:
             return
         if tiers and tracked.best_effort is None:
             tracked.best_effort = bool(tiers[0])
