@@ -16,6 +16,7 @@ from typing import Any
 
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
 from sglang.srt.managers import scheduler as sglang_scheduler_module
+from sglang.srt.managers.scheduler import NextBatchPlan
 from sglang.srt.managers.io_struct import AbortReq
 
 from scheduler.components.assembly import SloComponents, build_components
@@ -111,10 +112,12 @@ class SloSchedulerMixin:
     # ---- SGLang's prefill admission -----------------------------------------------------------
     def get_new_batch_prefill(self, running_batch: Any) -> Any:
         """Changes: before SGLang's admission (normal and PD prefill workers), the waiting queue
-        is dropped, ordered and tiered by this pass's plan, and the batch cap and chunk set."""
+        is dropped, ordered and tiered by this pass's plan, and the batch cap and chunk set; a
+        plan that defers prefill makes this pass a decode pass."""
         slo = self.slo
         slo.step += 1
         slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
+        slo.prefill_open = True
         view = None
         if self.waiting_queue:
             view = self._slo_view(running_batch)
@@ -124,6 +127,10 @@ class SloSchedulerMixin:
         self._slo_update_speculation(running_batch, view)
         if slo.chunker is not None:
             return self._prefill_dynamic_chunk(running_batch)
+        if not slo.prefill_open and running_batch.reqs:
+            # no prefill fits the running requests' slack this pass: SGLang decodes instead
+            slo.prefill_deferred += 1
+            return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
         return super().get_new_batch_prefill(running_batch)
 
     def get_new_prebuilt_batch(self, running_batch: Any) -> Any:
@@ -257,7 +264,8 @@ class SloSchedulerMixin:
         if not slo.knobs_on or slo.chunker is not None:
             return
         slo.batch_cap = plan.batch_cap
-        if slo.startup_chunk and self.is_mixed_chunk:
+        slo.prefill_open = plan.prefill
+        if slo.startup_chunk:
             self.chunked_prefill_size = plan.chunk_size or slo.startup_chunk
         if plan.batch_cap is not None and len(running_batch.reqs) < plan.batch_cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
@@ -340,6 +348,7 @@ class SloSchedulerMixin:
             kv_used_tokens=self._slo_kv_used_tokens(),
             prefill_ms_per_token=slo.meter.prefill_ms_per_token(),
             dropped_in_queue=slo.dropped,
+            prefill_deferred=slo.prefill_deferred,
             batch_cap=slo.batch_cap,
             startup_chunk_size=slo.startup_chunk,
             chunk_budget=slo.chunk_budget,

@@ -130,6 +130,7 @@ def simulate(
         card.pace,
         EngineConfig(max_running_requests=max_running, chunk_size=chunk, total_kv_tokens=card.kv_tokens),
         settings=settings,
+        plan_perf=card.plan_with,
     )
     reqs = sim_requests(planned)
     last = max((r.arrival for r in reqs), default=0.0)

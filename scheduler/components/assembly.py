@@ -55,9 +55,11 @@ class SloComponents:
     batch_cap: int | None = None
     decode_cap: int | None = None  # PD decode: admission cap at the last pass
     solo_pass: bool = False  # PD prefill: this pass finishes one request whole, alone
+    prefill_open: bool = True  # False: the plan deferred prefill, this pass decodes
     pending_preempt: set[str] = field(default_factory=set)  # running rids this pass's plan retracts
     # counters
     dropped: int = 0
+    prefill_deferred: int = 0  # passes the plan turned into decode passes
     preempted: int = 0
     best_effort_waiting: int = 0
 

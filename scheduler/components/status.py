@@ -21,6 +21,7 @@ class SchedulerStatus:
     kv_used_tokens: int | None
     prefill_ms_per_token: float  # what the router's routing policies charge per prompt token
     dropped_in_queue: int
+    prefill_deferred: int  # passes that decoded because no prefill fitted the running requests' slack
     batch_cap: int | None
     startup_chunk_size: int | None
     chunk_budget: int | None

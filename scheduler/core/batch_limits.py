@@ -3,16 +3,24 @@
 - Running-batch cap (SLOs-Serve Alg. 2, PolyServe §3.4/§4.5): the largest decode batch whose
   predicted iteration time still meets the tightest per-token target among running and
   waiting latency requests.
-- Prefill chunk (PolyServe §4.7, continuous chunked-prefill prediction): the largest chunk that,
-  mixed with the current decodes, keeps that iteration within the tightest TPOT; but at least
-  what the most urgent waiting request needs to make its TTFT, and never above the start-up size.
+- Prefill chunk (PolyServe §4.7, continuous chunked-prefill prediction, with the DSLO's banked
+  slack): the largest chunk whose step keeps every running latency request's next token on
+  time. A request ahead of its deadline-based schedule (PolyServe §2.3) lends its slack to
+  prefill; one already late constrains nothing (its attainment is lost). With separate prefill
+  steps (SGLang's default) every decode waits out the prefill step, so the prefill step plus the
+  decode step after it must fit. The chunk is at least what the most urgent waiting request
+  needs to make its TTFT, and never above the start-up size.
+- Prefill gate: when no useful chunk fits and no waiting request needs one for its TTFT, the
+  step decodes only; the running requests' slack grows, and prefill resumes when it fits.
 - A target no batch can meet (not even one request) sets no knobs: capping would only starve.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from scheduler.core.estimates import token_due
 from scheduler.core.types import EngineView, PerfModel, RequestView
 
 MIN_CHUNK = 16
@@ -23,6 +31,7 @@ class BatchKnobs:
     batch_cap: int | None
     chunk_size: int | None
     tightest_tpot_s: float | None
+    prefill: bool = True  # False: decode only this step (no prefill fits the running requests' slack)
 
 
 def _tpot_s(r: RequestView) -> float | None:
@@ -34,40 +43,72 @@ def tightest_tpot(view: EngineView) -> float | None:
     return min(values) if values else None
 
 
-def _ttft_need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) -> int:
-    """Tokens per step the most urgent waiting request needs to finish its prefill on time."""
-    need = 0
+def step_budget(view: EngineView, tokens_per_step: float = 1.0) -> float | None:
+    """Seconds the next step may last and keep every on-time running latency request on its
+    deadline-based schedule (None: no running request to protect). Under speculation a step
+    gives `tokens_per_step` tokens, so the last of them is the one that must be on time."""
+    ahead = int(math.ceil(tokens_per_step)) - 1
+    budget = None
+    for r in view.running:
+        if r.generated <= 0 or r.best_effort_tier or r.slo.tpot_ms is None:
+            continue
+        due = token_due(r.slo, r.arrival, r.generated + ahead)
+        if due is None or due < view.now:
+            continue  # already late: its attainment is lost, it constrains nothing
+        budget = due - view.now if budget is None else min(budget, due - view.now)
+    return budget
+
+
+def _ttft_need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) -> tuple[int, bool]:
+    """(tokens per step the most urgent waiting request needs to finish its prefill on time,
+    whether deferring prefill by one decode step would make one miss its TTFT). A request
+    whose TTFT has passed needs nothing: no chunk size can save it."""
+    need, urgent = 0, False
+    decode_s = perf.step_time(0, len(view.running), kv)
     for r in view.waiting:
-        if r.slo.ttft_ms is None or r.best_effort_tier:
+        if r.slo.ttft_ms is None or r.best_effort_tier or r.started:
+            continue
+        slack = r.arrival + r.slo.ttft_ms / 1000.0 - view.now
+        if slack <= 0:
             continue
         remaining = max(r.prompt_len - r.prefix_cached, 1)
-        slack = r.arrival + r.slo.ttft_ms / 1000.0 - view.now
         step = perf.step_time(min(remaining, limit), decodes, kv)
+        fastest = step * -(-remaining // limit)
+        urgent = urgent or slack - decode_s < fastest
         if slack <= step:
-            return limit  # already late or tight: prefill it as fast as possible
+            return limit, True  # tight: prefill it as fast as possible
         steps_left = max(int(slack / step), 1)
         need = max(need, -(-remaining // steps_left))
-    return need
+    return need, urgent
 
 
-def batch_knobs(view: EngineView, perf: PerfModel, tokens_per_step: float = 1.0) -> BatchKnobs:
+def batch_knobs(
+    view: EngineView, perf: PerfModel, tokens_per_step: float = 1.0, mixed_batching: bool = True
+) -> BatchKnobs:
     """`tokens_per_step`: output tokens a decode gains per batch (Acc(s) under speculation, with
-    `perf` then costing the drafts and verify tokens): the batch may last that many TPOTs."""
+    `perf` then costing the drafts and verify tokens): the batch may last that many TPOTs.
+    `mixed_batching` False: prefill runs in steps of its own, which every decode waits out."""
     tightest = tightest_tpot(view)
-    if tightest is None:
-        return BatchKnobs(None, None, None)
-    tpot = tightest * tokens_per_step
     decodes = len(view.running)
     kv = sum(r.prompt_len + r.generated for r in view.running)
-    per_req_kv = kv / decodes if decodes else float(sum(r.prompt_len for r in view.waiting) / max(len(view.waiting), 1))
-    if perf.step_time(0, 1, int(per_req_kv)) > tpot:
-        # Not even one request can meet the tightest target: throttling everyone else would
-        # not save it, so leave batch and chunk to SGLang.
-        return BatchKnobs(None, None, tightest)
-    cap = perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests)
-    chunk = None
-    if view.chunk_size > 0:
-        fit = perf.max_chunk_within(tpot, decodes, kv, view.chunk_size)
-        need = _ttft_need(view, perf, decodes, kv, view.chunk_size)
-        chunk = min(view.chunk_size, max(fit, need, MIN_CHUNK))
-    return BatchKnobs(max(cap, 1), chunk, tightest)
+    cap = None
+    if tightest is not None:
+        tpot = tightest * tokens_per_step
+        n_waiting = max(len(view.waiting), 1)
+        per_req_kv = kv / decodes if decodes else float(sum(r.prompt_len for r in view.waiting) / n_waiting)
+        if perf.step_time(0, 1, int(per_req_kv)) > tpot:
+            # Not even one request can meet the tightest target: throttling everyone else would
+            # not save it, so leave batch and chunk to SGLang.
+            return BatchKnobs(None, None, tightest)
+        cap = max(perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests), 1)
+    budget = step_budget(view, tokens_per_step)
+    if view.chunk_size <= 0 or budget is None:
+        return BatchKnobs(cap, None, tightest)
+    riding = decodes if mixed_batching else 0  # decodes inside the prefill step itself
+    room = budget if mixed_batching else budget - perf.step_time(0, decodes, kv)
+    fit = perf.max_chunk_within(room, riding, kv, view.chunk_size) if room > 0 else 0
+    need, urgent = _ttft_need(view, perf, riding, kv, view.chunk_size)
+    if fit < MIN_CHUNK and not urgent:
+        # too little room for a useful chunk, and no TTFT needs one now: decode, bank slack
+        return BatchKnobs(cap, MIN_CHUNK, tightest, prefill=False)
+    return BatchKnobs(cap, min(view.chunk_size, max(fit, need, MIN_CHUNK)), tightest)

@@ -20,6 +20,7 @@ whose format is documented in scheduler/profiles/README.md.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -350,11 +351,12 @@ def default_model() -> RooflinePerfModel:
 # ---------------------------------------------------------------- table (PolyServe §4.5)
 
 
-def _axis_position(axis: np.ndarray, value: float) -> tuple[int, float]:
-    """Left cell index and fractional position; t outside [0, 1] extrapolates linearly."""
+def _axis_position(axis: Sequence[float], value: float) -> tuple[int, float]:
+    """Left cell index and fractional position; t outside [0, 1] extrapolates linearly. Plain
+    Python on a list: a simulator asks this hundreds of thousands of times per run."""
     if len(axis) == 1:
         return 0, 0.0
-    i = int(np.clip(np.searchsorted(axis, value, side="right") - 1, 0, len(axis) - 2))
+    i = min(max(bisect.bisect_right(axis, value) - 1, 0), len(axis) - 2)
     return i, (value - axis[i]) / (axis[i + 1] - axis[i])
 
 
@@ -383,10 +385,13 @@ class TablePerfModel(StepTimeModel):
         if not 0 < step_size < 2:
             raise ValueError("step_size must lie in (0, 2) for the online update to converge")
         self.step_size = step_size
+        self._batch_list: list[float] = self.batch_axis.tolist()
+        self._kv_list: list[float] = self.kv_axis.tolist()
+        self._rows_cache: list[list[float]] | None = None
 
     def _corners(self, b: float, k: float) -> list[tuple[int, int, float]]:
-        i, tb = _axis_position(self.batch_axis, b)
-        j, tk = _axis_position(self.kv_axis, k)
+        i, tb = _axis_position(self._batch_list, b)
+        j, tk = _axis_position(self._kv_list, k)
         wb = [(i, 1.0 - tb), (i + 1, tb)] if len(self.batch_axis) > 1 else [(0, 1.0)]
         wk = [(j, 1.0 - tk), (j + 1, tk)] if len(self.kv_axis) > 1 else [(0, 1.0)]
         return [(bi, kj, w1 * w2) for bi, w1 in wb for kj, w2 in wk]
@@ -395,8 +400,16 @@ class TablePerfModel(StepTimeModel):
         b = batch_tokens(prefill_tokens, decode_reqs, spec_tokens)
         if b <= 0:
             return 0.0
-        value = sum(w * self.time_s[i, j] for i, j, w in self._corners(b, kv_tokens))
+        rows = self._rows
+        value = sum(w * rows[i][j] for i, j, w in self._corners(b, kv_tokens))
         return max(float(value), 0.0)
+
+    @property
+    def _rows(self) -> list[list[float]]:
+        """time_s as nested lists, rebuilt only after the grid changed (observe)."""
+        if self._rows_cache is None:
+            self._rows_cache = self.time_s.tolist()
+        return self._rows_cache
 
     def observe(
         self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int, measured_s: float
@@ -413,6 +426,7 @@ class TablePerfModel(StepTimeModel):
             return
         for i, j, w in corners:
             self.time_s[i, j] += self.step_size * err * w / norm
+        self._rows_cache = None
 
     def to_dict(self) -> dict[str, Any]:
         return {

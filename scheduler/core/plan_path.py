@@ -6,8 +6,9 @@ simulator apply exactly the same plan and differ only in the engine underneath:
 
 - `max_queue_ms` expiries are dropped with `slo_queue_timeout`, under every policy (it is the
   request's own admission limit, not a policy's choice);
-- the batch cap and prefill chunk a plan leaves open come from the performance model
-  (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7), when one is trusted;
+- the batch cap, prefill chunk and prefill gate a plan leaves open come from the performance
+  model (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
+  when one is trusted, in both batching modes;
 - guards keep a plan applicable: drops and tiers name waiting requests, preemptions running
   ones, the cap admits at least one request and the chunk stays within the start-up size.
 
@@ -73,7 +74,7 @@ def finalize_plan(
     preempt: tuple[str, ...] = ()
     if settings.role != DECODE:
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
-    cap, chunk = _knobs(view, plan, settings, knob_model)
+    cap, chunk, prefill = _knobs(view, plan, settings, knob_model)
     return FinalPlan(
         order=order,
         best_effort=frozenset(plan.best_effort & kept),
@@ -81,28 +82,29 @@ def finalize_plan(
         preempt=preempt,
         batch_cap=cap,
         chunk_size=chunk,
+        prefill=prefill,
     )
 
 
 def _knobs(
     view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None
-) -> tuple[int | None, int | None]:
-    """Batch cap and prefill chunk: the plan's own, else the perf model's, within the engine's limits."""
+) -> tuple[int | None, int | None, bool]:
+    """Batch cap, prefill chunk and prefill gate: the plan's own, else the perf model's, within
+    the engine's limits."""
     if not settings.knobs or settings.role == PREFILL:
         # A PD prefill step shares nothing with decodes: TPOT-derived caps and chunks do not
         # apply (PolyServe §3.4); its budget is dynamic chunking's.
-        return None, None
-    cap, chunk = plan.batch_cap, plan.chunk_size
-    if (cap is None or chunk is None) and knob_model is not None:
-        derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step)
+        return None, None, True
+    cap, chunk, prefill = plan.batch_cap, plan.chunk_size, True
+    if knob_model is not None and settings.role == MIXED:
+        derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching)
         cap = cap if cap is not None else derived.batch_cap
-        chunk = chunk if chunk is not None else derived.chunk_size
+        if chunk is None:
+            chunk, prefill = derived.chunk_size, derived.prefill
+    elif knob_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
+        cap = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step).batch_cap
     if cap is not None:
         cap = max(1, min(cap, view.max_running_requests))
-    # Without mixed batches every prefill step stalls all decodes, so a smaller chunk only adds
-    # steps: the chunk knob applies to mixed batching alone.
-    if chunk is not None and (not settings.mixed_batching or view.chunk_size <= 0):
-        chunk = None
     if chunk is not None:
-        chunk = max(1, min(chunk, view.chunk_size))
-    return cap, chunk
+        chunk = max(1, min(chunk, view.chunk_size)) if view.chunk_size > 0 else None
+    return cap, chunk, prefill

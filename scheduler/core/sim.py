@@ -162,7 +162,9 @@ class _Arrivals:
 
 class Simulator:
     """Run `policy` over `requests` on one engine; `predictor` may refine predicted lengths.
-    `record_trace` keeps every step's view and finished plan (for comparing plan paths)."""
+    `record_trace` keeps every step's view and finished plan (for comparing plan paths);
+    `plan_perf` is the model the engine's default knobs are sized with (the server's perf model,
+    which may differ from the steps' real times, `perf`)."""
 
     def __init__(
         self,
@@ -173,9 +175,11 @@ class Simulator:
         predictor: Callable[[SimRequest, int], float | None] | None = None,
         settings: PlanSettings | None = None,
         record_trace: bool = False,
+        plan_perf: PerfModel | None = None,
     ) -> None:
         self.policy = policy
         self.perf = perf
+        self.plan_perf = plan_perf if plan_perf is not None else perf  # what the default knobs are sized with
         self.cfg = config or EngineConfig()
         self.clock = clock or ManualClock()
         self.predictor = predictor
@@ -190,7 +194,7 @@ class Simulator:
         attained: dict[str, float] = {}
         plans: list[tuple[int, FinalPlan]] = []
         trace: list[tuple[EngineView, FinalPlan]] = []
-        knob_model = KnobModel(self.perf)
+        knob_model = KnobModel(self.plan_perf)
         mixed = self.settings.mixed_batching
         seq = 0
         step = 0

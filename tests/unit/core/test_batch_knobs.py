@@ -57,29 +57,72 @@ def test_cap_is_the_largest_batch_meeting_the_tightest_tpot(tpot_ms: float, runn
         assert PERF.step_time(0, cap + 1, 0) > tpot
 
 
+def _decoding(rid: str, tpot_ms: float, generated: int, ttft_ms: float = 100.0) -> RequestView:
+    """A running latency request that has `generated` tokens; token i is due at
+    ttft + i·tpot after its arrival at 0.0."""
+    return _req(rid, tpot_ms=tpot_ms, ttft_ms=ttft_ms, generated=generated, first_token_time=0.05)
+
+
+def _due(tpot_ms: float, index: int, ttft_ms: float = 100.0) -> float:
+    return (ttft_ms + index * tpot_ms) / 1000.0
+
+
 def test_tighter_tpot_gives_a_smaller_cap_and_chunk() -> None:
-    running = [_req(f"r{i}", tpot_ms=1000.0) for i in range(4)]
-    loose = batch_knobs(_view(running, [_req("w", tpot_ms=200.0)]), PERF)
-    tight = batch_knobs(_view(running, [_req("w", tpot_ms=30.0)]), PERF)
+    # Both just emitted token 9 exactly on time: the next is due one TPOT from now.
+    loose = batch_knobs(_view([_decoding(f"r{i}", 200.0, 10) for i in range(4)], now=_due(200.0, 9)), PERF)
+    tight = batch_knobs(_view([_decoding(f"r{i}", 30.0, 10) for i in range(4)], now=_due(30.0, 9)), PERF)
     assert tight.batch_cap < loose.batch_cap
-    assert tight.chunk_size < loose.chunk_size
-    assert loose.chunk_size <= 512
+    assert tight.chunk_size < loose.chunk_size <= 512
+    assert PERF.step_time(tight.chunk_size, 4, 4 * 110 + tight.chunk_size) <= 0.030
+    assert PERF.step_time(tight.chunk_size + 1, 4, 4 * 110 + tight.chunk_size + 1) > 0.030
 
 
-def test_chunk_never_exceeds_startup_and_has_a_floor() -> None:
-    running = [_req(f"r{i}", tpot_ms=11.0) for i in range(50)]  # decodes alone overrun the TPOT
-    knobs = batch_knobs(_view(running, chunk=256), PERF)
-    assert knobs.chunk_size == MIN_CHUNK
-    knobs = batch_knobs(_view([_req("r", tpot_ms=10_000.0)], chunk=256), PERF)
+def test_a_request_ahead_of_its_schedule_lends_its_slack_to_prefill() -> None:
+    on_pace = batch_knobs(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9)), PERF)
+    ahead = batch_knobs(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9) - 0.2), PERF)  # 200 ms banked
+    assert ahead.chunk_size > on_pace.chunk_size
+
+
+def test_a_late_request_constrains_nothing() -> None:
+    late = _decoding("late", 30.0, 10)
+    knobs = batch_knobs(_view([late], now=_due(30.0, 10) + 0.5), PERF)  # its next token is already late
+    assert knobs.chunk_size is None and knobs.prefill
+
+
+def test_separate_prefill_steps_must_leave_room_for_the_decode_step_after_them() -> None:
+    view = _view([_decoding(f"r{i}", 60.0, 10) for i in range(4)], now=_due(60.0, 9))
+    mixed = batch_knobs(view, PERF, mixed_batching=True)
+    separate = batch_knobs(view, PERF, mixed_batching=False)
+    assert separate.chunk_size < mixed.chunk_size
+    decode = PERF.step_time(0, 4, 440)
+    assert PERF.step_time(separate.chunk_size, 0, 440 + separate.chunk_size) + decode <= 0.060
+
+
+def test_no_room_for_a_chunk_decodes_only_unless_a_ttft_needs_prefill() -> None:
+    running = [_decoding(f"r{i}", 20.0, 10) for i in range(4)]  # 14 ms of decode, 20 ms TPOT
+    now = _due(20.0, 9) + 0.015  # 5 ms left before the next token is due
+    calm = batch_knobs(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=60_000.0)], now=now), PERF)
+    assert not calm.prefill
+    urgent = batch_knobs(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=now * 1000 + 30.0)], now=now), PERF)
+    assert urgent.prefill and urgent.chunk_size >= MIN_CHUNK
+
+
+def test_chunk_never_exceeds_startup() -> None:
+    knobs = batch_knobs(_view([_decoding("r", 10_000.0, 10)], chunk=256, now=_due(10_000.0, 9)), PERF)
     assert knobs.chunk_size == 256
 
 
 def test_urgent_ttft_raises_the_chunk_above_the_decode_budget() -> None:
-    running = [_req(f"r{i}", tpot_ms=40.0) for i in range(4)]
-    calm = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=60_000.0, prompt=2000)]), PERF)
-    urgent = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=50.0, prompt=2000)]), PERF)
+    running = [_decoding(f"r{i}", 40.0, 10) for i in range(4)]
+    now = _due(40.0, 9)
+    calm = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=60_000.0, prompt=2000)], now=now), PERF)
+    urgent = batch_knobs(
+        _view(running, [_req("w", tpot_ms=40.0, ttft_ms=now * 1000 + 50.0, prompt=2000)], now=now), PERF
+    )
     assert urgent.chunk_size > calm.chunk_size
     assert urgent.chunk_size == 512
+    missed = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=10.0, prompt=2000)], now=now), PERF)
+    assert missed.chunk_size == calm.chunk_size  # a TTFT already missed needs nothing
 
 
 def test_online_model_is_not_ready_until_it_has_measured_enough() -> None:

@@ -48,10 +48,9 @@ def test_a_prefill_worker_started_at_2b_runs_normal_passes_at_b() -> None:
 
 
 def test_a_lowered_chunk_does_not_lower_the_next_views_limit() -> None:
-    s = slo_scheduler(
-        DisaggregationMode.NULL, startup_chunk=2 * B, mixed=True, perf=PERF
-    )  # the TPOT knob lowers the chunk
-    s.running_batch = SimpleNamespace(reqs=[_Req(f"r{i}", 100, ttft_ms=1_000, tpot_ms=15) for i in range(3)])
+    s = slo_scheduler(DisaggregationMode.NULL, startup_chunk=2 * B, mixed=True, perf=PERF)  # the TPOT knob lowers the chunk
+    s.running_batch = SimpleNamespace(reqs=[_decoding(f"r{i}", tpot_ms=15) for i in range(3)])
+    s.slo.clock.set(1.0)  # their next token is due 15 ms from now (TTFT 1 s, token 0 on time)
     s.waiting_queue = [_Req("w", 100, ttft_ms=60_000, tpot_ms=15)]
     s.get_new_batch_prefill(s.running_batch)
     assert s.chunked_prefill_size < 2 * B  # this pass's chunk
@@ -226,3 +225,20 @@ def test_status_reports_the_pd_role_and_its_mechanism() -> None:
     snap = d.slo_status_snapshot()
     assert snap["disaggregation_mode"] == "decode" and snap["decode_cap"] == 10
     assert snap["max_running_requests"] == 64 and snap["dynamic_chunking"] is None
+
+
+# ---- the prefill gate ------------------------------------------------------------------------------
+
+
+def test_a_pass_with_no_room_for_prefill_decodes_and_prefill_resumes_with_slack() -> None:
+    s = slo_scheduler(DisaggregationMode.NULL, startup_chunk=2 * B, perf=PERF)  # separate batching
+    s.running_batch = SimpleNamespace(reqs=[_decoding(f"r{i}", tpot_ms=30) for i in range(4)], batch_is_full=False)
+    s.waiting_queue = [_Req("w", 500, ttft_ms=60_000, tpot_ms=30)]
+    s.slo.clock.set(1.02)  # token 1 is due at 1.03: 10 ms left, less than the 14 ms decode step
+    plan = s.get_new_batch_prefill(s.running_batch)
+    assert plan.batch_to_run is None and s.seen_passes == []  # SGLang's admission never ran
+    assert s.slo_status_snapshot()["prefill_deferred"] == 1
+    for r in s.running_batch.reqs:
+        r.output_ids = [1] * 6  # five more tokens out early: 150 ms banked, prefill fits again
+    plan = s.get_new_batch_prefill(s.running_batch)
+    assert [r.rid for r in plan.batch_to_run.reqs] == ["w"]
