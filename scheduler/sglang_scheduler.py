@@ -16,8 +16,8 @@ from typing import Any
 
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
 from sglang.srt.managers import scheduler as sglang_scheduler_module
-from sglang.srt.managers.scheduler import NextBatchPlan
 from sglang.srt.managers.io_struct import AbortReq
+from sglang.srt.managers.scheduler import NextBatchPlan
 
 from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
