@@ -28,7 +28,7 @@ from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
 from scheduler.config import SloServerConfig
 from scheduler.core.dynamic_chunking import ChunkStep
-from scheduler.core.plan_path import DECODE, MIXED, PREFILL, FinalPlan, PlanSettings
+from scheduler.core.plan_path import DECODE, MIXED, PREFILL, FinalPlan, settings_for
 from scheduler.core.types import EngineView
 from scheduler.sglang_preemption import retract_requests
 from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
@@ -78,7 +78,7 @@ class SloSchedulerMixin:
         if tokenizer is not None:  # a text-reading length predictor sees prompts and outputs as text
             slo.views.decode_text = tokenizer.decode
         role = _disagg_role(self)
-        slo.planner.settings = PlanSettings(knobs=slo.knobs_on, mixed_batching=bool(self.is_mixed_chunk), role=role)
+        slo.planner.settings = settings_for(slo.planner.policy, mixed_batching=bool(self.is_mixed_chunk), role=role)
         slo.chunk_budget = self.chunked_prefill_size
         if role == PREFILL and slo.knobs_on and self.chunked_prefill_size:
             # PD prefill: PolyServe dynamic chunking; the launcher started SGLang at 2B so that a

@@ -27,7 +27,7 @@ from benchmarks.goodput.mixes import MIXES, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from scheduler.core.perf_model import PerfModel, load_perf_model, load_profile, profile_path
-from scheduler.core.plan_path import PlanSettings
+from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.sim import EngineConfig, SimRecord, SimRequest, Simulator
 from scheduler.core.slo import SloSpec, parse_slo
@@ -124,12 +124,12 @@ def simulate(
     separate prefill steps (SGLang's default) unless `stock_fcfs` is False."""
     if policy == "fcfs" and stock_fcfs:
         mixed = False
-    settings = PlanSettings(knobs=policy != "fcfs", mixed_batching=mixed)
+    engine_policy = make_policy(policy, card.plan_with)
     sim = Simulator(
-        make_policy(policy, card.plan_with),
+        engine_policy,
         card.pace,
         EngineConfig(max_running_requests=max_running, chunk_size=chunk, total_kv_tokens=card.kv_tokens),
-        settings=settings,
+        settings=settings_for(engine_policy, mixed_batching=mixed),
         plan_perf=card.plan_with,
     )
     reqs = sim_requests(planned)

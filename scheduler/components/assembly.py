@@ -22,7 +22,7 @@ from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer, SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model
-from scheduler.core.plan_path import PlanSettings
+from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.types import PerfModel
@@ -148,7 +148,7 @@ def build_components(
         clock=clock,
         perf=perf,
         meter=EngineMeter(perf, pacer, timing_ok=True, emulated_card=config.emulate_name),
-        planner=PassPlanner(policy, PlanSettings(knobs=knobs_on)),
+        planner=PassPlanner(policy, settings_for(policy)),
         states=states,
         views=views,
         compound=compound,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
-from scheduler.core.types import EngineView, PerfModel, StepPlan
+from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 
 MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"  # an engine's role (PD workers: prefill/decode)
 
@@ -32,8 +32,19 @@ class PlanSettings:
     """What the engine is, as far as finishing a plan goes."""
 
     knobs: bool = True  # apply batch caps and chunks at all (False: stock SGLang, e.g. fcfs)
+    levers: bool = True  # size the cap, chunk and prefill gate a plan leaves open from the perf model
     mixed_batching: bool = True  # prefill chunks ride with decodes: the chunk knob applies
     role: str = MIXED  # PD prefill workers chunk dynamically; PD decode workers never drop or preempt
+
+
+def settings_for(policy: Policy, mixed_batching: bool = True, role: str = MIXED) -> PlanSettings:
+    """How an engine finishes `policy`'s plans: fcfs is stock SGLang (nothing applied); an
+    ordering baseline's own knobs apply but the engine's SLO levers do not (as in the papers'
+    baselines, which reorder a stock engine); an SLO policy gets both."""
+    stock = policy.name == "fcfs"
+    return PlanSettings(
+        knobs=not stock, levers=not stock and policy.slo_levers, mixed_batching=mixed_batching, role=role
+    )
 
 
 @dataclass(frozen=True)
@@ -96,6 +107,8 @@ def _knobs(
         # apply (PolyServe §3.4); its budget is dynamic chunking's.
         return None, None, True
     cap, chunk, prefill = plan.batch_cap, plan.chunk_size, True
+    if not settings.levers:
+        knob_model = None
     if knob_model is not None and settings.role == MIXED:
         derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching)
         cap = cap if cap is not None else derived.batch_cap

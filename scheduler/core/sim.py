@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from scheduler.core.clock import ManualClock
 from scheduler.core.estimates import absolute_deadline, deadline_seconds
 from scheduler.core.outcome import SloOutcome, evaluate
-from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan
+from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan, settings_for
 from scheduler.core.slo import SloSpec
 from scheduler.core.types import EngineView, PerfModel, Policy, RequestView
 
@@ -105,12 +105,6 @@ class EngineConfig:
     total_kv_tokens: int = 1 << 20
 
 
-def default_settings(policy: Policy) -> PlanSettings:
-    """What the server runs a policy with on a (real or emulated) GPU: mixed batches, and the
-    batch knobs for every policy but fcfs, which stays stock SGLang."""
-    return PlanSettings(knobs=policy.name != "fcfs", mixed_batching=True)
-
-
 class _Arrivals:
     """Requests not yet arrived: open-loop ones at their arrival time, and dependent ones (a
     program's later stages) think_s after their last parent finishes; a stage whose parent never
@@ -183,7 +177,7 @@ class Simulator:
         self.cfg = config or EngineConfig()
         self.clock = clock or ManualClock()
         self.predictor = predictor
-        self.settings = settings if settings is not None else default_settings(policy)
+        self.settings = settings if settings is not None else settings_for(policy)
         self.record_trace = record_trace
 
     def run(self, requests: Iterable[SimRequest], max_steps: int = 1_000_000, until: float | None = None) -> SimResult:

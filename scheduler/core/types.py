@@ -65,5 +65,9 @@ class StepPlan:
 
 class Policy(Protocol):
     name: str
+    # True: the engine sizes the batch cap, prefill chunk and prefill gate this policy's plans
+    # leave open to keep SLOs (scheduler/core/plan_path.py); False: an ordering baseline on a
+    # stock engine
+    slo_levers: bool
 
     def plan(self, view: EngineView) -> StepPlan: ...

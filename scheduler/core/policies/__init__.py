@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.core.policies.edf import EdfPolicy
+from scheduler.core.policies.edf import EdfParams, EdfPolicy
 from scheduler.core.policies.fcfs import FcfsPolicy
 from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy
 from scheduler.core.policies.las import LasParams, LasPolicy
@@ -33,7 +33,7 @@ POLICIES: Registry[PolicyContext, Policy] = Registry(
     "SLO policy",
     [
         Entry("fcfs", NoParams, lambda p, ctx: FcfsPolicy()),
-        Entry("edf", NoParams, lambda p, ctx: EdfPolicy()),
+        Entry("edf", EdfParams, lambda p, ctx: EdfPolicy(p)),
         Entry("sjf", SjfParams, lambda p, ctx: SjfPolicy(p)),
         Entry("las", LasParams, lambda p, ctx: LasPolicy(p)),
         Entry("sarathi", SarathiParams, lambda p, ctx: SarathiPolicy(p)),

@@ -8,6 +8,7 @@ in arrival order, so they still run whenever nothing with a deadline waits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from scheduler.core.estimates import next_deadline
 from scheduler.core.types import EngineView, RequestView, StepPlan
@@ -20,8 +21,18 @@ def deadline_key(req: RequestView) -> tuple[int, float, float]:
     return (0, deadline, req.arrival)
 
 
+@dataclass(frozen=True)
+class EdfParams:
+    # True: EDF with the engine's SLO levers (slack-sized chunks, prefill gate, TPOT batch cap);
+    # False (default): the papers' EDF baseline, EDF order on a stock engine
+    slo_levers: bool = False
+
+
 class EdfPolicy:
     name = "edf"
+
+    def __init__(self, params: EdfParams = EdfParams()) -> None:
+        self.slo_levers = params.slo_levers
 
     def plan(self, view: EngineView) -> StepPlan:
         ordered = sorted(view.waiting, key=deadline_key)

@@ -7,6 +7,7 @@ from scheduler.core.types import EngineView, StepPlan
 
 class FcfsPolicy:
     name = "fcfs"
+    slo_levers = False
 
     def plan(self, view: EngineView) -> StepPlan:
         return StepPlan()

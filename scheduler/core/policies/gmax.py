@@ -85,6 +85,7 @@ class GmaxParams:
 
 class GmaxPolicy:
     name = "gmax"
+    slo_levers = True
 
     def __init__(self, params: GmaxParams = GmaxParams(), perf_model: PerfModel | None = None) -> None:
         self.perf = perf_model if perf_model is not None else default_model()

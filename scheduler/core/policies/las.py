@@ -29,6 +29,7 @@ class LasParams:
 
 class LasPolicy:
     name = "las"
+    slo_levers = False
 
     def __init__(self, params: LasParams = LasParams()) -> None:
         levels = params.level_thresholds

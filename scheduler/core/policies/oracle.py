@@ -28,6 +28,7 @@ class OracleVariant:
     def __init__(self, base: Policy, name: str) -> None:
         self.base = base
         self.name = name
+        self.slo_levers = base.slo_levers
 
     def plan(self, view: EngineView) -> StepPlan:
         waiting = [_with_truth(r) for r in view.waiting]

@@ -26,6 +26,7 @@ class SarathiParams:
 
 class SarathiPolicy:
     name = "sarathi"
+    slo_levers = False
 
     def __init__(self, params: SarathiParams = SarathiParams()) -> None:
         self.token_budget = params.token_budget

@@ -19,6 +19,7 @@ class SjfParams:
 
 class SjfPolicy:
     name = "sjf"
+    slo_levers = False
 
     def __init__(self, params: SjfParams = SjfParams()) -> None:
         self.default_output_len = params.default_output_len

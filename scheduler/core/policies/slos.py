@@ -35,6 +35,7 @@ class SlosServeParams:
 
 class SlosServePolicy:
     name = "slos"
+    slo_levers = True
 
     def __init__(self, params: SlosServeParams = SlosServeParams(), perf_model: PerfModel | None = None) -> None:
         self.perf: PerfModel = perf_model if perf_model is not None else default_model()

@@ -73,6 +73,7 @@ class TempoParams:
 
 class TempoPolicy:
     name = "tempo"
+    slo_levers = True
 
     def __init__(self, params: TempoParams = TempoParams(), perf_model: PerfModel | None = None) -> None:
         self.perf = perf_model if perf_model is not None else default_model()

@@ -10,6 +10,7 @@ from scheduler.core.types import EngineView, RequestView, StepPlan
 
 class Recorder:
     name = "recorder"
+    slo_levers = False
 
     def __init__(self) -> None:
         self.seen: list[EngineView] = []

@@ -212,6 +212,7 @@ def test_d1_edf_and_sjf_only_get_the_small_requests(name, n):
 def test_sim_token_timing_and_resume_after_preemption_keeps_tokens():
     class PreemptOnce:
         name = "preempt_once"
+        slo_levers = True
 
         def plan(self, view):
             from scheduler.core.types import StepPlan

@@ -191,6 +191,7 @@ def slo_scheduler(
     config: SloServerConfig | None = None,
 ) -> StandInSloScheduler:
     """Requests arrive at 0.0 on a manual clock standing at 0.0; `perf` is trusted as given."""
-    config = config if config is not None else SloServerConfig(policy=policy)
+    params = {"slo_levers": True} if policy == "edf" else {}  # edf with the engine's SLO levers
+    config = config if config is not None else SloServerConfig(policy=policy, policy_params=params)
     components = build_components(config, prior=perf, clock=ManualClock())
     return StandInSloScheduler(mode, startup_chunk, mixed, slo_components=components)

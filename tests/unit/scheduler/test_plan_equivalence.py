@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.components.planner import PassPlanner
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
-from scheduler.core.plan_path import KnobModel, PlanSettings
+from scheduler.core.plan_path import KnobModel, settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
@@ -58,9 +58,10 @@ def _workload(seed: int, n: int = 60) -> list[SimRequest]:
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "separate"])
 @pytest.mark.parametrize("policy_name", ENGINE_POLICIES)
 def test_the_adapters_planner_finishes_every_recorded_plan_as_the_simulator_did(policy_name: str, mixed: bool) -> None:
-    settings = PlanSettings(knobs=policy_name != "fcfs", mixed_batching=mixed)
+    policy = make_policy(policy_name, PERF)
+    settings = settings_for(policy, mixed_batching=mixed)
     config = EngineConfig(max_running_requests=12, chunk_size=256, total_kv_tokens=40_000)
-    sim = Simulator(make_policy(policy_name, PERF), PERF, config, settings=settings, record_trace=True)
+    sim = Simulator(policy, PERF, config, settings=settings, record_trace=True)
     result = sim.run(_workload(seed=7), max_steps=3000)
     assert len(result.trace) > 100 and any(plan.drop for _, plan in result.trace)
 
@@ -69,5 +70,5 @@ def test_the_adapters_planner_finishes_every_recorded_plan_as_the_simulator_did(
         served = planner.plan(view, KnobModel(PERF))
         assert served == simulated, f"step {step}: the adapter's plan differs from the simulator's"
     assert planner.errors == 0
-    if settings.knobs:
-        assert any(plan.batch_cap is not None for _, plan in result.trace)  # the shared knobs applied
+    if settings.levers:
+        assert any(plan.batch_cap is not None for _, plan in result.trace)  # the shared levers applied
