@@ -285,6 +285,7 @@ class SloSchedulerMixin:
         self.ipc_channels.send_to_tokenizer.send_output(AbortReq(finished_reason=finished, rid=req.rid), req)
         self.slo.dropped += 1
         self.slo.states.forget(req.rid)
+        self.slo.views.forget(req.rid)
         logger.debug("dropped %s: %s", req.rid, reason)
 
     def _prefill_dynamic_chunk(self, running_batch: Any) -> Any:

@@ -73,6 +73,7 @@ class SloComponents:
 
     def on_finished(self, rid: str, prompt_tokens: int, output_tokens: int, now: float) -> None:
         state = self.states.forget(rid)
+        self.views.forget(rid)
         if self.lengths is not None:
             entry = self.lengths.forget(rid)
             if entry is not None:
@@ -84,6 +85,7 @@ class SloComponents:
         """States of requests that left without finishing in a forward pass (aborts, drops)."""
         if len(self.states) > 4 * (len(live) + 1024):
             self.states.keep_only(live)
+            self.views.keep_only(live)
 
     def emulation_status(self, kv_token_capacity: int) -> dict[str, Any] | None:
         pacer = self.meter.pacer

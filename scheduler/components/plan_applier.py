@@ -15,13 +15,17 @@ logger = logging.getLogger("sglang_slo.scheduler")
 
 
 def order_waiting(waiting: list[Any], plan: FinalPlan, states: RequestStates) -> None:
-    """Admitted requests first in the policy's order; the best-effort tier runs on what is left
-    of the step's budget (SLOs-Serve §4.1), so declined requests still run, last."""
+    """Admitted requests first in the policy's order (unlisted ones after them, in queue order);
+    the best-effort tier runs on what is left of the step's budget (SLOs-Serve §4.1), so
+    declined requests still run, last. Linear in the queue: no sort."""
     tier = plan.best_effort
     if plan.order is not None or tier:
-        rank = {rid: i for i, rid in enumerate(plan.order or ())}
-        last = len(rank)
-        waiting.sort(key=lambda r: (r.rid in tier, rank.get(r.rid, last)))
+        by_rid = {r.rid: r for r in waiting}
+        ranked = [by_rid.pop(rid) for rid in plan.order or () if rid in by_rid]
+        ranked += by_rid.values()  # unlisted, in queue order
+        if tier:
+            ranked = [r for r in ranked if r.rid not in tier] + [r for r in ranked if r.rid in tier]
+        waiting[:] = ranked
     for r in waiting:  # the tier a request starts in is the one it runs in
         state = states.get(r.rid)
         if state is not None:

@@ -2,6 +2,12 @@
 
 Reads from each SGLang `Req`: rid, sampling_params (max_new_tokens, custom_params),
 origin_input_ids, output_ids, customized_info (the token stamps), prefix_indices.
+
+A pass with thousands of waiting requests must cost far less than a GPU step (~7 ms), so each
+request's view is built once and kept: every pass refreshes only what can change. A waiting
+request changes only when SGLang re-matches its prefix (a new `prefix_indices` object) or when
+it comes back from a retraction with more output; a running one gains tokens every pass. Views
+are therefore mutable and shared across passes: a policy must not keep one beyond its plan().
 """
 
 from __future__ import annotations
@@ -48,6 +54,52 @@ class ViewBuilder:
         self.lengths = lengths
         self.decode_text = decode_text
         self.oracle = oracle  # benchmarks' *_oracle policies only: they are given the true length
+        # rid -> [view, the prefix_indices object and output length it was refreshed with, state]
+        self._cache: dict[str, list[Any]] = {}
+
+    def forget(self, rid: str) -> None:
+        self._cache.pop(rid, None)
+
+    def keep_only(self, live: set[str]) -> None:
+        self._cache = {rid: entry for rid, entry in self._cache.items() if rid in live}
+
+    def cached_view(self, req: Any) -> RequestView:
+        """The request's view, refreshed where SGLang may have changed it since the last pass."""
+        entry = self._cache.get(req.rid)
+        if entry is None:
+            view = self.request_view(req)
+            self._cache[req.rid] = [view, req.prefix_indices, len(req.output_ids), self.states.get(req.rid)]
+            return view
+        view = entry[0]
+        prefix, n_out = req.prefix_indices, len(req.output_ids)
+        if prefix is not entry[1] or n_out != entry[2]:
+            self._refresh(view, req, n_out)
+            entry[1], entry[2] = prefix, n_out
+        if not view.best_effort_tier or not view.slo.is_best_effort:
+            view.best_effort_tier = entry[3].declined or view.slo.is_best_effort
+        return view
+
+    def _refresh(self, view: RequestView, req: Any, n_out: int) -> None:
+        view.generated = n_out
+        view.attained_service = float(len(req.origin_input_ids) + n_out)
+        prefix = getattr(req, "prefix_indices", None)
+        view.prefix_cached = len(prefix) if prefix is not None else 0
+        if view.first_token_time is None:
+            stamps = (req.customized_info or {}).get(TOKEN_TS_KEY) or []
+            view.first_token_time = stamps[0] if stamps else None
+        if self.lengths is not None:
+            view.predicted_output_len = self._bound(req, view)
+
+    def _bound(self, req: Any, view: RequestView) -> float | None:
+        assert self.lengths is not None
+        return self.lengths.bound(
+            req.rid,
+            lambda: self.decode_text(req.origin_input_ids),
+            len(req.origin_input_ids),
+            view.slo.program_id,
+            len(req.output_ids),
+            lambda n: self.decode_text(req.output_ids[:n]),
+        )
 
     def request_view(self, req: Any) -> RequestView:
         state = self.states.of(req, self.clock.now())
@@ -62,25 +114,14 @@ class ViewBuilder:
                         spec.program_id, spec.stage, program_arrival, spec.deadline_ms / 1000.0, self.clock.now()
                     )
                 stage_deadline = state.stage_deadline
-        predicted = None
-        if self.lengths is not None:
-            predicted = self.lengths.bound(
-                req.rid,
-                lambda: self.decode_text(req.origin_input_ids),
-                len(req.origin_input_ids),
-                spec.program_id,
-                len(req.output_ids),
-                lambda n: self.decode_text(req.output_ids[:n]),
-            )
         prefix = getattr(req, "prefix_indices", None)
-        return RequestView(
+        view = RequestView(
             rid=req.rid,
             slo=spec,
             arrival=arrival,
             prompt_len=len(req.origin_input_ids),
             generated=len(req.output_ids),
             max_new_tokens=state.client_cap if state.hinted else req.sampling_params.max_new_tokens,
-            predicted_output_len=predicted,
             first_token_time=stamps[0] if stamps else None,
             prefix_cached=len(prefix) if prefix is not None else 0,
             program_arrival=program_arrival,
@@ -89,12 +130,15 @@ class ViewBuilder:
             best_effort_tier=spec.is_best_effort or state.declined,
             oracle_output_len=oracle_hint(req.sampling_params) if self.oracle else None,
         )
+        if self.lengths is not None:
+            view.predicted_output_len = self._bound(req, view)
+        return view
 
     def engine_view(self, waiting: Sequence[Any], running: Sequence[Any], limits: EngineLimits) -> EngineView:
         return EngineView(
             now=self.clock.now(),
-            waiting=[self.request_view(r) for r in waiting],
-            running=[self.request_view(r) for r in running],
+            waiting=[self.cached_view(r) for r in waiting],
+            running=[self.cached_view(r) for r in running],
             max_running_requests=limits.max_running_requests,
             chunk_size=limits.chunk_size,
             free_kv_tokens=limits.free_kv_tokens,

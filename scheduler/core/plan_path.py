@@ -60,7 +60,7 @@ class KnobModel:
 class FinalPlan:
     """A finished plan: the engine applies it verbatim. None knobs leave the engine's own."""
 
-    order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after
+    order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after (others ignored)
     best_effort: frozenset[str] = frozenset()  # waiting rids in the best-effort tier (run last)
     drop: dict[str, str] = field(default_factory=dict)  # waiting rid -> reason
     preempt: tuple[str, ...] = ()  # running rids to retract this pass
@@ -80,8 +80,8 @@ def finalize_plan(
         drop = {rid: reason for rid, reason in plan.drop.items() if rid in waiting}
         for rid in expired_in_queue(view.waiting, view.now):
             drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
-    kept = waiting - drop.keys()
-    order = None if plan.order is None else tuple(rid for rid in plan.order if rid in kept)
+    kept = waiting - drop.keys() if drop else waiting
+    order = None if plan.order is None else tuple(rid for rid in plan.order if rid not in drop)
     preempt: tuple[str, ...] = ()
     if settings.role != DECODE:
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
