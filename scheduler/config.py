@@ -30,6 +30,7 @@ class SloServerConfig:
     emulate_profile: str | None = None  # pace every forward pass to this GPU+model profile
     emulate_name: str | None = None  # e.g. "h100/llama3-8b", for status and logs
     emulate_slowdown: float = 1.0  # emulated steps (and the policies' perf model) this many times longer
+    emulate_stand_in: bool = False  # emulated steps skip the tiny model's layers (cpu_support/emulated_forward)
     router_address: str | None = None  # join this router's pool (ZMQ address) as a worker
     worker_id: str | None = None  # the name the router knows this worker by
     worker_gpu: str | None = None  # the GPU kind it reports (heterogeneity-aware routing)

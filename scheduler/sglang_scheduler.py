@@ -47,6 +47,7 @@ from scheduler.core.slos_serve.spec_length import acceptance
 from scheduler.core.types import EngineView, RequestView, StepPlan
 from scheduler.sglang_preemption import retract_requests
 from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
+from server.cpu_support import emulated_forward
 from server.slo_reports import TIER_KEY, TOKEN_TS_KEY
 from server.slo_request import ORACLE_HINT_PARAM, read_injected
 from server.status_channel import StatusPublisher
@@ -143,6 +144,14 @@ def _batch_shape(batch: Any) -> tuple[int, int, int] | None:
     return None
 
 
+def _running_requests(scheduler: Any) -> int:
+    """Running requests, with the decodes a mixed step carries: SGLang moves them out of
+    running_batch into the batch it runs until the step's results are merged back."""
+    running, current = scheduler.running_batch, getattr(scheduler, "cur_batch_for_debug", None)
+    mixed = current is not None and current is not running and current.forward_mode.is_extend()
+    return len(running.reqs) + (len(current.decoding_reqs or ()) if mixed else 0)
+
+
 def _uncached_len(req: Any) -> int:
     """Tokens still to prefill: prompt (+ output, after a retraction) past the matched/cached
     prefix. For a waiting request the prefix is its last match (SGLang re-matches on admission)."""
@@ -201,6 +210,8 @@ class SloScheduler(_BaseScheduler):
         self.slo_spec: SloSpeculation | None = None  # set when the draft worker is built
         self.slo_spec_cost_ratio = 0.0  # draft step / target decode step, for pacing and timing
         super().__init__(*args, **kwargs)
+        if self.slo_config.emulate_stand_in:  # emulated steps: logits only, the layers skipped
+            emulated_forward.install(self.tp_worker.model_runner)
         self._slo_init_engine_limits()
         # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
         # its wall time is not the iteration's, so it must not train the perf model.
@@ -544,7 +555,8 @@ class SloScheduler(_BaseScheduler):
         spec_tokens = decodes * steps  # a speculative decode verifies s drafts per request
         if self.slo_pacer is not None:  # emulated GPU: the step lasts what the profile says
             drafts = SpecCost(self.slo_pacer.model, self.slo_spec_cost_ratio).draft_time(decodes, kv, steps)
-            measured = self.slo_pacer.finish(started, self.slo_pacer.target_s(*shape, spec_tokens) + drafts)
+            target = self.slo_pacer.target_s(*shape, spec_tokens) + drafts  # waited for in process_batch_result
+            measured = self.slo_pacer.launch(id(result), started, target, follows_step=self.last_batch is not None)
             self._log_distortion()
         elif self.slo_timing_ok:
             measured = time.perf_counter() - started
@@ -570,6 +582,8 @@ class SloScheduler(_BaseScheduler):
             )
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
+        if self.slo_pacer is not None:  # an emulated step's results exist once the card is done
+            self.slo_pacer.wait(id(result))
         out = super().process_batch_result(batch, result)
         now = self.slo_clock.now()
         for req in batch.reqs:
@@ -648,7 +662,7 @@ class SloScheduler(_BaseScheduler):
         return {
             "policy": self.slo_config.policy,
             "waiting": len(self.waiting_queue),
-            "running": len(self.running_batch.reqs),
+            "running": _running_requests(self),
             "max_running_requests": self.slo_max_running,  # not the decode cap's per-pass value
             "disaggregation_mode": self.slo_pd_mode,
             "chunked_prefill_size": self.chunked_prefill_size,
@@ -691,6 +705,7 @@ class SloScheduler(_BaseScheduler):
                 "gpu_model": self.slo_config.emulate_name,
                 "slowdown": self.slo_config.emulate_slowdown,
                 "kv_token_capacity": int(self.max_total_num_tokens),
+                "stand_in_forward": emulated_forward.is_installed(self.tp_worker.model_runner.model),
                 **self.slo_pacer.report().to_dict(),
             },
             "speculation": self._slo_speculation_status(),
