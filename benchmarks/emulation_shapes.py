@@ -5,15 +5,17 @@ One emulated worker per (card, batching, chunk): `--emulate-gpu G --emulate-slow
 load per running count R: R decoding clients (prompts of a shared, cached context plus a few
 tokens of their own, outputs long enough to outlast the load) keep R requests running with
 realistic KV contexts, and a prefill stream sends prompts of C tokens with a one-token
-output, so steps carry a C-token chunk next to R decodes (mixed) or alone (separate). Every
+output, so steps carry a C-token chunk next to R decodes (mixed) or alone (separate), for
+`--duration` s or until the cell has `--min-steps` steps (at most 4x longer). Every
 request's true length travels through the hidden hint. The worker's own late-step counters
 (/slo/status -> engine.emulation) are read before and after each load; a cell reports the
-share of its steps that ran late and their mean overrun, in ms and as a share of the step.
+share of its steps that ran late and their mean overrun, in ms and as a share of the step, and
+the share of time the card sat idle between back-to-back steps waiting for the host.
 
 A cell passes at late share <= 1 % and mean overrun <= 5 % of the step.
 
-  .venv/bin/python -m benchmarks.emulation_shapes --gpus h100 --duration 20              # quick
-  .venv/bin/python -m benchmarks.emulation_shapes --json shapes.json                      # full grid
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.emulation_shapes --gpus h100 --duration 20 --min-steps 0  # quick
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.emulation_shapes --json shapes.json  # ~40 min
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import aiohttp
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, stop_all
+from benchmarks.emulation_validity import pacing_delta
 from server.slo_request import ORACLE_HINT_PARAM
 
 TINY_VOCAB = 512  # token ids must exist in the tiny model
@@ -73,11 +76,12 @@ async def _post(session: aiohttp.ClientSession, url: str, payload: dict) -> None
 
 
 async def shape_load(
-    url: str, cell: Cell, context: list[int], duration: float, decode_output: int, seed: int
+    url: str, cell: Cell, context: list[int], duration: float, decode_output: int, seed: int, min_steps: int = 0
 ) -> dict[str, Any]:
-    """R decoding clients and one prefill stream for `duration` s, then everything in flight is
-    aborted (the decodes outlast the load on purpose). Returns the prefills completed and the
-    running counts the worker reported each second, so a cell shows it reached its R."""
+    """R decoding clients and one prefill stream for `duration` s, longer (up to 4x) until the
+    worker ran `min_steps` steps, then everything in flight is aborted (the decodes outlast the
+    load on purpose). Returns the prefills completed and the running counts the worker reported
+    each second, so a cell shows it reached its R."""
     rng = random.Random(seed)
     running, chunk = cell.running, cell.chunk
     prefills = 0
@@ -96,14 +100,22 @@ async def shape_load(
                 prefills += 1
 
         async def watch() -> None:
+            """Ends the load: after `duration` once the worker ran `min_steps` steps (or at 4x)."""
+            started, first_steps = time.perf_counter(), None
             while True:
                 await asyncio.sleep(1.0)
                 async with session.get(url + "/slo/status") as resp:
-                    seen.append(int((await resp.json())["engine"]["running"]))
+                    engine = (await resp.json())["engine"]
+                seen.append(int(engine["running"]))
+                steps = int((engine.get("emulation") or {}).get("steps", 0))
+                first_steps = steps if first_steps is None else first_steps
+                elapsed = time.perf_counter() - started
+                if elapsed >= 4 * duration or (elapsed >= duration and steps - first_steps >= min_steps):
+                    return
 
         tasks = [asyncio.ensure_future(prefill_stream()), asyncio.ensure_future(watch())]
         tasks += [asyncio.ensure_future(decoder()) for _ in range(running)]
-        done, _ = await asyncio.wait(tasks, timeout=duration, return_when=asyncio.FIRST_EXCEPTION)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -140,26 +152,9 @@ def emulation_counters(url: str) -> dict[str, Any]:
 
 
 def cell_result(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """Late share and overrun of the steps between two status reads (the counters are totals)."""
-
-    def total(e: dict[str, Any], key: str) -> float:
-        return (e.get(key) or 0.0) * e["late_steps"]
-
-    steps = after["steps"] - before["steps"]
-    late = after["late_steps"] - before["late_steps"]
-    overrun_ms = total(after, "mean_overrun_ms") - total(before, "mean_overrun_ms")
-    overrun_share = total(after, "mean_overrun_share") - total(before, "mean_overrun_share")
-    row = {
-        "steps": steps,
-        "unpaced_steps": after["unpaced_steps"] - before["unpaced_steps"],
-        "late_steps": late,
-        "late_share": late / steps if steps else 0.0,
-        "mean_overrun_ms": overrun_ms / late if late else 0.0,
-        "mean_overrun_share": overrun_share / late if late else 0.0,
-    }
-    gap = (after.get("host_gap_s") or 0.0) - (before.get("host_gap_s") or 0.0)
-    back_to_back = (after.get("back_to_back_s") or 0.0) - (before.get("back_to_back_s") or 0.0)
-    row["host_gap_share"] = gap / (gap + back_to_back) if back_to_back else 0.0
+    """The cell's steps between two status reads, and whether they kept the card's pace."""
+    row = pacing_delta(before, after)
+    assert row is not None
     row["on_time"] = row["late_share"] <= LATE_SHARE_TARGET and row["mean_overrun_share"] <= OVERRUN_TARGET
     return row
 
@@ -186,7 +181,9 @@ def run_grid(args: argparse.Namespace) -> list[dict[str, Any]]:
                         before = emulation_counters(server.url)
                         load0 = os.getloadavg()[0]
                         load = asyncio.run(
-                            shape_load(server.url, cell, context, args.duration, args.decode_output, args.seed)
+                            shape_load(
+                                server.url, cell, context, args.duration, args.decode_output, args.seed, args.min_steps
+                            )
                         )
                         after = emulation_counters(server.url)
                         drain(server.url)
@@ -231,7 +228,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--chunks", default="512,2048,8192", type=_ints, help="--chunked-prefill-size per worker")
     p.add_argument("--running", default="16,64,256", type=_ints, help="decoding requests kept running")
     p.add_argument("--slowdown", type=float, default=10.0, help="--emulate-slowdown of every worker")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of load per cell")
+    p.add_argument("--duration", type=float, default=30.0, help="seconds of load per cell (at least)")
+    p.add_argument("--min-steps", type=int, default=100, help="load a cell until this many steps (up to 4x duration)")
     p.add_argument("--decode-context", type=int, default=1024, help="shared context tokens of every decoding request")
     p.add_argument("--decode-output", type=int, default=2048, help="output tokens of each decoding request")
     p.add_argument("--server-flag", action="append", default=[], help="extra flag for every worker (repeat)")

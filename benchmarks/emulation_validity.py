@@ -26,18 +26,31 @@ def emulation_counters(url: str) -> dict[str, Any] | None:
 
 
 def pacing_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """One run's steps and late steps on one worker: did the emulation keep the card's pace?
-    (The error quantiles are the pacer's recent window, not per run.)"""
+    """One window's pacing on one worker, from two reads of its cumulative counters: the steps
+    that ran late and by how much, and how long the card sat idle waiting for the host between
+    back-to-back steps. (The error quantiles are the pacer's recent window, not this one's.)"""
     if not before or not after:
         return None
-    steps = after["steps"] - before["steps"]
-    late = after["late_steps"] - before["late_steps"]
+
+    def grew(key: str) -> float:
+        return (after.get(key) or 0) - (before.get(key) or 0)
+
+    steps, late = grew("steps"), grew("late_steps")
+    gap, back_to_back = grew("host_gap_s"), grew("back_to_back_s")
+
+    def late_mean(key: str) -> float:  # the counters hold means over late steps so far
+        grown = (after.get(key) or 0.0) * after["late_steps"] - (before.get(key) or 0.0) * before["late_steps"]
+        return grown / late if late else 0.0
+
     return {
         "gpu_model": after.get("gpu_model"),
         "steps": steps,
         "late_steps": late,
         "late_share": late / steps if steps else 0.0,
-        "unpaced_steps": after.get("unpaced_steps", 0) - before.get("unpaced_steps", 0),
+        "mean_overrun_ms": late_mean("mean_overrun_ms"),
+        "mean_overrun_share": late_mean("mean_overrun_share"),
+        "host_gap_share": gap / (gap + back_to_back) if back_to_back > 0 else 0.0,
+        "unpaced_steps": grew("unpaced_steps"),
         "median_abs_error": after.get("median_abs_error"),
         "p95_abs_error": after.get("p95_abs_error"),
     }
