@@ -569,10 +569,10 @@ class SloScheduler(_BaseScheduler):
 
     def _log_distortion(self) -> None:
         """Warn (at most every 30 s) when the host cannot keep up with the emulated GPU."""
-        report = self.slo_pacer.report()
-        now = time.monotonic()
-        if report.steps >= 100 and report.late_share > 0.05 and now - self._slo_distortion_logged > 30:
-            self._slo_distortion_logged = now
+        pacer, now = self.slo_pacer, time.monotonic()
+        if pacer.steps >= 100 and pacer.late > 0.05 * pacer.steps and now - self._slo_distortion_logged > 30:
+            self._slo_distortion_logged = now  # the full report (it sorts the error window) only then
+            report = pacer.report()
             logger.warning(
                 "emulation of %s distorted: %.1f%% of %d steps late by %.2f ms on average (host too slow)",
                 self.slo_config.emulate_name,
