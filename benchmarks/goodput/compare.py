@@ -27,6 +27,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
+from benchmarks.emulation_validity import MAX_LATE_SHARE, emulation_counters, pacing_delta, verdict
 from benchmarks.goodput.calibrate import calibrate
 from benchmarks.goodput.capacity import search_capacity
 from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
@@ -121,6 +122,7 @@ def run_once(
 ) -> dict[str, Any]:
     ours = target.ours
     opts = load_options(args, ours)
+    pacing_before = emulation_counters(target.url) if ours else None  # an emulated worker's counters
     bar = Progress(len(planned), f"{target.label} @ {rate}/s", args.quiet)
     started = time.monotonic()
     try:
@@ -140,6 +142,8 @@ def run_once(
         "wall_s": round(time.monotonic() - started, 2),
         "slo_status": status,
     }
+    if pacing_before is not None:  # did the emulated card keep its pace in this run?
+        config["pacing"] = {target.label: pacing_delta(pacing_before, emulation_counters(target.url))}
     return {
         "label": target.label,
         "rate": rate,
@@ -163,6 +167,9 @@ def describe(run: dict[str, Any]) -> str:
         f"goodput {m.goodput_rps or 0:.2f} req/s, {m.throughput_tok_s or 0:.1f} tok/s, "
         f"lost {m.lost}, cut {m.cut}, never sent {m.never_sent}"
     )
+    pacing = verdict(run["config"].get("pacing"))
+    if pacing["valid"] is False:
+        line += f"\n   INVALID: emulated steps late on {', '.join(pacing['late_workers'])} (> {MAX_LATE_SHARE:.0%})"
     return line + (f"\n   INCONSISTENT: {bad}" if bad else "")
 
 
