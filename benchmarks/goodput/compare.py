@@ -117,6 +117,15 @@ class Progress:
             self.bar.close()
 
 
+def offered_window(planned: list[PlannedRequest]) -> float | None:
+    """Seconds from the first to the last planned arrival: goodput is per offered second, the
+    same divisor for every target, so a policy is not charged for a longer drain (None when the
+    whole workload arrives at once: then the makespan divides)."""
+    arrivals = [p.req.arrival_s for p in planned]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return span if span > 0 else None
+
+
 def run_once(
     target: Target, planned: list[PlannedRequest], prompt_for: PromptFor, args: argparse.Namespace, rate: float | None
 ) -> dict[str, Any]:
@@ -129,7 +138,7 @@ def run_once(
         records = asyncio.run(LoadGenerator(target.url, prompt_for, opts, on_done=bar.tick).run(planned))
     finally:
         bar.close()
-    metrics = score(records)
+    metrics = score(records, duration_s=offered_window(planned))
     status = None
     if ours:
         try:
