@@ -24,6 +24,7 @@ from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import order_waiting, split_dropped
 from scheduler.components.status import SchedulerStatus
 from scheduler.components.status_channel import StatusPublisher
+from scheduler.components.step_timer import GpuStepTimer
 from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
 from scheduler.config import SloServerConfig
@@ -50,6 +51,23 @@ def _uncached_len(req: Any) -> int:
     prefix. For a waiting request the prefix is its last match (SGLang re-matches on admission)."""
     prefix = getattr(req, "prefix_indices", None)
     return len(req.origin_input_ids) + len(req.output_ids) - (len(prefix) if prefix is not None else 0)
+
+
+def _cuda_step_timer(scheduler: Any) -> GpuStepTimer:
+    """CUDA events on the stream the forward runs on: SGLang's forward stream under overlap
+    scheduling (made to wait for the scheduling stream's inputs first, as run_batch does), else
+    the scheduling loop's current stream."""
+    import torch
+
+    def new_event() -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    if scheduler.enable_overlap:
+        forward = scheduler.forward_stream
+        return GpuStepTimer(
+            new_event, lambda: forward, before_start=lambda: forward.wait_stream(torch.cuda.current_stream())
+        )
+    return GpuStepTimer(new_event, torch.cuda.current_stream)
 
 
 class SloSchedulerMixin:
@@ -85,13 +103,14 @@ class SloSchedulerMixin:
             # whole-finish step fits the buffers sized at start-up, and normal passes run at B.
             slo.start_dynamic_chunking(self.chunked_prefill_size, self.page_size)
             self.chunked_prefill_size = slo.chunk_budget
-        # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
-        # its wall time is not the iteration's, so it must not train the perf model.
-        slo.meter.timing_ok = not (self.enable_overlap and self.device != "cpu")
-        if not slo.meter.timing_ok and not slo.config.perf_profile:
+        # On a GPU run_batch returns once the forward is launched (with or without overlap
+        # scheduling): its wall time is not the pass's, CUDA events on the forward's stream are.
+        slo.meter.timing_ok = self.device == "cpu"
+        if str(self.device).startswith("cuda"):
+            slo.meter.gpu_timer = _cuda_step_timer(self)
+        elif not slo.meter.timing_ok and not slo.config.perf_profile:
             logger.warning(
-                "overlap scheduling on %s: forward passes cannot be timed here, so batch caps and chunk "
-                "sizes need --slo-perf-profile (or --disable-overlap-schedule)",
+                "forward passes on %s cannot be timed: batch caps and chunk sizes need --slo-perf-profile",
                 self.device,
             )
 
@@ -180,21 +199,30 @@ class SloSchedulerMixin:
 
     # ---- SGLang's forward pass and its results -------------------------------------------------
     def run_batch(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        """Changes: each forward pass is timed for the online perf model, and under GPU emulation
-        paced to the emulated card's time for that batch."""
+        """Changes: each forward pass is timed for the online perf model (on a GPU by CUDA events,
+        read with its result), and under GPU emulation paced to the emulated card's time."""
         shape = batch_shape(batch)
         steps = self._slo_spec_steps() if shape is not None and shape[0] == 0 else 0
+        timer = self.slo.meter.gpu_timer
+        bracket = timer.start() if timer is not None and shape is not None else None
         started = time.perf_counter()
         result = super().run_batch(batch, *args, **kwargs)
+        if bracket is not None and timer is not None and shape is not None:
+            timer.stop(bracket, result, shape, steps)
+            if self.slo.meter.pacer is not None:  # an emulated card on a GPU: pace the finished pass
+                timer.wait(bracket)
         if shape is not None:
             self.slo.meter.after_step(shape, steps, started)
         return result
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
-        """Changes: finished requests release their state and feed the length predictor's
-        accuracy and the compound programs' stage costs."""
+        """Changes: a GPU pass's time is read (its results are on the host now); finished
+        requests release their state and feed the length predictor's accuracy and the compound
+        programs' stage costs."""
         out = super().process_batch_result(batch, result)
         slo = self.slo
+        if slo.meter.gpu_timer is not None:
+            slo.meter.learn_timed(slo.meter.gpu_timer.read(result))
         now = slo.clock.now()
         for req in batch.reqs:
             if req.finished():
