@@ -22,8 +22,9 @@ from sglang.srt.managers.scheduler import NextBatchPlan
 from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import order_waiting, split_dropped
+from scheduler.components.rank_sync import PassDecision, PassSync
 from scheduler.components.status import SchedulerStatus
-from scheduler.components.status_channel import StatusPublisher
+from scheduler.components.status_channel import StatusPublisher, dp_status_address
 from scheduler.components.step_timer import GpuStepTimer
 from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
@@ -51,6 +52,36 @@ def _uncached_len(req: Any) -> int:
     prefix. For a waiting request the prefix is its last match (SGLang re-matches on admission)."""
     prefix = getattr(req, "prefix_indices", None)
     return len(req.origin_input_ids) + len(req.output_ids) - (len(prefix) if prefix is not None else 0)
+
+
+def _pass_sync(scheduler: Any) -> PassSync:
+    """The ranks that must agree each pass, as SGLang broadcasts their requests: its dp_tp group
+    (the attention-TP group under DP attention, else the TP group), then the attention-CP group;
+    the leader is the first rank of both."""
+    stages = []
+    for name in ("dp_tp_group", "attn_cp_group"):
+        group = getattr(scheduler, name, None)
+        if group is not None and group.world_size > 1:
+            stages.append((group, getattr(scheduler, name.replace("_group", "_cpu_group"))))
+    if not stages:
+        return PassSync()
+    from sglang.srt.utils import broadcast_pyobj
+
+    def broadcast(value: Any) -> Any:
+        for group, cpu_group in stages:
+            value = broadcast_pyobj([value], group.rank, cpu_group, src=group.ranks[0])[0]
+        return value
+
+    return PassSync(broadcast, leader=all(group.rank == group.ranks[0] for group, _ in stages))
+
+
+def _dp_index(scheduler: Any) -> int:
+    """This scheduler's data-parallel replica: the attention-DP rank under DP attention, else
+    SGLang's dp_rank (None without data parallelism)."""
+    ps = scheduler.ps
+    if getattr(scheduler, "enable_dp_attention", False):
+        return int(ps.attn_dp_rank or 0)
+    return int(ps.dp_rank or 0)
 
 
 def _cuda_step_timer(scheduler: Any) -> GpuStepTimer:
@@ -81,9 +112,13 @@ class SloSchedulerMixin:
         self.slo = slo_components if slo_components is not None else build_components(SloServerConfig.from_env())
         super().__init__(*args, **kwargs)
         self._slo_bind_engine()
-        if self.slo.config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
+        self.slo.sync = _pass_sync(self)
+        if self.slo.config.status_address and self.slo.sync.leader and self.ps.pp_rank == 0:
+            # one publisher per data-parallel replica (its leading rank), each on its own address
             self.slo_status = StatusPublisher(
-                self.slo.config.status_address, self.slo_status_snapshot, self.slo.config.status_interval_s
+                dp_status_address(self.slo.config.status_address, _dp_index(self)),
+                self.slo_status_snapshot,
+                self.slo.config.status_interval_s,
             )
         logger.info("SLO scheduler active: policy=%s", self.slo.config.policy)
 
@@ -137,13 +172,11 @@ class SloSchedulerMixin:
         slo.step += 1
         slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
         slo.prefill_open = True
-        view = None
-        if self.waiting_queue:
-            view = self._slo_view(running_batch)
-            plan = slo.planner.plan(view, slo.meter.knob_model(self._slo_spec_steps(), slo.spec_alpha()))
-            if plan is not None:
-                self._slo_apply(plan, running_batch)
-        self._slo_update_speculation(running_batch, view)
+        decision = slo.sync.decide(lambda: self._slo_decide(running_batch), PassDecision())
+        if decision.plan is not None:
+            self._slo_apply(decision.plan, running_batch)
+        if decision.spec_steps is not None and slo.spec is not None:
+            slo.spec.current = decision.spec_steps  # the leading rank's choice (its own on that rank)
         if slo.chunker is not None:
             return self._prefill_dynamic_chunk(running_batch)
         if not slo.prefill_open and running_batch.reqs:
@@ -159,13 +192,11 @@ class SloSchedulerMixin:
         slo = self.slo
         slo.step += 1  # SGLang's decode loop never calls get_new_batch_prefill
         cap = None
-        if self.waiting_queue:
-            view = self._slo_view(running_batch)
-            plan = slo.planner.plan(view, slo.meter.knob_model(self._slo_spec_steps(), slo.spec_alpha()))
-            if plan is not None:
-                order_waiting(self.waiting_queue, plan, slo.states)
-                slo.best_effort_waiting = len(plan.best_effort)
-                cap = plan.batch_cap
+        plan = slo.sync.decide(lambda: self._slo_plan(running_batch)[0], None)
+        if plan is not None:
+            order_waiting(self.waiting_queue, plan, slo.states)
+            slo.best_effort_waiting = len(plan.best_effort)
+            cap = plan.batch_cap
         slo.decode_cap = cap
         if cap is None or cap >= self.max_running_requests:
             return super().get_new_prebuilt_batch(running_batch)
@@ -268,6 +299,21 @@ class SloSchedulerMixin:
             logger.exception("SLO speculation failed at step %d", slo.step)
 
     # ---- plan -> SGLang ------------------------------------------------------------------------
+    def _slo_plan(self, running_batch: Any) -> tuple[FinalPlan | None, EngineView | None]:
+        """This pass's finished plan and the view it was made from (None, None: nothing waits)."""
+        if not self.waiting_queue:
+            return None, None
+        view = self._slo_view(running_batch)
+        knob_model = self.slo.meter.knob_model(self._slo_spec_steps(), self.slo.spec_alpha())
+        return self.slo.planner.plan(view, knob_model), view
+
+    def _slo_decide(self, running_batch: Any) -> PassDecision:
+        """The plan, and the speculation length for the next decode batches (the leading rank's
+        work under tensor parallelism; the others apply what it sends)."""
+        plan, view = self._slo_plan(running_batch)
+        self._slo_update_speculation(running_batch, view)
+        return PassDecision(plan, None if self.slo.spec is None else self.slo.spec.current)
+
     def _slo_view(self, running_batch: Any) -> EngineView:
         limits = EngineLimits(
             max_running_requests=self.max_running_requests,
@@ -324,14 +370,17 @@ class SloSchedulerMixin:
         so it does not cap the step)."""
         chunker = self.slo.chunker
         assert chunker is not None
-        step, target = ChunkStep(chunker.budget, True), None
-        try:
-            target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
-            if target is not None:
-                step = chunker.step(_uncached_len(target))
-        except Exception:  # never let the rule take the engine down: chunk at B
-            self.slo.planner.errors += 1
-            logger.exception("dynamic chunking failed at step %d", self.slo.step)
+        target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
+
+        def choose() -> ChunkStep:
+            try:
+                return chunker.step(None if target is None else _uncached_len(target))
+            except Exception:  # never let the rule take the engine down: chunk at B
+                self.slo.planner.errors += 1
+                logger.exception("dynamic chunking failed at step %d", self.slo.step)
+                return ChunkStep(chunker.budget, True)
+
+        step = self.slo.sync.decide(choose, ChunkStep(chunker.budget, True))
         self.chunked_prefill_size, self.slo.solo_pass = step.chunk, not step.admit_others
         try:
             out = super().get_new_batch_prefill(running_batch)

@@ -18,7 +18,7 @@ from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-from scheduler.components.status_channel import StatusSubscriber, remove_ipc_file
+from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
 from scheduler.config import SloServerConfig
 from scheduler.core.slo_wire import read_injected
 from scheduler.reporting.metrics import SloMetrics
@@ -131,8 +131,9 @@ def _join_router(
 def launch(server_args: Any, config: SloServerConfig, membership: RouterMembership | None = None) -> None:
     """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
     config.to_env()  # inherited by the spawned scheduler process
-    atexit.register(remove_ipc_file, config.status_address)
-    subscriber = StatusSubscriber(config.status_address)
+    subscriber = ReplicaStatus(config.status_address, int(getattr(server_args, "dp_size", 1) or 1))
+    for address in subscriber.addresses:
+        atexit.register(remove_ipc_file, address)
     started = time.time()
 
     def status() -> dict[str, Any]:
