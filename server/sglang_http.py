@@ -97,6 +97,13 @@ class RouterMembership:
     worker_gpu: str  # the GPU kind it reports (heterogeneity-aware routing)
     router_allow_remote: bool = False  # connect to a router off this machine
     worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
+    advertise_host: str | None = None  # where the router reaches it (None: where it connects from)
+    router_curve_public_key: str | None = None  # the router's CURVE public key file: an encrypted link
+    worker_curve_secret_key: str | None = None  # its own CURVE key pair file (None: ephemeral)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _join_router(
@@ -107,16 +114,25 @@ def _join_router(
     engine: Callable[[], dict[str, Any]],
 ) -> None:
     """Start the agent that links this server to its router (it waits until the server is up)."""
+    from router.transport import CurveKeys
     from server.worker_agent import AgentConfig, start_agent_thread
 
-    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    wildcard = server_args.host in ("0.0.0.0", "::", "")
+    local = "127.0.0.1" if wildcard else server_args.host  # the agent's own calls stay on this machine
+    # a wildcard tells the router to reach the worker where its connection comes from
+    advertised = membership.advertise_host or ("0.0.0.0" if wildcard else server_args.host)
+    curve = None
+    if membership.router_curve_public_key:
+        curve = CurveKeys.for_worker(membership.router_curve_public_key, membership.worker_curve_secret_key)
     mode = server_args.disaggregation_mode  # "null" when co-located
     agent = AgentConfig(
         router_address=membership.router_address,
         worker_id=membership.worker_id,
         gpu=membership.worker_gpu,
         model=str(server_args.model_path),
-        http_url=f"http://{host}:{server_args.port}",
+        http_url=_url(local, server_args.port),
+        advertised_url=_url(advertised, server_args.port),
+        curve=curve,
         api_key=server_args.api_key,
         agent_token=agent_token,
         allow_remote=membership.router_allow_remote,
