@@ -27,6 +27,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,8 @@ import zmq.auth
 
 from server.models import ensure_tiny_model
 from server.process import ServerProcess, free_port
+
+pytest.importorskip("mooncake.engine", reason="the Mooncake transfer engine is installed by ./slo setup")
 
 CLONE_NEWNET = 0x40000000
 SUBNET = "10.231.{}.{}"
@@ -227,11 +230,10 @@ def pool(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         a, "--model-path", "tiny", "--disaggregation-mode", "decode", *joining, "--advertise-host", addr_a,
         "--worker-id", "decode-a", "--slo-policy", "edf", name="decode-a",
     )  # fmt: skip
-    started: list[HostServer] = []
     try:
-        for server in (router, prefill, decode):
-            server.start()
-            started.append(server)
+        router.start()
+        with ThreadPoolExecutor(2) as pool:  # each start enters its own host's namespace, in its thread
+            list(pool.map(lambda s: s.start(), (prefill, decode)))
         deadline = time.monotonic() + 90
         while {w["worker_id"] for w in router.get("/slo/status")["workers"] if w["healthy"]} != {
             "prefill-b",
@@ -241,7 +243,7 @@ def pool(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             time.sleep(0.5)
         yield {"router": router, "prefill": prefill, "decode": decode, "capture": capture, "a": addr_a, "b": addr_b}
     finally:
-        for server in reversed(started):
+        for server in (decode, prefill, router):  # a server that never started has nothing to stop
             server.stop()
         capture.stop()
 
