@@ -162,10 +162,10 @@ def test_an_emulated_card_on_a_gpu_is_paced_after_the_pass_and_learned_once(monk
     gpu = FakeGpu()
     s = _gpu_scheduler(gpu, 0.010, monkeypatch)
     meter = s.slo.meter
-    meter.pacer = SimpleNamespace()  # the pacing itself is the pacer's business (tested with it)
+    meter.pacer = SimpleNamespace(wait=lambda key: None)  # the pacing itself is the pacer's (tested with it)
     paced_at: list[float] = []
 
-    def after_step(shape: tuple[int, int, int], spec_steps: int, started: float) -> None:
+    def after_step(shape: tuple[int, int, int], spec_steps: int, started: float, **pacing: Any) -> None:
         paced_at.append(gpu.host)
         meter.learn(shape, spec_steps, 0.050)  # what pacing to a 50 ms card learns
 
