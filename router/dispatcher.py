@@ -567,7 +567,8 @@ class Dispatcher:
             restarted = known is not None and (known.incarnation is None or known.incarnation != msg.incarnation)
             alive = self.registry.is_alive(msg.worker_id)
             previous = self.registry.inflight_on(msg.worker_id) if alive and restarted else []
-            ack = self.registry.register(msg, now, identity)
+            peer_host = getattr(self.endpoint, "peer_host", None)
+            ack = self.registry.register(msg, now, identity, peer_host(identity) if peer_host else None)
             await self.endpoint.send(identity, ack)
             if not ack.accepted:
                 return

@@ -8,9 +8,10 @@ without sockets or sleeps. The router feeds it every worker message and calls `r
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.protocol import Ack, Heartbeat, LoadReport, Register, hash_api_key, load_report_to_view, register_to_view
+from router.transport import with_peer_host
 from router.views import WorkerView
 
 
@@ -42,16 +43,18 @@ class WorkerRegistry:
 
     # --- membership ---
 
-    def register(self, msg: Register, now: float, identity: bytes | None = None) -> Ack:
+    def register(self, msg: Register, now: float, identity: bytes | None = None, peer_host: str | None = None) -> Ack:
         """Add, update or revive a worker. Sequence numbers restart: it may be a new process.
 
         In-flight tracking survives re-registration: whether a restart lost them is the router's call.
+        `peer_host`: where its connection comes from, the host of an http_url advertised as a wildcard.
         """
         if self._key_hash is not None and not (
             msg.api_key_hash is not None and hmac.compare_digest(msg.api_key_hash, self._key_hash)
         ):
             reason = "missing api key" if msg.api_key_hash is None else "wrong api key"
             return Ack(accepted=False, reason=reason)
+        msg = replace(msg, http_url=with_peer_host(msg.http_url, peer_host))
         known = self._workers.get(msg.worker_id)
         if known is None:
             self._workers[msg.worker_id] = _Worker(

@@ -49,7 +49,7 @@ from router.protocol import (
     TokenChunk,
     hash_api_key,
 )
-from router.transport import WorkerEndpoint
+from router.transport import CurveKeys, WorkerEndpoint
 from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, REGISTER_AGAIN
 
 logger = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ class AgentConfig:
     worker_id: str
     gpu: str
     model: str  # the model path: the router loads its tokenizer from it
-    http_url: str  # this worker's own HTTP server
+    http_url: str  # this worker's own HTTP server, as the agent calls it
     api_key: str | None = None
     agent_token: str | None = None  # lets the middleware trust our forwarded arrival times
     allow_remote: bool = False
@@ -77,6 +77,9 @@ class AgentConfig:
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port
     tier_ms: float | None = None  # the TPOT tier it starts in
     time_scale: float = 1.0  # --emulate-slowdown of an emulated GPU
+    advertised_url: str | None = None  # where the router reaches it (default http_url; a wildcard host:
+    # the router fills in where the connection comes from)
+    curve: CurveKeys | None = None  # encrypts the link to the router
 
 
 class Ema:
@@ -173,7 +176,11 @@ class WorkerAgent:
     async def run(self) -> None:
         ctx = zmq.asyncio.Context()
         self._endpoint = WorkerEndpoint(
-            self.config.router_address, self.config.worker_id, allow_remote=self.config.allow_remote, ctx=ctx
+            self.config.router_address,
+            self.config.worker_id,
+            allow_remote=self.config.allow_remote,
+            ctx=ctx,
+            curve=self.config.curve,
         )
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
         self._session = aiohttp.ClientSession(
@@ -211,7 +218,7 @@ class WorkerAgent:
             model=self.config.model,
             kv_capacity_tokens=max(1, int(engine.get("kv_capacity_tokens") or 1)),
             max_running=max(1, int(engine.get("max_running_requests") or 1)),
-            http_url=self.config.http_url,
+            http_url=self.config.advertised_url or self.config.http_url,
             api_key_hash=hash_api_key(self.config.api_key) if self.config.api_key else None,
             incarnation=self.incarnation,
             role=self.config.role,
