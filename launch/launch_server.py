@@ -290,6 +290,14 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="the TPOT tier (ms) this worker starts in under --routing-policy polyserve (e.g. a decode pool's tier)",
     )
+    group.add_argument(
+        "--slo-max-queued-tokens",
+        type=int,
+        metavar="N",
+        help="bound on the prompt tokens of queued requests: beyond it a new request is answered at once with "
+        "HTTP 429 queue_full and a Retry-After from the queue's predicted drain (SGLang's --max-queued-requests "
+        "bounds their number the same way, here on PD workers too and under every policy)",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -516,6 +524,12 @@ def main(argv: list[str] | None = None) -> None:
             load_perf_model(args.slo_perf_profile, kind="roofline")
         except Exception as e:  # noqa: BLE001 - an unreadable profile stops start-up clearly
             raise SystemExit(f"--slo-perf-profile: cannot load {args.slo_perf_profile}: {e}") from None
+    for flag, value in (
+        ("--slo-max-queued-tokens", args.slo_max_queued_tokens),
+        ("--max-queued-requests", args.max_queued_requests),
+    ):
+        if value is not None and value < 1:
+            raise SystemExit(f"{flag}: must be >= 1")
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
@@ -556,6 +570,7 @@ def main(argv: list[str] | None = None) -> None:
         emulate_slowdown=args.emulate_slowdown,
         speculation=speculation,
         spec_draft_ratio=spec_draft_ratio,
+        max_queued_tokens=args.slo_max_queued_tokens,
     )
     membership = _router_settings(args, server_args.port, emulation, on_cpu)
     base = f"http://{server_args.host}:{server_args.port}"

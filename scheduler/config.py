@@ -33,6 +33,7 @@ class SloServerConfig:
     emulate_slowdown: float = 1.0  # emulated steps (and the policies' perf model) this many times longer
     speculation: dict[str, Any] | None = None  # SLO-adaptive speculation: {"candidates", "margin"}
     spec_draft_ratio: float | None = None  # draft step / target decode step (None: measured weights)
+    max_queued_tokens: int | None = None  # bound on the queued requests' prompt tokens (429 beyond)
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -27,10 +27,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.estimates import output_bound, request_deadline
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.slo import SloClass
 from scheduler.core.types import EngineView, PerfModel, RequestView
+from wire import QUEUE_TIMEOUT, SLO_INFEASIBLE
 
-SLO_INFEASIBLE_REASON = "slo_infeasible"
+SLO_INFEASIBLE_REASON = SLO_INFEASIBLE  # the plan's drop reason is the public one
 # A predicted first token may overshoot its due time by this share of the request's budget before
 # the miss counts as certain: the perf model predicts steps within ~10 % on a profiled card.
 FEASIBILITY_MARGIN = 0.1
@@ -173,3 +175,19 @@ def retry_after_s(wait_s: float | None) -> int:
     if wait_s is None or not math.isfinite(wait_s):
         return 1
     return max(1, math.ceil(wait_s))
+
+
+def queue_is_full(
+    queued: int, queued_tokens: int, new_tokens: int, max_requests: int | None, max_tokens: int | None
+) -> bool:
+    """Whether a new request of `new_tokens` prompt tokens overflows the waiting queue's bounds.
+    A request larger than the token bound alone is still taken into an empty queue (it could
+    never run otherwise)."""
+    if max_requests is not None and queued + 1 > max_requests:
+        return True
+    return max_tokens is not None and queued > 0 and queued_tokens + new_tokens > max_tokens
+
+
+def shed_reason(drop_reason: str) -> str:
+    """The public `reason` (wire.SHED_REASONS) of a plan's drop reason."""
+    return QUEUE_TIMEOUT if drop_reason == QUEUE_TIMEOUT_REASON else drop_reason
