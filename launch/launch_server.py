@@ -298,6 +298,15 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         "HTTP 429 queue_full and a Retry-After from the queue's predicted drain (SGLang's --max-queued-requests "
         "bounds their number the same way, here on PD workers too and under every policy)",
     )
+    group.add_argument(
+        "--slo-drain-timeout-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="graceful drain on SIGTERM: admit nothing new (503 draining; the router stops routing here), let "
+        "requests in flight finish for up to S seconds, hand the rest back to the router, then exit (default 30; "
+        "a second SIGTERM exits at once)",
+    )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
     group.add_argument("--slo-default-deadline-ms", type=float, help="End-to-end deadline for requests with no SLO.")
@@ -530,6 +539,8 @@ def main(argv: list[str] | None = None) -> None:
     ):
         if value is not None and value < 1:
             raise SystemExit(f"{flag}: must be >= 1")
+    if not args.slo_drain_timeout_s >= 0:
+        raise SystemExit("--slo-drain-timeout-s: must be >= 0")
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
@@ -571,6 +582,7 @@ def main(argv: list[str] | None = None) -> None:
         speculation=speculation,
         spec_draft_ratio=spec_draft_ratio,
         max_queued_tokens=args.slo_max_queued_tokens,
+        drain_timeout_s=args.slo_drain_timeout_s,
     )
     membership = _router_settings(args, server_args.port, emulation, on_cpu)
     base = f"http://{server_args.host}:{server_args.port}"

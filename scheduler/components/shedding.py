@@ -7,25 +7,21 @@ started, leaves it as the abort finish reason); the router reads the same keys f
 
 from __future__ import annotations
 
-from http import HTTPStatus
 from typing import Any
 
 from scheduler.core.admission import retry_after_s, shed_reason
+from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec
-from wire import PREDICTED_WAIT_KEY, QUEUE_FULL, RETRY_AFTER_KEY, SHED_CLASS_KEY, SHED_REASON_KEY
 
 
 def shed_finish_reason(drop_reason: str, wait_s: float | None, slo: SloSpec | None) -> dict[str, Any]:
-    """The abort finish reason of a shed request; `message` keeps the plan's drop reason (what
-    clients matched on before the structured keys existed)."""
-    reason = shed_reason(drop_reason)
-    status = HTTPStatus.TOO_MANY_REQUESTS if reason == QUEUE_FULL else HTTPStatus.SERVICE_UNAVAILABLE
-    return {
-        "type": "abort",
-        "status_code": status,
-        "message": drop_reason,
-        SHED_REASON_KEY: reason,
-        RETRY_AFTER_KEY: retry_after_s(wait_s),
-        PREDICTED_WAIT_KEY: None if wait_s is None else round(1000.0 * wait_s, 3),
-        SHED_CLASS_KEY: (slo or SloSpec()).slo_class.value,
-    }
+    """The abort finish reason of a shed request; its `message` starts with the plan's drop
+    reason (what clients matched on before the structured keys existed)."""
+    shed = Shed(
+        reason=shed_reason(drop_reason),
+        retry_after_s=retry_after_s(wait_s),
+        predicted_wait_ms=None if wait_s is None else round(1000.0 * wait_s, 3),
+        slo_class=(slo or SloSpec()).slo_class.value,
+        code=drop_reason,
+    )
+    return shed.finish_reason()
