@@ -11,10 +11,10 @@ import orjson
 import pytest
 
 import server.slo_middleware as slo_middleware
+from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.reporting.metrics import SloMetrics
 from scheduler.reporting.reports import SloReportBook
-from scheduler.core.shed_wire import Shed
 from server import request_context
 from server.draining import Drain
 from server.slo_middleware import SloMiddleware
