@@ -285,6 +285,14 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         "--router-allow-remote", action="store_true", help="allow a router address that is not loopback"
     )
     router.add_argument(
+        "--worker-secret",
+        metavar="SECRET",
+        help="the router's worker credential (at least 16 bytes; prefer --worker-secret-file or "
+        "$SGLANG_SLO_WORKER_SECRET, which ps cannot show): proved to the router when registering, and "
+        "the router must prove it back before this worker takes any work",
+    )
+    router.add_argument("--worker-secret-file", metavar="PATH", help="read --worker-secret from this file")
+    router.add_argument(
         "--worker-tier-ms",
         type=float,
         metavar="MS",
@@ -377,6 +385,8 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
     if not args.router_address:
         if args.worker_id or args.worker_gpu or args.worker_tier_ms is not None:
             raise SystemExit("--worker-id/--worker-gpu/--worker-tier-ms: only with --router-address")
+        if args.worker_secret or args.worker_secret_file:
+            raise SystemExit("--worker-secret/--worker-secret-file: only with --router-address")
         return {}
     if args.worker_tier_ms is not None and not args.worker_tier_ms > 0:
         raise SystemExit("--worker-tier-ms: must be > 0")
@@ -393,12 +403,21 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
         check_worker_id(worker_id)
     except ProtocolError as e:
         raise SystemExit(f"--worker-id: {e.reason}") from None
+    from router.worker_auth import resolve_worker_secret
+
+    try:
+        secret, source = resolve_worker_secret(args.worker_secret, args.worker_secret_file, args.api_key)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--worker-secret: {e}") from None
+    if source != "worker secret":
+        print(f"launch_server: no --worker-secret; the router link is authenticated by: {source}", flush=True)
     return {
         "router_address": args.router_address,
         "worker_id": worker_id,
         "worker_gpu": gpu,
         "router_allow_remote": args.router_allow_remote,
         "worker_tier_ms": args.worker_tier_ms,
+        "worker_secret": secret,
     }
 
 

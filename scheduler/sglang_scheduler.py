@@ -433,6 +433,7 @@ class SloSchedulerMixin:
             shed=dict(slo.shed),
             max_queued_requests=self.max_queued_requests,
             max_queued_tokens=slo.config.max_queued_tokens,
+            max_input_tokens=getattr(self, "max_req_input_len", None),
             preempted=slo.preempted,
             emulation=slo.emulation_status(int(self.max_total_num_tokens)),
             speculation=self._slo_speculation_status(),

@@ -129,6 +129,7 @@ class RouterMembership:
     worker_gpu: str  # the GPU kind it reports (heterogeneity-aware routing)
     router_allow_remote: bool = False  # connect to a router off this machine
     worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
+    worker_secret: bytes | None = None  # the router's worker credential (router/worker_auth.py)
 
 
 def _join_router(
@@ -158,8 +159,10 @@ def _join_router(
         bootstrap_port=server_args.disaggregation_bootstrap_port if mode == "prefill" else None,
         tier_ms=membership.worker_tier_ms,
         time_scale=config.emulate_slowdown if config.emulate_profile else 1.0,
+        worker_secret=membership.worker_secret,
     )
-    start_agent_thread(agent, engine)
+    handle = start_agent_thread(agent, engine, drain)
+    pre_exit.append(handle.hand_back)
 
 
 def launch(server_args: Any, config: SloServerConfig, membership: RouterMembership | None = None) -> None:

@@ -386,9 +386,12 @@ def test_openai_bad_requests_name_the_field(ctx: zmq.asyncio.Context) -> None:
 # --- operations ---
 
 
+WORKER_SECRET = b"the workers' own secret, not the client key"
+
+
 def test_api_key_guards_every_route_but_health(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
-        async with router(ctx, [{"api_key": "sekret"}], api_key="sekret") as h:
+        async with router(ctx, [{}], api_key="sekret", worker_secret=WORKER_SECRET) as h:
             bare = httpx.AsyncClient(transport=httpx.ASGITransport(h.app), base_url="http://router")
             for path in ("/generate", "/slo/status", "/metrics", "/get_model_info"):
                 resp = await (bare.post(path, json={"input_ids": [1]}) if path == "/generate" else bare.get(path))
@@ -400,9 +403,12 @@ def test_api_key_guards_every_route_but_health(ctx: zmq.asyncio.Context) -> None
             out = await _openai(h).completions.create(model="m", prompt="a", max_tokens=64)
             assert out.choices[0].text == SCRIPT_TEXT
             await bare.aclose()
-            intruder = await h.add_worker(ctx, "w9", api_key="guess", wait=False)  # workers present the key's hash
+            intruder = await h.add_worker(ctx, "w9", secret=b"a guess, sixteen+ bytes", wait=False)
             await until(lambda: bool(intruder.acks))
             assert intruder.acks[0].accepted is False and "w9" not in h.service.registry.worker_ids()
+            keyless = await h.add_worker(ctx, "w8", secret=None, wait=False)  # the client key is no credential
+            await asyncio.sleep(0.3)
+            assert not keyless.registered.is_set() and "w8" not in h.service.registry.worker_ids()
 
     run(go)
 

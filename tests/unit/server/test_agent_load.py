@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from server.worker_agent import LoadEstimator, prefill_s_per_token, queued_s
+from server.agent_load import LoadEstimator, prefill_s_per_token, queued_s
 
 
 class Clock:
