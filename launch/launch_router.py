@@ -197,6 +197,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     config = config_from_args(args)
     service = build_service(config)
+    from server.process import watch_parent
+
+    watch_parent()  # started by a launcher: never outlive it
 
     import uvicorn
 

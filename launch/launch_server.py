@@ -618,8 +618,10 @@ def main(argv: list[str] | None = None) -> None:
             f"KV cache {server_args.max_total_tokens} tokens",
             flush=True,
         )
+    from server.process import watch_parent
     from server.sglang_http import RouterMembership, launch
 
+    watch_parent()  # started by a launcher: never outlive it
     launch(server_args, config, RouterMembership(**membership) if membership else None)
 
 
