@@ -247,18 +247,24 @@ class SloMiddleware:
         await self.app(scope, _replay(new_raw, receive), self._shed_send(out, ctx))
 
     def _shed_send(self, send: Send, ctx: request_context.RequestContext) -> Send:
-        """Replaces a whole (non-streamed) response with the shed's answer when the scheduler
-        shed the request; a stream that started keeps its abort finish reason."""
-        state = {"replace": False}
+        """Answers a request the scheduler shed before anything was sent with the shed's status,
+        Retry-After and body, streamed or not: a stream's headers wait for its first chunk (as
+        a client sees them with its first token anyway). A stream shed after it started keeps
+        its abort finish reason, which carries the same reason."""
+        state: dict[str, Any] = {"start": None, "replaced": False, "started": False}
 
         async def wrapped(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start" and ctx.shed is not None:
-                ctype = dict((k.lower(), v) for k, v in message.get("headers", [])).get(b"content-type", b"")
-                state["replace"] = b"event-stream" not in ctype
-                if state["replace"]:
+            if state["replaced"]:
+                return  # the inner app's own answer: already replaced
+            if message["type"] == "http.response.start" and not state["started"]:
+                state["start"] = message
+                return
+            if message["type"] == "http.response.body" and state["start"] is not None and not state["started"]:
+                if ctx.shed is not None:
+                    state["replaced"] = True
                     return await _respond_shed(send, ctx.shed)
-            if state["replace"]:
-                return  # the inner app's own error body: already answered
+                state["started"] = True
+                await send(state["start"])
             await send(message)
 
         return wrapped

@@ -502,12 +502,29 @@ def test_a_shed_request_gets_its_status_retry_after_and_reason(path):
     assert error["code"] == 429
 
 
-def test_a_shed_stream_keeps_its_abort_chunk():
-    shed = Shed(SLO_INFEASIBLE, retry_after_s=1)
-    chunk = b'data: {"meta_info": {"finish_reason": {"type": "abort", "reason": "slo_infeasible"}}}\n\n'
-    mw, _, _ = _make(ShedApp(shed, content_type=b"text/event-stream", chunks=(chunk,)))
+def test_a_stream_shed_before_its_first_chunk_gets_the_sheds_status():
+    shed = Shed(QUEUE_FULL, retry_after_s=2)
+    chunk = b'data: {"meta_info": {"finish_reason": {"type": "abort", "reason": "queue_full"}}}\n\n'
+    mw, _, _ = _make(ShedApp(shed, content_type=b"text/event-stream", chunks=(chunk, b"data: [DONE]\n\n")))
     resp = Response(call(mw, "POST", "/generate", _json({"text": "x", "stream": True})))
-    assert resp.status == 200 and resp.body == chunk
+    assert resp.status == 429 and resp.json()["error"]["reason"] == QUEUE_FULL
+    assert resp.headers[b"retry-after"] == b"2"
+
+
+class LateShedApp(FakeApp):
+    """A stream shed after its first chunk went out (a queue timeout after a retraction)."""
+
+    async def __call__(self, scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/event-stream")]})
+        await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        request_context.current().shed = Shed(SLO_INFEASIBLE, retry_after_s=1)
+        await send({"type": "http.response.body", "body": b"data: abort\n\n", "more_body": False})
+
+
+def test_a_stream_shed_after_it_started_keeps_its_abort_chunk():
+    mw, _, _ = _make(LateShedApp())
+    resp = Response(call(mw, "POST", "/generate", _json({"text": "x", "stream": True})))
+    assert resp.status == 200 and resp.body == b"data: {}\n\ndata: abort\n\n"
 
 
 def test_draining_refuses_new_work_and_fails_health_but_serves_status():
