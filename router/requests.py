@@ -22,7 +22,7 @@ from router.tokenizer import RouterTokenizer, TokenizeTimeout
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import extract_slo
-from wire import ARRIVAL_PARAM, SLO_PARAM
+from wire import ARRIVAL_PARAM, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM, SLO_PARAM
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default (native route)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default (OpenAI's too)
@@ -190,12 +190,20 @@ def _count(value: Any, name: str) -> int | None:
 
 
 def _strip_slo(custom: Any, name: str) -> Any:
-    """The SLO travels in Submit.slo; the worker must not see a second, stale copy."""
+    """The SLO travels in Submit.slo and the arrival in Submit.arrival_unix; the worker must not
+    see a second, stale copy, nor any other internal `slo_*` key a client set (the worker trusts
+    what the router's agent forwards). The benchmark length hint stays: it ends the request there."""
     if custom is None:
         return None
     if not isinstance(custom, dict):
         raise bad(name, "must be an object")
-    return {k: v for k, v in custom.items() if k not in (SLO_PARAM, ARRIVAL_PARAM)} or None
+    kept = {
+        k: v
+        for k, v in custom.items()
+        if k not in (SLO_PARAM, ARRIVAL_PARAM)
+        and (not str(k).startswith(INTERNAL_PARAM_PREFIX) or k == ORACLE_HINT_PARAM)
+    }
+    return kept or None
 
 
 def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | None, native: bool) -> SloSpec:

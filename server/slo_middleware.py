@@ -33,7 +33,7 @@ from scheduler.reporting.reports import SloReportBook
 from server import request_context
 from server.draining import Drain
 from server.spec_metrics import speculation_exposition
-from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, DRAINING, ORACLE_HINT_PARAM
+from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, DRAINING, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM
 
 NATIVE, OPENAI, VERTEX = "native", "openai", "vertex"
 # Every route that generates, by how its body carries sampling parameters.
@@ -47,7 +47,6 @@ GENERATE_ROUTES: dict[tuple[str, str], str] = {
 }
 NATIVE_PATHS = frozenset({"/generate"})
 OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/invocations"})
-INTERNAL_PREFIX = "slo_"  # custom_params keys only the HTTP edge, the agent and the scheduler set
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # The router's worker agent forwards the client's arrival time, so the worker's deadlines count
 # from when the client asked, not from when the request reached this worker (or resumed here).
@@ -138,7 +137,7 @@ def strip_internal(params: Any) -> None:
     """Remove the internal keys a client set in custom_params (the oracle hint stays)."""
     custom = params.get("custom_params") if isinstance(params, dict) else None
     if isinstance(custom, dict):
-        for key in [k for k in custom if isinstance(k, str) and k.startswith(INTERNAL_PREFIX)]:
+        for key in [k for k in custom if isinstance(k, str) and k.startswith(INTERNAL_PARAM_PREFIX)]:
             if key != ORACLE_HINT_PARAM:
                 del custom[key]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 SLO_PARAM = "slo"  # the request's validated SLO, as SloSpec.to_dict()
 ARRIVAL_PARAM = "slo_arrival"  # unix time the request reached the first server (or router)
 ORACLE_HINT_PARAM = "slo_oracle_output_len"  # a benchmark's true output length: never in a policy view
+INTERNAL_PARAM_PREFIX = "slo_"  # custom_params keys only our processes set (clients' are stripped)
 
 # ---- request headers -------------------------------------------------------------------------
 SLO_HEADER_FIELDS = {  # header -> SLO field it fills when the body leaves the field out

@@ -481,3 +481,17 @@ def test_worker_info_routes_proxy_a_healthy_worker(ctx: zmq.asyncio.Context) -> 
             assert resp.status_code == 500 and resp.json()["workers"]["w0"] == "ok"
 
     run(go)
+
+
+def test_internal_keys_a_client_sets_never_reach_a_worker(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with router(ctx) as h:
+            custom = {"slo_arrival": 1.0, "slo_token_ts": [0], "slo_oracle_output_len": 3, "x": 1}
+            resp = await h.client.post(
+                "/generate", json={"input_ids": [5], "sampling_params": {"custom_params": custom}}
+            )
+            assert resp.status_code == 200
+            sent = h.workers[0].submits[0].sampling_params["custom_params"]
+            assert sent == {"slo_oracle_output_len": 3, "x": 1}
+
+    run(go)
