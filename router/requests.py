@@ -213,9 +213,9 @@ def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | No
         raise bad(exc.field, exc.message) from None
 
 
-async def _encode(tokenizer: RouterTokenizer, text: str, name: str, timeout_s: float = TOKENIZE_TIMEOUT_S) -> list[int]:
+async def _encode(tokenizer: RouterTokenizer, text: str, name: str) -> list[int]:
     try:
-        ids = await tokenizer.run(lambda: tokenizer.encode(text), timeout_s)
+        ids = await tokenizer.run(lambda: tokenizer.encode(text), TOKENIZE_TIMEOUT_S)
     except TokenizeTimeout as exc:
         raise bad(name, f"tokenizing {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault here

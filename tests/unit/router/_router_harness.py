@@ -70,6 +70,7 @@ class ScriptedWorker(FakeWorkerBase):
         error_after: int | None = None,  # ... after streaming this many chunks
         stop: Any = None,  # finish as SGLang's "stop" with this `matched` after the script
         meta: dict[str, Any] | None = None,  # extra final meta_info keys
+        max_input_tokens: int | None = None,  # the longest prompt its model takes
     ) -> None:
         super().__init__(
             ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status, secret=secret
@@ -80,6 +81,7 @@ class ScriptedWorker(FakeWorkerBase):
         self.error_after = error_after
         self.stop_matched = stop
         self.meta = meta or {}
+        self.max_input_tokens = max_input_tokens
 
     def register_message(self) -> Register:
         return Register(
@@ -90,6 +92,7 @@ class ScriptedWorker(FakeWorkerBase):
             max_running=8,
             http_url=f"http://{self.worker_id}.test",
             incarnation="1",
+            max_input_tokens=self.max_input_tokens,
         )
 
     def on_fetch(self, fetch: Fetch) -> FetchReply:

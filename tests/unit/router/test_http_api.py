@@ -11,9 +11,11 @@ from typing import Any
 import httpx
 import openai
 import orjson
+import pytest
 import zmq.asyncio
 
 from router.requests import DEFAULT_MAX_NEW_TOKENS
+from router.tokenizer import RouterTokenizer
 from tests.unit.router._fake_worker import until
 from tests.unit.router._router_harness import (
     SCRIPT_TEXT,
@@ -22,6 +24,7 @@ from tests.unit.router._router_harness import (
     script_ids,
     sse_events,
     tiny_hf,
+    tiny_path,
 )
 
 PROMPT = "The router says"
@@ -493,5 +496,74 @@ def test_internal_keys_a_client_sets_never_reach_a_worker(ctx: zmq.asyncio.Conte
             assert resp.status_code == 200
             sent = h.workers[0].submits[0].sampling_params["custom_params"]
             assert sent == {"slo_oracle_output_len": 3, "x": 1}
+
+    run(go)
+
+
+def test_a_prompt_longer_than_every_workers_model_is_refused_at_the_router(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with router(ctx, [{"max_input_tokens": 8}, {"max_input_tokens": 10}]) as h:
+            ok = await h.client.post("/generate", json={"input_ids": [5] * 10})
+            assert ok.status_code == 200
+            resp = await h.client.post("/generate", json={"input_ids": [5] * 11})
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == "input_ids"
+            assert "context" in resp.json()["error"]["message"]
+
+    run(go)
+
+
+def test_chat_template_kwargs_are_allow_listed(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with router(ctx) as h:
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            ok = await h.client.post(
+                "/v1/chat/completions", json={**chat, "chat_template_kwargs": {"enable_thinking": False}}
+            )
+            assert ok.status_code == 200, ok.text
+            for kwargs, param in (
+                ({"add_generation_prompt": False}, "chat_template_kwargs.add_generation_prompt"),
+                ({"enable_thinking": {"nested": 1}}, "chat_template_kwargs.enable_thinking"),
+                ({"thinking": "x" * 65}, "chat_template_kwargs.thinking"),
+                ([1], "chat_template_kwargs"),
+            ):
+                resp = await h.client.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": kwargs})
+                assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+            assert h.workers[0].submits and len(h.workers[0].submits) == 1
+
+    run(go)
+
+
+def test_a_slow_tokenization_is_a_400_and_the_loop_stays_free(
+    ctx: zmq.asyncio.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time as _time
+
+    from router import requests as router_requests
+
+    class Slow:
+        def __init__(self, hf: Any) -> None:
+            self.hf = hf
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.hf, name)
+
+        def encode(self, text: str, **kw: Any) -> Any:
+            if "slow" in text:
+                _time.sleep(1.0)
+            return self.hf.encode(text, **kw)
+
+    monkeypatch.setattr(router_requests, "TOKENIZE_TIMEOUT_S", 0.2)
+
+    async def go() -> None:
+        async with router(ctx, tokenizer=RouterTokenizer(tiny_path(), tokenizer=Slow(tiny_hf()))) as h:
+            started = asyncio.get_running_loop().time()
+            slow, fast = await asyncio.gather(
+                h.client.post("/generate", json={"text": "slow text"}),
+                h.client.post("/generate", json={"input_ids": [5]}),
+            )
+            assert slow.status_code == 400 and slow.json()["error"]["param"] == "text"
+            assert "longer than" in slow.json()["error"]["message"]
+            assert fast.status_code == 200
+            assert asyncio.get_running_loop().time() - started < 1.0  # nobody waited for the slow one
 
     run(go)
