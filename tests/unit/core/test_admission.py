@@ -3,6 +3,8 @@ certain-miss check, and how the one plan path applies it under every policy."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late, retry_after_s, service_order
@@ -12,22 +14,15 @@ from scheduler.core.policies import make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec, SloValidationError, parse_slo
 from scheduler.core.types import EngineView, RequestView, StepPlan
-from tests.unit.core.policy_cases import small_gpu
+from tests.unit.core.policy_cases import policy_view, small_gpu
 
 TAU = 0.01
 REJECT_TTFT = SloSpec(ttft_ms=50.0, slo_class=SloClass.LATENCY, on_infeasible="reject")
 
 
-def _view(waiting, running=(), now=0.0, cap=4, chunk=100) -> EngineView:
-    return EngineView(
-        now=now,
-        waiting=list(waiting),
-        running=list(running),
-        max_running_requests=cap,
-        chunk_size=chunk,
-        free_kv_tokens=10**6,
-        total_kv_tokens=2 * 10**6,
-    )
+def _view(waiting, running=(), now=0.0, cap=4) -> EngineView:
+    """policy_view's roomy engine, with 100-token prefill steps."""
+    return replace(policy_view(list(waiting), list(running), cap=cap, now=now), chunk_size=100)
 
 
 def _req(rid, prompt=100, slo=None, arrival=0.0, **kw) -> RequestView:
