@@ -9,7 +9,6 @@ it holds finish within a timeout, then exits; a second SIGTERM (or the timeout) 
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -57,16 +56,11 @@ def drain_then_exit(
     return why
 
 
-def install_drain_handler(drain: Drain, busy: Callable[[], int], timeout_s: float) -> None:
-    """SIGTERM starts a drain in a thread and exits the process group when it ends (SGLang's
-    scheduler and detokenizer with it); a second SIGTERM exits at once."""
-    previous = signal.getsignal(signal.SIGTERM)
-
-    def exit_now() -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        if callable(previous):
-            previous(signal.SIGTERM, None)  # SGLang's own handler kills its children
-        os.kill(os.getpid(), signal.SIGTERM)
+def install_drain_handler(
+    drain: Drain, busy: Callable[[], int], timeout_s: float, exit_now: Callable[[], None]
+) -> Callable[[int, Any], None]:
+    """SIGTERM starts a drain in a thread, which calls `exit_now` (end the process tree) when
+    it is over; a second SIGTERM calls it at once. Returns the handler it installed."""
 
     def on_term(signum: int, frame: Any) -> None:
         if not drain.start():
@@ -79,3 +73,4 @@ def install_drain_handler(drain: Drain, busy: Callable[[], int], timeout_s: floa
         ).start()
 
     signal.signal(signal.SIGTERM, on_term)
+    return on_term

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from server.delta_stream import DeltaStream
-from server.draining import Drain, drain_then_exit
+from server.draining import Drain, drain_then_exit, install_drain_handler
 from wire import TIER_KEY, TOKEN_TS_KEY
 
 
@@ -59,3 +59,24 @@ def test_a_drain_gives_up_at_its_timeout():
     )
     assert why == "timeout" and len(exits) == 1 and 2.0 <= exits[0] < 2.5
     assert drain.active and not drain.start()
+
+
+def test_sigterm_drains_and_a_second_one_exits_at_once() -> None:
+    import signal
+    import threading
+
+    drain = Drain()
+    exits: list[str] = []
+    done = threading.Event()
+    busy = iter([1, 1, 0])
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        handler = install_drain_handler(drain, lambda: next(busy, 0), 5.0, lambda: (exits.append("exit"), done.set()))
+        assert signal.getsignal(signal.SIGTERM) is handler
+        handler(signal.SIGTERM, None)
+        assert drain.active
+        assert done.wait(5.0) and exits == ["exit"]  # drained: the thread ended the process
+        handler(signal.SIGTERM, None)  # another while (still) draining: at once
+        assert exits == ["exit", "exit"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)
