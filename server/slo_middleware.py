@@ -225,7 +225,7 @@ class SloMiddleware:
         ctx = request_context.begin()
         ctx.from_agent = self._from_agent(headers)
         arrival = self._forwarded_arrival(headers, arrival) if ctx.from_agent else arrival
-        target = body
+        target: Any = body
         if kind == VERTEX:  # {"instances": [...], "parameters": {GenerateReqInput fields}}
             target = body.get("parameters")
             if target is None:

@@ -396,7 +396,7 @@ class WorkerAgent:
         return TokenChunk(
             rid=rid,
             worker_id=self.config.worker_id,
-            token_ids=new,
+            token_ids=tuple(new),
             completion_tokens=total,
             finish_reason=chunk.finish,
             meta=chunk.meta if done else None,
