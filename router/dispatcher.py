@@ -309,6 +309,7 @@ class Dispatcher:
         self.auth = auth if auth is not None else RouterAuth(None)
         self._fetches: dict[str, asyncio.Future[FetchReply]] = {}
         self._unstarted: set[str] = set()  # rids in flight with no first token yet
+        self._recently_ended: dict[str, float] = {}  # rid -> router clock it ended (a report may still list it)
         self._flights: dict[str, _Flight] = {}
         self._waiting: dict[str, _Flight] = {}  # lost their worker, none to go to yet
         self._registered = asyncio.Event()  # replaced after each registration: wakes admission waits
@@ -599,6 +600,7 @@ class Dispatcher:
     def _finish(self, flight: _Flight, event: StreamEvent, outcome: str) -> None:
         flight.done = True
         self._unstarted.discard(flight.route.rid)
+        self._recently_ended[flight.route.rid] = self.clock()
         self._release(flight)
         if flight.stale:
             self._spawn(self._flush_aborts(flight))
@@ -613,6 +615,7 @@ class Dispatcher:
             return
         flight.done = True
         self._unstarted.discard(flight.route.rid)
+        self._recently_ended[flight.route.rid] = self.clock()
         owner = self._release(flight)
         if flight.stale:
             self._spawn(self._flush_aborts(flight))
@@ -838,6 +841,8 @@ class Dispatcher:
             for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
                 await self._prefill_failed(flight, 502, f"prefill worker {worker_id} {why}")
         await self._expire_inactive()
+        for rid in [rid for rid, t in self._recently_ended.items() if now - t >= self.reconcile_grace_s]:
+            del self._recently_ended[rid]
         for worker_id in self.registry.forget_dead(now):
             self.counters["workers_forgotten"] += 1
             self.routed.pop(worker_id, None)
@@ -884,6 +889,9 @@ class Dispatcher:
             await self._resubmit(flight, None, f"worker {worker_id} lost the request")
         for rid in holding:
             flight = self._flights.get(rid)
+            ended = self._recently_ended.get(rid)
+            if ended is not None and now - ended < self.reconcile_grace_s:
+                continue  # it just ended here: the worker is letting go of it
             if flight is None or (flight.owner != worker_id and flight.prefill != worker_id):
                 self.counters["orphans_aborted"] += 1
                 await self._send(worker_id, Abort(rid=rid))
