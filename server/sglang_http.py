@@ -20,7 +20,6 @@ import fastapi
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.utils import kill_process_tree
 
 from scheduler.components.status_channel import StatusSubscriber, remove_ipc_file
 from scheduler.config import SloServerConfig
@@ -31,6 +30,7 @@ from scheduler.reporting.reports import SloReportBook
 from server import request_context
 from server.delta_stream import DeltaStream
 from server.draining import Drain, install_drain_handler
+from server.process import kill_tree
 from server.scheduler_process import run_slo_scheduler_process
 from server.slo_middleware import SloMiddleware
 
@@ -183,6 +183,7 @@ def launch(server_args: Any, config: SloServerConfig, membership: RouterMembersh
             "queue": {"waiting": engine.get("waiting"), "running": engine.get("running")},
             "attainment": _BOOK.metrics.attainment(),
             "tiers": _BOOK.metrics.tiers(),
+            "draining": drain.active,
         }
 
     agent_token = secrets.token_hex(16) if membership is not None else None
@@ -195,7 +196,8 @@ def launch(server_args: Any, config: SloServerConfig, membership: RouterMembersh
     def exit_now() -> None:
         for hook in pre_exit:  # the agent hands what is left back to the router
             hook()
-        kill_process_tree(os.getpid(), include_parent=True)
+        kill_tree(os.getpid(), include_self=False)  # SGLang's scheduler and detokenizer
+        os._exit(0)
 
     def on_started() -> None:  # after uvicorn installed its own handlers: ours must win
         install_drain_handler(drain, in_flight, config.drain_timeout_s, exit_now)
