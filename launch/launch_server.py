@@ -240,6 +240,12 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="run the emulated card K times slower (dilated time) when the host cannot keep up with it; "
         "clients scale their SLOs by K (default 1: the card's own speed)",
     )
+    emulation.add_argument(
+        "--emulate-full-forward",
+        action="store_true",
+        help="run the tiny model's layers in every emulated step (tokens as a plain tiny server's; slow "
+        "mixed steps); by default an emulated step skips them and only its logits are computed",
+    )
     spec = parser.add_argument_group(
         "SLO-adaptive speculation", "with --speculative-algorithm EAGLE|EAGLE3|STANDALONE (SLOs-Serve §3.2.3)"
     )
@@ -520,6 +526,7 @@ def main(argv: list[str] | None = None) -> None:
     from scheduler.core.policies import make_policy
     from scheduler.core.registry import ParamError
     from scheduler.core.slo import SloValidationError, parse_slo
+    from server.emulation import stand_in_applies
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -545,6 +552,8 @@ def main(argv: list[str] | None = None) -> None:
     spec_draft_ratio = _draft_ratio(args, emulation)
     if args.emulate_slowdown < 1.0:
         raise SystemExit("--emulate-slowdown: must be >= 1")
+    if args.emulate_full_forward and emulation is None:
+        raise SystemExit("--emulate-full-forward: only with --emulate-gpu")
     if args.slo_perf_profile:
         from scheduler.core.perf_model import load_perf_model
 
@@ -586,6 +595,9 @@ def main(argv: list[str] | None = None) -> None:
         if server_args.chunked_prefill_size and server_args.chunked_prefill_size > 0:
             doubled = startup_chunk_size(server_args.chunked_prefill_size)
             server_args.override("sglang-slo dynamic chunking", chunked_prefill_size=doubled)
+    stand_in = emulation is not None and stand_in_applies(
+        server_args.model_path, bool(args.speculative_algorithm), args.emulate_full_forward
+    )
     config = SloServerConfig(
         policy=args.slo_policy,
         policy_params=params,
@@ -598,6 +610,7 @@ def main(argv: list[str] | None = None) -> None:
         emulate_profile=str(emulation.profile) if emulation else None,
         emulate_name=emulation.name if emulation else None,
         emulate_slowdown=args.emulate_slowdown,
+        emulate_stand_in=stand_in,
         speculation=speculation,
         spec_draft_ratio=spec_draft_ratio,
         max_queued_tokens=args.slo_max_queued_tokens,
@@ -615,7 +628,8 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"  emulating {emulation.name} ({emulation.profile}): every forward pass paced to the profile"
             f"{f' x{args.emulate_slowdown:g} (dilated time)' if args.emulate_slowdown != 1 else ''}, "
-            f"KV cache {server_args.max_total_tokens} tokens",
+            f"KV cache {server_args.max_total_tokens} tokens, "
+            f"{'logits only (layers skipped)' if stand_in else 'the full model'} on the host",
             flush=True,
         )
     from server.process import watch_parent

@@ -18,6 +18,7 @@ from sglang.srt.managers import scheduler as sglang_scheduler_module
 from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.scheduler import NextBatchPlan
 
+from scheduler import sglang_emulated_forward as emulated_forward
 from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import order_waiting, split_dropped
@@ -50,6 +51,14 @@ def _disagg_role(scheduler: Any) -> str:
     return value if value in (PREFILL, DECODE) else MIXED
 
 
+def _running_requests(scheduler: Any) -> int:
+    """Running requests, with the decodes a mixed step carries: SGLang moves them out of
+    running_batch into the batch it runs until the step's results are merged back."""
+    running, current = scheduler.running_batch, getattr(scheduler, "cur_batch_for_debug", None)
+    mixed = current is not None and current is not running and current.forward_mode.is_extend()
+    return len(running.reqs) + (len(current.decoding_reqs or ()) if mixed else 0)
+
+
 def _uncached_len(req: Any) -> int:
     """Tokens still to prefill: prompt (+ output, after a retraction) past the matched/cached
     prefix. For a waiting request the prefix is its last match (SGLang re-matches on admission)."""
@@ -67,6 +76,8 @@ class SloSchedulerMixin:
         # SGLang's init already calls some of these overrides: the components come first
         self.slo = slo_components if slo_components is not None else build_components(SloServerConfig.from_env())
         super().__init__(*args, **kwargs)
+        if self.slo.config.emulate_stand_in:  # emulated steps: logits only, the layers skipped
+            emulated_forward.install(self.tp_worker.model_runner)
         self._slo_bind_engine()
         if self.slo.config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
             self.slo_status = StatusPublisher(
@@ -248,12 +259,14 @@ class SloSchedulerMixin:
         started = time.perf_counter()
         result = super().run_batch(batch, *args, **kwargs)
         if shape is not None:
-            self.slo.meter.after_step(shape, steps, started)
+            self.slo.meter.after_step(shape, steps, started, key=id(result), follows_step=self.last_batch is not None)
         return result
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
-        """Changes: finished requests release their state and feed the length predictor's
-        accuracy and the compound programs' stage costs."""
+        """Changes: an emulated step's results are used once the emulated card has finished it;
+        finished requests release their state and feed the length predictor's accuracy and the
+        compound programs' stage costs."""
+        self.slo.meter.wait(id(result))
         out = super().process_batch_result(batch, result)
         slo = self.slo
         now = slo.clock.now()
@@ -398,13 +411,20 @@ class SloSchedulerMixin:
             return {**base, "slo_adaptive": False, "steps": self._slo_spec_steps()}
         return {**base, "slo_adaptive": True, **self.slo.spec.status()}
 
+    def _slo_running_requests(self) -> int:
+        """Running requests, with the decodes a mixed step carries: SGLang moves them out of
+        running_batch into the batch it runs until the step's results are merged back."""
+        running, current = self.running_batch, getattr(self, "cur_batch_for_debug", None)
+        mixed = current is not None and current is not running and current.forward_mode.is_extend()
+        return len(running.reqs) + (len(current.decoding_reqs or ()) if mixed else 0)
+
     def slo_status_snapshot(self) -> dict[str, Any]:
         slo = self.slo
         role = _disagg_role(self)
         return SchedulerStatus(
             policy=slo.config.policy,
             waiting=len(self.waiting_queue),
-            running=len(self.running_batch.reqs),
+            running=self._slo_running_requests(),
             max_running_requests=slo.max_running,
             disaggregation_mode=role if role != MIXED else "null",
             chunked_prefill_size=self.chunked_prefill_size,
@@ -435,7 +455,11 @@ class SloSchedulerMixin:
             max_queued_tokens=slo.config.max_queued_tokens,
             max_input_tokens=getattr(self, "max_req_input_len", None),
             preempted=slo.preempted,
-            emulation=slo.emulation_status(int(self.max_total_num_tokens)),
+            emulation=None
+            if slo.meter.pacer is None
+            else slo.emulation_status(
+                int(self.max_total_num_tokens), emulated_forward.is_installed(self.tp_worker.model_runner.model)
+            ),
             speculation=self._slo_speculation_status(),
             length_predictor=None
             if slo.lengths is None

@@ -93,7 +93,7 @@ class SloComponents:
             self.states.keep_only(live)
             self.views.keep_only(live)
 
-    def emulation_status(self, kv_token_capacity: int) -> dict[str, Any] | None:
+    def emulation_status(self, kv_token_capacity: int, stand_in_forward: bool) -> dict[str, Any] | None:
         pacer = self.meter.pacer
         if pacer is None:
             return None
@@ -101,6 +101,7 @@ class SloComponents:
             "gpu_model": self.config.emulate_name,
             "slowdown": self.config.emulate_slowdown,
             "kv_token_capacity": kv_token_capacity,
+            "stand_in_forward": stand_in_forward,
             **pacer.report().to_dict(),
         }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Hashable
 from typing import Any
 
 from scheduler.core.online_perf import OnlinePerfModel
@@ -72,13 +73,26 @@ class EngineMeter:
             )
         return KnobModel(self.perf)
 
-    def after_step(self, shape: tuple[int, int, int], spec_steps: int, started: float) -> None:
-        """Pace (emulation) and learn from the pass that began at `started` (perf_counter)."""
+    def after_step(
+        self,
+        shape: tuple[int, int, int],
+        spec_steps: int,
+        started: float,
+        key: Hashable | None = None,
+        follows_step: bool = False,
+    ) -> None:
+        """Pace (emulation) and learn from the pass that began at `started` (perf_counter).
+        Emulated: the step goes on the card's timeline under `key`; its results are waited for
+        (`wait(key)`) before they are used. `follows_step`: the engine ran a step just before."""
         prefill, decodes, kv = shape
         spec_tokens = decodes * spec_steps  # a speculative decode verifies s drafts per request
         if self.pacer is not None:  # emulated GPU: the step lasts what the profile says
             drafts = SpecCost(self.pacer.model, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
-            measured = self.pacer.finish(started, self.pacer.target_s(*shape, spec_tokens) + drafts)
+            target = self.pacer.target_s(*shape, spec_tokens) + drafts
+            if key is None:
+                measured = self.pacer.finish(started, target, follows_step)
+            else:
+                measured = self.pacer.launch(key, started, target, follows_step)
             self._log_distortion()
         elif self.timing_ok:
             measured = time.perf_counter() - started
@@ -88,13 +102,19 @@ class EngineMeter:
         drafts = SpecCost(self.perf, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
         self.perf.observe(prefill, decodes, kv, spec_tokens, max(measured - drafts, 1e-6))
 
+    def wait(self, key: Hashable) -> None:
+        """Block until the emulated card has finished the step launched under `key` (a no-op on
+        a real engine, or for a step not launched)."""
+        if self.pacer is not None:
+            self.pacer.wait(key)
+
     def _log_distortion(self) -> None:
         """Warn (at most every 30 s) when the host cannot keep up with the emulated GPU."""
-        assert self.pacer is not None
-        report = self.pacer.report()
-        now = time.monotonic()
-        if report.steps >= 100 and report.late_share > 0.05 and now - self._distortion_logged > 30:
-            self._distortion_logged = now
+        pacer, now = self.pacer, time.monotonic()
+        assert pacer is not None
+        if pacer.steps >= 100 and pacer.late > 0.05 * pacer.steps and now - self._distortion_logged > 30:
+            self._distortion_logged = now  # the full report (it sorts the error window) only then
+            report = pacer.report()
             logger.warning(
                 "emulation of %s distorted: %.1f%% of %d steps late by %.2f ms on average (host too slow)",
                 self.emulated_card,
