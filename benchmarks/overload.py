@@ -40,8 +40,9 @@ import aiohttp
 import psutil
 
 from benchmarks._server import install_signal_handlers
+from benchmarks.emulation_validity import pacing_delta, verdict
 from benchmarks.goodput.compare import doc_parser
-from benchmarks.routing import emulation_snapshot, export_paths, pacing_delta
+from benchmarks.routing import emulation_snapshot, export_paths
 from launch_cluster import Cluster, RouterSpec, parse_cluster
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model, profile_path
@@ -49,7 +50,6 @@ from wire import ORACLE_HINT_PARAM, RETRY_AFTER_HEADER, SHED_REASONS
 
 VOCAB = (10, 500)  # token ids the tiny model (what emulated workers run) takes
 LATENCY_SHARE = 0.7
-INVALID_LATE_SHARE = 0.02
 FULL = {"loads": "0.5,1,2,3,5", "duration": 60.0, "soak_minutes": 30.0}
 QUICK = {"loads": "0.5,2,5", "duration": 30.0, "soak_minutes": 3.0}
 
@@ -296,10 +296,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def worst_late_share(before: dict[str, Any], after: dict[str, Any]) -> float | None:
-    deltas = [pacing_delta(before.get(name), after.get(name)) for name in after]
-    shares = [d["late_share"] for d in deltas if d]
-    return max(shares) if shares else None
+def pacing_verdict(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    """The run's emulation verdict (benchmarks/emulation_validity.py): the worst worker's late
+    share and whether every worker kept its card's pace."""
+    return verdict({name: pacing_delta(before.get(name), after.get(name)) for name in after})
 
 
 # --------------------------------------------------------------------------------------------
@@ -316,14 +316,15 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
             print(f"== {load:g}x capacity: {rate:.2f} req/s for {args.duration:g} s", flush=True)
             before = emulation_snapshot(cluster)
             outcomes = asyncio.run(offer(cluster.url, rate, args.duration, args, seed=args.seed + k))
+            pacing = pacing_verdict(before, emulation_snapshot(cluster))
             row = {
                 "load": load,
                 "rate": rate,
                 "metrics": score(outcomes, args.duration),
                 "rss_mb": memory(cluster),
-                "late_share": worst_late_share(before, emulation_snapshot(cluster)),
+                "late_share": pacing["worst_late_share"],
+                "valid": pacing["valid"] is not False,
             }
-            row["valid"] = row["late_share"] is None or row["late_share"] <= INVALID_LATE_SHARE
             rows.append(row)
             print(table([row]).splitlines()[-1], flush=True)
     return rows
@@ -347,7 +348,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             samples.append(sample)
             print(json.dumps({key: sample[key] for key in ("minute", "goodput_rps", "lost", "rss_mb")}), flush=True)
             k += 1
-        late = worst_late_share(before, emulation_snapshot(cluster))
+        late = pacing_verdict(before, emulation_snapshot(cluster))["worst_late_share"]
     first, last = samples[0]["rss_mb"], samples[-1]["rss_mb"]
     growth = {
         name: (last[name] - first[name]) / first[name] if first.get(name) and last.get(name) else None for name in first
