@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from launch_server import json_params
@@ -38,7 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-port", type=int, help="ZMQ port workers connect to on 127.0.0.1 (default: port+100)")
     parser.add_argument("--worker-bind", help="full ZMQ bind address for workers, e.g. tcp://0.0.0.0:30100")
     parser.add_argument(
-        "--allow-remote-workers", action="store_true", help="allow a non-loopback --worker-bind (no encryption!)"
+        "--allow-remote-workers",
+        action="store_true",
+        help="allow a non-loopback --worker-bind (needs --curve-secret-key: links off the machine are encrypted)",
+    )
+    parser.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="the router's CURVE key pair (a zmq.auth .key_secret file): the worker links are encrypted and "
+        "workers must know its public half (launch_server --router-curve-public-key); required off loopback",
     )
     parser.add_argument("--routing-policy", choices=sorted(ROUTING_POLICIES), default="goodserve")
     parser.add_argument(
@@ -89,7 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="dead workers are forgotten (status, metrics, policy state) S seconds after they died "
         "(default %(default)s)",
     )
-    parser.add_argument("--tokenizer-path", help="tokenizer folder (default: the first registered worker's model)")
+    parser.add_argument(
+        "--tokenizer-path",
+        help="a local folder with the model's tokenizer files (default: the first registered worker's model "
+        "path, which must then exist on the router's machine too)",
+    )
     parser.add_argument("--dead-after-s", type=float, default=2.0, help="a silent worker is dead after this long")
     parser.add_argument(
         "--migrate-interval-s",
@@ -121,7 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> Any:
     """Validated RouterConfig; every mistake is a SystemExit naming its flag."""
     from router.service import RouterConfig
-    from router.transport import check_loopback
+    from router.transport import CurveKeys, check_loopback, is_loopback
 
     for name in ("dead_after_s", "admission_timeout_s", "stall_after_s", "forget_after_s"):
         if getattr(args, name) <= 0:
@@ -152,9 +165,22 @@ def config_from_args(args: argparse.Namespace) -> Any:
         check_loopback(bind, args.allow_remote_workers)
     except ValueError as e:
         raise SystemExit(f"--worker-bind: {e}") from None
+    if args.curve_secret_key:
+        try:
+            CurveKeys.for_router(args.curve_secret_key)
+        except ValueError as e:
+            raise SystemExit(f"--curve-secret-key: {e}") from None
+    elif not is_loopback(bind):
+        raise SystemExit(
+            f"--worker-bind {bind}: links that leave the machine are encrypted: give --curve-secret-key "
+            "(make keys with: python -c \"import zmq.auth; zmq.auth.create_certificates('keys', 'router')\")"
+        )
+    if args.tokenizer_path and not Path(args.tokenizer_path).exists():
+        raise SystemExit(f"--tokenizer-path: no such file or folder {args.tokenizer_path}")
     return RouterConfig(
         worker_bind=bind,
         allow_remote_workers=args.allow_remote_workers,
+        curve_secret_key=args.curve_secret_key,
         routing_policy=args.routing_policy,
         policy_params=_policy_params(args.routing_policy_param, args.routing_policy),
         api_key=args.api_key,

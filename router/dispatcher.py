@@ -650,7 +650,8 @@ class Dispatcher:
             if refused is not None:
                 logger.warning("refused a Register for %s: %s", msg.worker_id, refused)
                 return Ack(accepted=False, reason=refused)
-        ack = self.registry.register(msg, now, identity)
+        peer_host = getattr(self.endpoint, "peer_host", None)
+        ack = self.registry.register(msg, now, identity, peer_host(identity) if peer_host else None)
         if ack.accepted and self.auth.enabled:
             ack = self.auth.accept(msg, ack)
         return ack

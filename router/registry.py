@@ -15,9 +15,10 @@ on a live worker's id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from router.protocol import Ack, Heartbeat, LoadReport, Register, load_report_to_view, register_to_view
+from router.transport import with_peer_host
 from router.views import WorkerView
 
 ID_IN_USE = "worker_id in use by a live worker on another connection"
@@ -60,12 +61,14 @@ class WorkerRegistry:
 
     # --- membership ---
 
-    def register(self, msg: Register, now: float, identity: bytes | None = None) -> Ack:
+    def register(self, msg: Register, now: float, identity: bytes | None = None, peer_host: str | None = None) -> Ack:
         """Add, update or revive a worker. Sequence numbers restart: it may be a new process.
 
         In-flight tracking survives re-registration: whether a restart lost them is the router's call.
         A live worker's id is not handed to another connection (it must fall silent first).
+        `peer_host`: where its connection comes from, the host of an http_url advertised as a wildcard.
         """
+        msg = replace(msg, http_url=with_peer_host(msg.http_url, peer_host))
         known = self._workers.get(msg.worker_id)
         if known is not None and known.alive and identity is not None and known.identity not in (None, identity):
             return Ack(accepted=False, reason=ID_IN_USE)

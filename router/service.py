@@ -31,7 +31,7 @@ from router.protocol import Submit
 from router.registry import WorkerRegistry
 from router.reports import RouterCollector, RouterReports
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
-from router.transport import RouterEndpoint
+from router.transport import CurveKeys, RouterEndpoint
 from router.views import RouteRequest, WorkerView
 from router.worker_auth import RouterAuth
 from scheduler.core.pacing import SlowedPerfModel
@@ -50,6 +50,7 @@ class RouterConfig:
 
     worker_bind: str = DEFAULT_WORKER_BIND
     allow_remote_workers: bool = False
+    curve_secret_key: str | None = None  # the router's CURVE key pair file: workers' links encrypted
     routing_policy: str = "goodserve"
     policy_params: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
@@ -188,7 +189,10 @@ class RouterService:
 
     async def start(self) -> None:
         cfg = self.config
-        self._endpoint = RouterEndpoint(cfg.worker_bind, allow_remote=cfg.allow_remote_workers, ctx=self._ctx)
+        curve = CurveKeys.for_router(cfg.curve_secret_key) if cfg.curve_secret_key else None
+        self._endpoint = RouterEndpoint(
+            cfg.worker_bind, allow_remote=cfg.allow_remote_workers, ctx=self._ctx, curve=curve
+        )
         self._dispatcher = Dispatcher(
             self._endpoint,
             self.policy,
@@ -459,6 +463,7 @@ class RouterService:
             "policy_params": self.config.policy_params,
             "uptime_s": None if self.started_unix is None else round(time.time() - self.started_unix, 3),
             "worker_address": None if self._endpoint is None else self._endpoint.address,
+            "worker_link_encrypted": None if self._endpoint is None else self._endpoint.encrypted,
             "tokenizer": {"path": self.tokenizer.path, "loaded": self.tokenizer.loaded, "error": self.tokenizer.error},
             "length_predictor": None if self.predictor is None else getattr(self.predictor, "name", "custom"),
             "dispatcher": self._dispatcher_status(),

@@ -18,6 +18,7 @@ never the other streams' latency.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -39,6 +40,11 @@ class TokenizeTimeout(TimeoutError):
 
 def load_hf_tokenizer(path: str) -> Any:
     """AutoTokenizer from a local folder (the workers' model path); never downloads."""
+    if not os.path.exists(path):  # a worker's path, on another machine
+        raise FileNotFoundError(
+            f"{path} is not on the router's machine: start the router with --tokenizer-path "
+            "(a local folder with the model's tokenizer files)"
+        )
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)

@@ -22,10 +22,12 @@ from scheduler import sglang_emulated_forward as emulated_forward
 from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import order_waiting, split_dropped
+from scheduler.components.rank_sync import PassDecision, PassSync
 from scheduler.components.request_state import request_slo
 from scheduler.components.shedding import shed_finish_reason
 from scheduler.components.status import SchedulerStatus
-from scheduler.components.status_channel import StatusPublisher
+from scheduler.components.status_channel import StatusPublisher, dp_status_address
+from scheduler.components.step_timer import GpuStepTimer
 from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
 from scheduler.config import SloServerConfig
@@ -66,6 +68,53 @@ def _uncached_len(req: Any) -> int:
     return len(req.origin_input_ids) + len(req.output_ids) - (len(prefix) if prefix is not None else 0)
 
 
+def _pass_sync(scheduler: Any) -> PassSync:
+    """The ranks that must agree each pass, as SGLang broadcasts their requests: its dp_tp group
+    (the attention-TP group under DP attention, else the TP group), then the attention-CP group;
+    the leader is the first rank of both."""
+    stages = []
+    for name in ("dp_tp_group", "attn_cp_group"):
+        group = getattr(scheduler, name, None)
+        if group is not None and group.world_size > 1:
+            stages.append((group, getattr(scheduler, name.replace("_group", "_cpu_group"))))
+    if not stages:
+        return PassSync()
+    from sglang.srt.utils import broadcast_pyobj
+
+    def broadcast(value: Any) -> Any:
+        for group, cpu_group in stages:
+            value = broadcast_pyobj([value], group.rank, cpu_group, src=group.ranks[0])[0]
+        return value
+
+    return PassSync(broadcast, leader=all(group.rank == group.ranks[0] for group, _ in stages))
+
+
+def _dp_index(scheduler: Any) -> int:
+    """This scheduler's data-parallel replica: the attention-DP rank under DP attention, else
+    SGLang's dp_rank (None without data parallelism)."""
+    ps = scheduler.ps
+    if getattr(scheduler, "enable_dp_attention", False):
+        return int(ps.attn_dp_rank or 0)
+    return int(ps.dp_rank or 0)
+
+
+def _cuda_step_timer(scheduler: Any) -> GpuStepTimer:
+    """CUDA events on the stream the forward runs on: SGLang's forward stream under overlap
+    scheduling (made to wait for the scheduling stream's inputs first, as run_batch does), else
+    the scheduling loop's current stream."""
+    import torch
+
+    def new_event() -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    if scheduler.enable_overlap:
+        forward = scheduler.forward_stream
+        return GpuStepTimer(
+            new_event, lambda: forward, before_start=lambda: forward.wait_stream(torch.cuda.current_stream())
+        )
+    return GpuStepTimer(new_event, torch.cuda.current_stream)
+
+
 class SloSchedulerMixin:
     """The SLO overrides of SGLang's Scheduler: a policy decides order, admission, batch cap and
     chunk. A mixin so that tests can put it over a stand-in engine instead of SGLang's."""
@@ -79,9 +128,13 @@ class SloSchedulerMixin:
         if self.slo.config.emulate_stand_in:  # emulated steps: logits only, the layers skipped
             emulated_forward.install(self.tp_worker.model_runner)
         self._slo_bind_engine()
-        if self.slo.config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
+        self.slo.sync = _pass_sync(self)
+        if self.slo.config.status_address and self.slo.sync.leader and self.ps.pp_rank == 0:
+            # one publisher per data-parallel replica (its leading rank), each on its own address
             self.slo_status = StatusPublisher(
-                self.slo.config.status_address, self.slo_status_snapshot, self.slo.config.status_interval_s
+                dp_status_address(self.slo.config.status_address, _dp_index(self)),
+                self.slo_status_snapshot,
+                self.slo.config.status_interval_s,
             )
         logger.info("SLO scheduler active: policy=%s", self.slo.config.policy)
 
@@ -101,13 +154,14 @@ class SloSchedulerMixin:
             # whole-finish step fits the buffers sized at start-up, and normal passes run at B.
             slo.start_dynamic_chunking(self.chunked_prefill_size, self.page_size)
             self.chunked_prefill_size = slo.chunk_budget
-        # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
-        # its wall time is not the iteration's, so it must not train the perf model.
-        slo.meter.timing_ok = not (self.enable_overlap and self.device != "cpu")
-        if not slo.meter.timing_ok and not slo.config.perf_profile:
+        # On a GPU run_batch returns once the forward is launched (with or without overlap
+        # scheduling): its wall time is not the pass's, CUDA events on the forward's stream are.
+        slo.meter.timing_ok = self.device == "cpu"
+        if str(self.device).startswith("cuda"):
+            slo.meter.gpu_timer = _cuda_step_timer(self)
+        elif not slo.meter.timing_ok and not slo.config.perf_profile:
             logger.warning(
-                "overlap scheduling on %s: forward passes cannot be timed here, so batch caps and chunk "
-                "sizes need --slo-perf-profile (or --disable-overlap-schedule)",
+                "forward passes on %s cannot be timed: batch caps and chunk sizes need --slo-perf-profile",
                 self.device,
             )
 
@@ -186,17 +240,15 @@ class SloSchedulerMixin:
         slo.step += 1
         slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
         slo.prefill_open = True
-        view = None
-        if self.waiting_queue:
-            view = self._slo_view(running_batch)
-            plan = slo.planner.plan(view, slo.meter.knob_model(self._slo_spec_steps(), slo.spec_alpha()), slo.perf)
-            if plan is not None:
-                self._slo_apply(plan, running_batch)
-            if time.monotonic() - slo.drain_at > DRAIN_REFRESH_S:
-                self._slo_queue_drain_s()  # what /slo/status and the router's Retry-After read
-        elif slo.drain_s:
+        decision = slo.sync.decide(lambda: self._slo_decide(running_batch), PassDecision())
+        if decision.plan is not None:
+            self._slo_apply(decision.plan, running_batch)
+        if decision.spec_steps is not None and slo.spec is not None:
+            slo.spec.current = decision.spec_steps  # the leading rank's choice (its own on that rank)
+        if self.waiting_queue and time.monotonic() - slo.drain_at > DRAIN_REFRESH_S:
+            self._slo_queue_drain_s()  # what /slo/status and the router's Retry-After read
+        elif not self.waiting_queue and slo.drain_s:
             slo.drain_s = 0.0
-        self._slo_update_speculation(running_batch, view)
         if slo.chunker is not None:
             return self._prefill_dynamic_chunk(running_batch)
         if not slo.prefill_open and running_batch.reqs:
@@ -212,13 +264,11 @@ class SloSchedulerMixin:
         slo = self.slo
         slo.step += 1  # SGLang's decode loop never calls get_new_batch_prefill
         cap = None
-        if self.waiting_queue:
-            view = self._slo_view(running_batch)
-            plan = slo.planner.plan(view, slo.meter.knob_model(self._slo_spec_steps(), slo.spec_alpha()), slo.perf)
-            if plan is not None:
-                order_waiting(self.waiting_queue, plan, slo.states)
-                slo.best_effort_waiting = len(plan.best_effort)
-                cap = plan.batch_cap
+        plan = slo.sync.decide(lambda: self._slo_plan(running_batch)[0], None)
+        if plan is not None:
+            order_waiting(self.waiting_queue, plan, slo.states)
+            slo.best_effort_waiting = len(plan.best_effort)
+            cap = plan.batch_cap
         slo.decode_cap = cap
         if cap is None or cap >= self.max_running_requests:
             return super().get_new_prebuilt_batch(running_batch)
@@ -252,23 +302,32 @@ class SloSchedulerMixin:
 
     # ---- SGLang's forward pass and its results -------------------------------------------------
     def run_batch(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        """Changes: each forward pass is timed for the online perf model, and under GPU emulation
-        paced to the emulated card's time for that batch."""
+        """Changes: each forward pass is timed for the online perf model (on a GPU by CUDA events,
+        read with its result), and under GPU emulation paced to the emulated card's time."""
         shape = batch_shape(batch)
         steps = self._slo_spec_steps() if shape is not None and shape[0] == 0 else 0
+        timer = self.slo.meter.gpu_timer
+        bracket = timer.start() if timer is not None and shape is not None else None
         started = time.perf_counter()
         result = super().run_batch(batch, *args, **kwargs)
+        if bracket is not None and timer is not None and shape is not None:
+            timer.stop(bracket, result, shape, steps)
+            if self.slo.meter.pacer is not None:  # an emulated card on a GPU: pace the finished pass
+                timer.wait(bracket)
         if shape is not None:
             self.slo.meter.after_step(shape, steps, started, key=id(result), follows_step=self.last_batch is not None)
         return result
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
-        """Changes: an emulated step's results are used once the emulated card has finished it;
-        finished requests release their state and feed the length predictor's accuracy and the
-        compound programs' stage costs."""
+        """Changes: an emulated step's results are used once the emulated card has finished it, a
+        GPU pass's time is read (its results are on the host now); finished requests release
+        their state and feed the length predictor's accuracy and the compound programs' stage
+        costs."""
         self.slo.meter.wait(id(result))
         out = super().process_batch_result(batch, result)
         slo = self.slo
+        if slo.meter.gpu_timer is not None:
+            slo.meter.learn_timed(slo.meter.gpu_timer.read(result))
         now = slo.clock.now()
         for req in batch.reqs:
             if req.finished():
@@ -314,6 +373,21 @@ class SloSchedulerMixin:
             logger.exception("SLO speculation failed at step %d", slo.step)
 
     # ---- plan -> SGLang ------------------------------------------------------------------------
+    def _slo_plan(self, running_batch: Any) -> tuple[FinalPlan | None, EngineView | None]:
+        """This pass's finished plan and the view it was made from (None, None: nothing waits)."""
+        if not self.waiting_queue:
+            return None, None
+        view = self._slo_view(running_batch)
+        knob_model = self.slo.meter.knob_model(self._slo_spec_steps(), self.slo.spec_alpha())
+        return self.slo.planner.plan(view, knob_model, self.slo.perf), view
+
+    def _slo_decide(self, running_batch: Any) -> PassDecision:
+        """The plan, and the speculation length for the next decode batches (the leading rank's
+        work under tensor parallelism; the others apply what it sends)."""
+        plan, view = self._slo_plan(running_batch)
+        self._slo_update_speculation(running_batch, view)
+        return PassDecision(plan, None if self.slo.spec is None else self.slo.spec.current)
+
     def _slo_view(self, running_batch: Any) -> EngineView:
         limits = EngineLimits(
             max_running_requests=self.max_running_requests,
@@ -373,14 +447,17 @@ class SloSchedulerMixin:
         so it does not cap the step)."""
         chunker = self.slo.chunker
         assert chunker is not None
-        step, target = ChunkStep(chunker.budget, True), None
-        try:
-            target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
-            if target is not None:
-                step = chunker.step(_uncached_len(target))
-        except Exception:  # never let the rule take the engine down: chunk at B
-            self.slo.planner.errors += 1
-            logger.exception("dynamic chunking failed at step %d", self.slo.step)
+        target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
+
+        def choose() -> ChunkStep:
+            try:
+                return chunker.step(None if target is None else _uncached_len(target))
+            except Exception:  # never let the rule take the engine down: chunk at B
+                self.slo.planner.errors += 1
+                logger.exception("dynamic chunking failed at step %d", self.slo.step)
+                return ChunkStep(chunker.budget, True)
+
+        step = self.slo.sync.decide(choose, ChunkStep(chunker.budget, True))
         self.chunked_prefill_size, self.slo.solo_pass = step.chunk, not step.admit_others
         try:
             out = super().get_new_batch_prefill(running_batch)

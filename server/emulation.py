@@ -47,11 +47,12 @@ def resolve(gpu: str, model: str = DEFAULT_MODEL) -> Emulation:
     return Emulation(name=name, profile=path, kv_token_capacity=capacity)
 
 
-def startup_flags(emulation: Emulation, has_flag: Callable[..., bool]) -> list[str]:
-    """SGLang flags the emulated card implies, for those the user did not set."""
+def startup_flags(emulation: Emulation, has_flag: Callable[..., bool], model: str = "tiny") -> list[str]:
+    """SGLang flags the emulated card implies, for those the user did not set; `model` is the
+    tiny model's alias (tiny-gpu on a GPU: a head size and dtype its attention backends take)."""
     extra: list[str] = []
     if not has_flag("--model-path", "--model"):
-        extra += ["--model-path", "tiny"]
+        extra += ["--model-path", model]
     if not has_flag("--max-total-tokens"):
         extra += ["--max-total-tokens", str(emulation.kv_token_capacity)]
     if not has_flag("--context-length"):

@@ -21,7 +21,7 @@ from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-from scheduler.components.status_channel import StatusSubscriber, remove_ipc_file
+from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
 from scheduler.config import SloServerConfig
 from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo_wire import read_injected
@@ -129,7 +129,14 @@ class RouterMembership:
     worker_gpu: str  # the GPU kind it reports (heterogeneity-aware routing)
     router_allow_remote: bool = False  # connect to a router off this machine
     worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
+    advertise_host: str | None = None  # where the router reaches it (None: where it connects from)
+    router_curve_public_key: str | None = None  # the router's CURVE public key file: an encrypted link
+    worker_curve_secret_key: str | None = None  # its own CURVE key pair file (None: ephemeral)
     worker_secret: bytes | None = None  # the router's worker credential (router/worker_auth.py)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _join_router(
@@ -142,16 +149,25 @@ def _join_router(
     pre_exit: list[Callable[[], None]],
 ) -> None:
     """Start the agent that links this server to its router (it waits until the server is up)."""
+    from router.transport import CurveKeys
     from server.worker_agent import AgentConfig, start_agent_thread
 
-    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    wildcard = server_args.host in ("0.0.0.0", "::", "")
+    local = "127.0.0.1" if wildcard else server_args.host  # the agent's own calls stay on this machine
+    # a wildcard tells the router to reach the worker where its connection comes from
+    advertised = membership.advertise_host or ("0.0.0.0" if wildcard else server_args.host)
+    curve = None
+    if membership.router_curve_public_key:
+        curve = CurveKeys.for_worker(membership.router_curve_public_key, membership.worker_curve_secret_key)
     mode = server_args.disaggregation_mode  # "null" when co-located
     agent = AgentConfig(
         router_address=membership.router_address,
         worker_id=membership.worker_id,
         gpu=membership.worker_gpu,
         model=str(server_args.model_path),
-        http_url=f"http://{host}:{server_args.port}",
+        http_url=_url(local, server_args.port),
+        advertised_url=_url(advertised, server_args.port),
+        curve=curve,
         api_key=server_args.api_key,
         agent_token=agent_token,
         allow_remote=membership.router_allow_remote,
@@ -168,8 +184,9 @@ def _join_router(
 def launch(server_args: Any, config: SloServerConfig, membership: RouterMembership | None = None) -> None:
     """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
     config.to_env()  # inherited by the spawned scheduler process
-    atexit.register(remove_ipc_file, config.status_address)
-    subscriber = StatusSubscriber(config.status_address)
+    subscriber = ReplicaStatus(config.status_address, int(getattr(server_args, "dp_size", 1) or 1))
+    for address in subscriber.addresses:
+        atexit.register(remove_ipc_file, address)
     started = time.time()
 
     def status() -> dict[str, Any]:

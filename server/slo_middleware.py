@@ -32,6 +32,7 @@ from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai
 from scheduler.reporting.reports import SloReportBook
 from server import request_context
 from server.draining import Drain
+from server.engine_metrics import engine_exposition
 from server.spec_metrics import speculation_exposition
 from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, DRAINING, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM
 
@@ -355,7 +356,8 @@ class SloMiddleware:
 
         plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
         await self.app({**scope, "headers": plain}, receive, capture)  # uncompressed, so we can append
-        ours = self.book.metrics.exposition() + speculation_exposition(self.status().get("engine") or {})
+        engine = self.status().get("engine") or {}
+        ours = self.book.metrics.exposition() + speculation_exposition(engine) + engine_exposition(engine)
         if captured["status"] == 200:
             body = b"".join(captured["body"]).rstrip(b"\n") + b"\n" + ours
         else:

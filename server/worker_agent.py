@@ -48,7 +48,7 @@ from router.protocol import (
     Submit,
     TokenChunk,
 )
-from router.transport import WorkerEndpoint
+from router.transport import CurveKeys, WorkerEndpoint
 from router.worker_auth import AuthError, WorkerAuth
 from scheduler.core.admission import retry_after_s
 from scheduler.core.shed_wire import Shed
@@ -73,7 +73,7 @@ class AgentConfig:
     worker_id: str
     gpu: str
     model: str  # the model path: the router loads its tokenizer from it
-    http_url: str  # this worker's own HTTP server
+    http_url: str  # this worker's own HTTP server, as the agent calls it
     api_key: str | None = None  # this server's own key, for the agent's local calls only
     agent_token: str | None = None  # lets the middleware trust our forwarded arrival times
     worker_secret: bytes | None = None  # the router's worker credential (None: no authentication)
@@ -84,6 +84,9 @@ class AgentConfig:
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port
     tier_ms: float | None = None  # the TPOT tier it starts in
     time_scale: float = 1.0  # --emulate-slowdown of an emulated GPU
+    advertised_url: str | None = None  # where the router reaches it (default http_url; a wildcard host:
+    # the router fills in where the connection comes from)
+    curve: CurveKeys | None = None  # encrypts the link to the router
 
 
 class WorkerAgent:
@@ -123,6 +126,7 @@ class WorkerAgent:
             self.config.worker_id,
             allow_remote=self.config.allow_remote,
             ctx=ctx,
+            curve=self.config.curve,
             identity=self.identity,
         )
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
@@ -166,7 +170,7 @@ class WorkerAgent:
             model=self.config.model,
             kv_capacity_tokens=max(1, int(engine.get("kv_capacity_tokens") or 1)),
             max_running=max(1, int(engine.get("max_running_requests") or 1)),
-            http_url=self.config.http_url,
+            http_url=self.config.advertised_url or self.config.http_url,
             incarnation=self.incarnation,
             role=self.config.role,
             bootstrap_port=self.config.bootstrap_port,

@@ -12,6 +12,7 @@ from typing import Any
 from scheduler.components.meter import EngineMeter
 from scheduler.components.pd_chunking import PrefillChunker
 from scheduler.components.planner import PassPlanner
+from scheduler.components.rank_sync import PassSync
 from scheduler.components.request_state import RequestStates
 from scheduler.components.views import ViewBuilder
 from scheduler.config import SloServerConfig
@@ -47,6 +48,7 @@ class SloComponents:
     knobs_on: bool  # fcfs stays stock SGLang: no batch cap, no chunk
     spec: SloSpeculation | None = None  # set when the draft worker is built
     chunker: PrefillChunker | None = None  # PD prefill workers under an SLO policy
+    sync: PassSync = field(default_factory=PassSync)  # TP ranks: the leader's decisions on every rank
     # what the engine started with (set once SGLang's init is done)
     startup_chunk: int | None = None
     chunk_budget: int | None = None

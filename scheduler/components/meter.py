@@ -13,6 +13,7 @@ import time
 from collections.abc import Hashable
 from typing import Any
 
+from scheduler.components.step_timer import GpuStepTimer, TimedStep
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer
 from scheduler.core.plan_path import KnobModel
@@ -48,8 +49,9 @@ def batch_shape(batch: Any) -> tuple[int, int, int] | None:
 
 
 class EngineMeter:
-    """`timing_ok` False (overlap scheduling on a GPU, where a pass's wall time is its launch):
-    passes are not timed and the perf model keeps its prior."""
+    """`timing_ok`: a pass's wall time around `run_batch` is its time (CPU, where the forward
+    runs synchronously). On a GPU it is the launch only: `gpu_timer` times the pass with CUDA
+    events instead, read when its result has been processed (`learn_timed`)."""
 
     def __init__(
         self, perf: OnlinePerfModel, pacer: Pacer | None, timing_ok: bool, emulated_card: str | None = None
@@ -60,6 +62,7 @@ class EngineMeter:
         self.emulated_card = emulated_card
         self.spec_cost_ratio = 0.0  # draft step / target decode step, for pacing and timing
         self._distortion_logged = -math.inf
+        self.gpu_timer: GpuStepTimer | None = None
 
     def knob_model(self, spec_steps: int, alpha: float | None) -> KnobModel | None:
         """What the default knobs are sized with this pass: None until the perf model is trusted;
@@ -98,9 +101,18 @@ class EngineMeter:
             measured = time.perf_counter() - started
         else:
             return
-        # the target's model learns target work only: the drafts' share is the draft cost's
+        self.learn(shape, spec_steps, measured)
+
+    def learn_timed(self, timed: TimedStep | None) -> None:
+        """A pass the GPU timer measured; under emulation the paced time was learned instead."""
+        if timed is not None and self.pacer is None:
+            self.learn(timed.shape, timed.spec_steps, timed.seconds)
+
+    def learn(self, shape: tuple[int, int, int], spec_steps: int, measured: float) -> None:
+        """The target's model learns target work only: the drafts' share is the draft cost's."""
+        prefill, decodes, kv = shape
         drafts = SpecCost(self.perf, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
-        self.perf.observe(prefill, decodes, kv, spec_tokens, max(measured - drafts, 1e-6))
+        self.perf.observe(prefill, decodes, kv, decodes * spec_steps, max(measured - drafts, 1e-6))
 
     def wait(self, key: Hashable) -> None:
         """Block until the emulated card has finished the step launched under `key` (a no-op on
@@ -126,9 +138,18 @@ class EngineMeter:
     def prefill_ms_per_token(self) -> float:
         return round(1000 * self.perf.step_time(PREFILL_PROBE_TOKENS, 0, 0) / PREFILL_PROBE_TOKENS, 6)
 
+    def timing(self) -> str:
+        """What the perf model learns from: paced (emulated card), cuda_events, wall, or none."""
+        if self.pacer is not None:
+            return "paced"
+        if self.gpu_timer is not None:
+            return "cuda_events"
+        return "wall" if self.timing_ok else "none"
+
     def perf_status(self) -> dict[str, Any]:
         return {
             "ready": self.perf.ready,
+            "timing": self.timing(),
             "observed_iterations": self.perf.observed,
             "recent_rel_error": self.perf.recent_error(),
             "predicted_decode_ms": {str(n): round(1000 * self.perf.step_time(0, n, 128 * n), 3) for n in (1, 8, 32)},

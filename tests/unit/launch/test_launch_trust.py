@@ -21,6 +21,9 @@ def _args(**kw: object) -> types.SimpleNamespace:
         "worker_secret": None,
         "worker_secret_file": None,
         "api_key": None,
+        "router_curve_public_key": None,
+        "worker_curve_secret_key": None,
+        "advertise_host": None,
     }
     return types.SimpleNamespace(**{**base, **kw})
 

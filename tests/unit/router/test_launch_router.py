@@ -5,6 +5,7 @@ starting the service."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -56,7 +57,8 @@ def test_policy_params_are_json_and_validated() -> None:
 def test_bad_flags_stop_with_a_message() -> None:
     with pytest.raises(SystemExit, match="not a loopback"):
         _config("--worker-bind", "tcp://10.0.0.1:5000")
-    assert _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers").allow_remote_workers
+    with pytest.raises(SystemExit, match="encrypted: give --curve-secret-key"):
+        _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers")
     with pytest.raises(SystemExit, match="--dead-after-s"):
         _config("--dead-after-s", "0")
     with pytest.raises(SystemExit, match="one of them"):
@@ -174,3 +176,34 @@ def test_overload_and_trust_flags(tmp_path, monkeypatch: pytest.MonkeyPatch) -> 
     ):
         with pytest.raises(SystemExit, match=flag):
             _config(*argv)
+
+
+def test_remote_workers_need_the_routers_curve_keys(tmp_path: Path) -> None:
+    import zmq.auth
+
+    zmq.auth.create_certificates(str(tmp_path), "router")
+    secret = str(tmp_path / "router.key_secret")
+    cfg = _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers", "--curve-secret-key", secret)
+    assert cfg.allow_remote_workers and cfg.curve_secret_key == secret
+    assert _config("--curve-secret-key", secret).curve_secret_key == secret  # loopback may encrypt too
+    with pytest.raises(SystemExit, match="--curve-secret-key: .*no secret key"):
+        _config("--curve-secret-key", str(tmp_path / "router.key"))
+
+
+def test_a_tokenizer_path_must_exist_on_the_routers_machine(tmp_path: Path) -> None:
+    assert _config("--tokenizer-path", str(tmp_path)).tokenizer_path == str(tmp_path)
+    with pytest.raises(SystemExit, match="--tokenizer-path: no such"):
+        _config("--tokenizer-path", str(tmp_path / "nope"))
+
+
+def test_a_workers_model_path_missing_here_asks_for_tokenizer_path() -> None:
+    import asyncio
+
+    from router.tokenizer import RouterTokenizer, TokenizerUnavailable
+
+    tokenizer = RouterTokenizer()  # the default loader, on a worker's path that is not here
+    with pytest.raises(
+        TokenizerUnavailable, match="not on the router's machine: start the router with --tokenizer-path"
+    ):
+        asyncio.run(tokenizer.ensure("/models/on/the/worker/llama"))
+    assert "--tokenizer-path" in (tokenizer.error or "")

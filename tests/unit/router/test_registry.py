@@ -131,3 +131,19 @@ def test_dead_workers_are_forgotten_after_the_ttl() -> None:
 def test_dead_after_must_be_positive() -> None:
     with pytest.raises(ValueError, match="dead_after_s"):
         WorkerRegistry(dead_after_s=0)
+
+
+def test_a_worker_bound_to_every_interface_is_reached_where_it_connects_from() -> None:
+    from dataclasses import replace
+
+    from router.pd import bootstrap_for
+
+    reg = WorkerRegistry()
+    wildcard = replace(_reg("p0"), http_url="http://0.0.0.0:31000", bootstrap_port=32000, role="prefill")
+    assert reg.register(wildcard, now=0.0, peer_host="10.231.0.2").accepted
+    url = reg.registration("p0").http_url
+    assert url == "http://10.231.0.2:31000"
+    assert bootstrap_for(url, 32000)["host"] == "10.231.0.2"  # PD decode workers fetch KV there
+    advertised = replace(_reg("w2"), http_url="http://10.9.9.9:31001")
+    assert reg.register(advertised, now=0.0, peer_host="10.231.0.2").accepted
+    assert reg.registration("w2").http_url == "http://10.9.9.9:31001"  # --advertise-host wins

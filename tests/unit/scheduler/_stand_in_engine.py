@@ -123,6 +123,7 @@ class StandInEngine:
         self.waiting_queue: list[Any] = []
         self.running_batch = SimpleNamespace(reqs=[], batch_is_full=False)
         self.chunked_req: Any = None
+        self.last_batch: Any = None
         self.seen_passes: list[tuple[int | None, int]] = []
         self.handled: list[Any] = []
         self.sent: list[Any] = []
