@@ -7,8 +7,12 @@ policy) on 127.0.0.1, with `--emulate-gpu` (a GPU generation paced on the tiny m
 model (`model_path`), so a pool of mixed GPU generations can be served and routed on a CPU
 machine. With a `router` section, `python -m launch_router` fronts them and every worker joins
 its pool over ZMQ; clients then talk to the router's URL only. Everything starts together and
-is stopped by PID (process group) on Ctrl-C, SIGTERM or any start-up failure. `--workers-file`
-writes the running processes (name, gpu, url, pid) as JSON for a benchmark to read.
+is stopped by PID (process group) on Ctrl-C, SIGTERM or any start-up failure: all at once, each
+given `STOP_TIMEOUT_S` to drain and end before it is killed (a second Ctrl-C or SIGTERM kills at
+once); and every process watches this launcher, so none outlives it, even a SIGKILL of it.
+`--workers-file` writes the running processes (name, gpu, url, pid) as JSON for a benchmark to
+read. The router and its workers share a worker secret made for the run (or
+$SGLANG_SLO_WORKER_SECRET when set).
 
 YAML format:
     base_port: 31000            # optional; workers without `port` get consecutive ports from here
@@ -48,6 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -60,6 +65,7 @@ from typing import Any
 import requests
 import yaml
 
+from router.worker_auth import SECRET_ENV
 from server.emulation import DEFAULT_MODEL, resolve
 from server.process import ServerProcess, free_port
 
@@ -71,6 +77,7 @@ BOOTSTRAP_PORT_OFFSET = 1000  # a prefill worker's KV bootstrap port: its HTTP p
 # one fixed port, 8998, which two prefill workers on one host would both want)
 ROUTER_KEYS = {"port", "worker_port", "policy", "params", "args"}
 JOIN_TIMEOUT_S = 60.0  # workers are up; registering with the router takes a heartbeat or two
+STOP_TIMEOUT_S = 10.0  # each process's drain on a stop, before SIGKILL (all stop at once)
 
 
 class ClusterConfigError(ValueError):
@@ -377,6 +384,8 @@ class Cluster:
     def __init__(self, specs: list[WorkerSpec], router: RouterSpec | None = None, api_key: str | None = None) -> None:
         self.specs = specs
         self.api_key = api_key
+        # the router's and workers' own credential, never a client's (router/worker_auth.py)
+        self.env = {**os.environ, SECRET_ENV: os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
         key = ["--api-key", api_key] if api_key else []
         self.router: ServerProcess | None = None
         self.worker_port: int | None = None
@@ -402,7 +411,7 @@ class Cluster:
         self.servers = [
             ServerProcess(
                 *s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []),
-                name=s.name, port=port, env={**os.environ, **s.env()} if s.env() else None,
+                name=s.name, port=port, env={**self.env, **s.env()},
             )
             for s, port in zip(specs, ports, strict=True)
         ]  # fmt: skip
@@ -412,7 +421,7 @@ class Cluster:
         key = ["--api-key", self.api_key] if self.api_key else []
         return ServerProcess(
             *router.argv(self.worker_port), *key, name="router", module="launch_router", port=port,
-            ready_path="/slo/status", api_key=self.api_key,
+            ready_path="/slo/status", api_key=self.api_key, env=self.env,
         )  # fmt: skip
 
     def restart_router(self, router: RouterSpec) -> None:
@@ -460,11 +469,16 @@ class Cluster:
                 raise TimeoutError(f"workers {sorted(want - healthy)} did not join the router in {timeout:g} s")
             time.sleep(0.25)
 
-    def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
-        if self.router is not None:
-            self.router.stop()
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Every process at once: SIGTERM to each (workers drain), SIGKILL after `timeout_s`."""
+        every = [*self.servers, *([self.router] if self.router is not None else [])]
+        with ThreadPoolExecutor(len(every)) as pool:
+            list(pool.map(lambda srv: srv.stop(timeout_s, graceful=srv is not self.router), every))
+
+    def kill(self) -> None:
+        """At once, no drain."""
+        for srv in [*self.servers, *([self.router] if self.router is not None else [])]:
+            srv.stop(0.0)
 
     def describe(self) -> list[dict[str, Any]]:
         out = [
@@ -511,8 +525,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.config}: {e}") from None
     specs = spec.workers
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set():  # a second signal: no more waiting
+            raise SystemExit(1)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     print(f"launch_cluster: starting {len(specs)} workers ...", flush=True)
     try:
         with Cluster(specs, spec.router, args.api_key) as cluster:

@@ -333,10 +333,35 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         "this worker connect from); a PD worker's KV transfer is announced there too (SGLANG_HOST_IP)",
     )
     router.add_argument(
+        "--worker-secret",
+        metavar="SECRET",
+        help="the router's worker credential (at least 16 bytes; prefer --worker-secret-file or "
+        "$SGLANG_SLO_WORKER_SECRET, which ps cannot show): proved to the router when registering, and "
+        "the router must prove it back before this worker takes any work",
+    )
+    router.add_argument("--worker-secret-file", metavar="PATH", help="read --worker-secret from this file")
+    router.add_argument(
         "--worker-tier-ms",
         type=float,
         metavar="MS",
         help="the TPOT tier (ms) this worker starts in under --routing-policy polyserve (e.g. a decode pool's tier)",
+    )
+    group.add_argument(
+        "--slo-max-queued-tokens",
+        type=int,
+        metavar="N",
+        help="bound on the prompt tokens of queued requests: beyond it a new request is answered at once with "
+        "HTTP 429 queue_full and a Retry-After from the queue's predicted drain (SGLang's --max-queued-requests "
+        "bounds their number the same way, here on PD workers too and under every policy)",
+    )
+    group.add_argument(
+        "--slo-drain-timeout-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="graceful drain on SIGTERM: admit nothing new (503 draining; the router stops routing here), let "
+        "requests in flight finish for up to S seconds, hand the rest back to the router, then exit (default 30; "
+        "a second SIGTERM exits at once)",
     )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
@@ -410,6 +435,8 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
             raise SystemExit(
                 "--worker-id/--worker-gpu/--worker-tier-ms/--router-curve-public-key: only with --router-address"
             )
+        if args.worker_secret or args.worker_secret_file:
+            raise SystemExit("--worker-secret/--worker-secret-file: only with --router-address")
         return {}
     if args.worker_tier_ms is not None and not args.worker_tier_ms > 0:
         raise SystemExit("--worker-tier-ms: must be > 0")
@@ -438,6 +465,14 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
         check_worker_id(worker_id)
     except ProtocolError as e:
         raise SystemExit(f"--worker-id: {e.reason}") from None
+    from router.worker_auth import resolve_worker_secret
+
+    try:
+        secret, source = resolve_worker_secret(args.worker_secret, args.worker_secret_file, args.api_key)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--worker-secret: {e}") from None
+    if source != "worker secret":
+        print(f"launch_server: no --worker-secret; the router link is authenticated by: {source}", flush=True)
     return {
         "router_address": args.router_address,
         "worker_id": worker_id,
@@ -447,6 +482,7 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
         "advertise_host": args.advertise_host,
         "router_curve_public_key": args.router_curve_public_key,
         "worker_curve_secret_key": args.worker_curve_secret_key,
+        "worker_secret": secret,
     }
 
 
@@ -638,6 +674,14 @@ def main(argv: list[str] | None = None) -> None:
             load_perf_model(args.slo_perf_profile, kind="roofline")
         except Exception as e:  # noqa: BLE001 - an unreadable profile stops start-up clearly
             raise SystemExit(f"--slo-perf-profile: cannot load {args.slo_perf_profile}: {e}") from None
+    for flag, value in (
+        ("--slo-max-queued-tokens", args.slo_max_queued_tokens),
+        ("--max-queued-requests", args.max_queued_requests),
+    ):
+        if value is not None and value < 1:
+            raise SystemExit(f"{flag}: must be >= 1")
+    if not args.slo_drain_timeout_s >= 0:
+        raise SystemExit("--slo-drain-timeout-s: must be >= 0")
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
@@ -679,6 +723,8 @@ def main(argv: list[str] | None = None) -> None:
         emulate_stand_in=stand_in,
         speculation=speculation,
         spec_draft_ratio=spec_draft_ratio,
+        max_queued_tokens=args.slo_max_queued_tokens,
+        drain_timeout_s=args.slo_drain_timeout_s,
     )
     membership = _router_settings(args, server_args.port, emulation, on_cpu)
     base = f"http://{server_args.host}:{server_args.port}"
@@ -696,8 +742,10 @@ def main(argv: list[str] | None = None) -> None:
             f"{'logits only (layers skipped)' if stand_in else 'the full model'} on the host",
             flush=True,
         )
+    from server.process import watch_parent
     from server.sglang_http import RouterMembership, launch
 
+    watch_parent()  # started by a launcher: never outlive it
     launch(server_args, config, RouterMembership(**membership) if membership else None)
 
 

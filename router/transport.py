@@ -2,8 +2,10 @@
 
 They only move validated `Message`s: framing, the loopback guard, encryption and socket hygiene
 (linger 0, so a dead peer never blocks shutdown) live here; membership and routing live
-elsewhere. A worker's ZMQ routing id is its worker_id, so the router can address a worker by
-name and a restarted worker takes over its old connection (ROUTER_HANDOVER).
+elsewhere. A worker's ZMQ routing id is its worker_id unless it picks one (the worker agent
+picks a random, unannounced one, which the router's registry binds to its worker_id at
+registration); a reconnecting peer with the same routing id takes over its old connection
+(ROUTER_HANDOVER).
 
 Links that leave the machine are encrypted with CurveZMQ (pyzmq's libzmq ships it): the router
 holds a key pair, a worker knows the router's public key (both from files in the zmq.auth
@@ -245,12 +247,7 @@ class RouterEndpoint(_Endpoint):
             msg = self._decode(payload, identity)
             if msg is None:
                 continue
-            worker_id = getattr(msg, "worker_id", None)
-            if worker_id is not None and worker_id.encode() != identity:
-                self.dropped += 1
-                logger.warning("dropping %s claiming worker_id %r from connection %r", msg.TYPE, worker_id, identity)
-                continue
-            return identity, msg
+            return identity, msg  # which connection may speak for which worker: the registry's call
 
     async def send(self, identity: bytes, msg: Message) -> bool:
         """False when no worker with that identity is connected (it died or never came)."""
@@ -283,6 +280,7 @@ class WorkerEndpoint(_Endpoint):
         ctx: zmq.asyncio.Context | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
         curve: CurveKeys | None = None,
+        identity: bytes | None = None,  # the routing id (default: the worker id; agents use a random one)
     ) -> None:
         check_loopback(connect_addr, allow_remote)
         check_worker_id(worker_id)
@@ -290,7 +288,7 @@ class WorkerEndpoint(_Endpoint):
         try:
             if curve is not None:
                 _apply_curve(sock, curve, server=False)
-            sock.setsockopt(zmq.ROUTING_ID, worker_id.encode())
+            sock.setsockopt(zmq.ROUTING_ID, identity or worker_id.encode())
             # Nothing queues for a router that is not there: heartbeats and reports are perishable,
             # and a restarted router must not receive a backlog of stale ones (send raises Again).
             sock.setsockopt(zmq.IMMEDIATE, 1)

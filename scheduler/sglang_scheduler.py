@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from http import HTTPStatus
 from typing import Any
 
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
@@ -24,19 +23,25 @@ from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import order_waiting, split_dropped
 from scheduler.components.rank_sync import PassDecision, PassSync
+from scheduler.components.request_state import request_slo
+from scheduler.components.shedding import shed_finish_reason
 from scheduler.components.status import SchedulerStatus
 from scheduler.components.status_channel import StatusPublisher, dp_status_address
 from scheduler.components.step_timer import GpuStepTimer
 from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
 from scheduler.config import SloServerConfig
+from scheduler.core.admission import backlog, queue_is_full
 from scheduler.core.dynamic_chunking import ChunkStep
 from scheduler.core.plan_path import DECODE, MIXED, PREFILL, FinalPlan, settings_for
 from scheduler.core.types import EngineView
 from scheduler.sglang_preemption import retract_requests
 from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
+from wire import QUEUE_FULL
 
 logger = logging.getLogger("sglang_slo.scheduler")
+
+DRAIN_REFRESH_S = 0.1  # how often the published queue drain estimate is recomputed
 
 _BaseScheduler = sglang_scheduler_module.Scheduler
 
@@ -168,6 +173,58 @@ class SloSchedulerMixin:
         self.slo.states.lower_cap_to_hint(recv_req.rid, recv_req.sampling_params)
         return super().handle_generate_request(recv_req)
 
+    def _abort_on_queued_limit(self, recv_req: Any) -> bool:
+        """Changes: the waiting queue's bound counts requests (SGLang's --max-queued-requests)
+        and prompt tokens (--slo-max-queued-tokens), on co-located and PD workers alike, under
+        every policy; a full queue answers 429 `queue_full` with a Retry-After from the queue's
+        predicted drain (SGLang: 503, co-located only). Only the incoming request is refused:
+        nothing queued is shed for it, and a retracted request (it has output) always returns."""
+        if recv_req.output_ids:
+            return False
+        limits = self.max_queued_requests, self.slo.config.max_queued_tokens
+        if limits == (None, None):
+            return False
+        queued = self._slo_queued()
+        tokens = sum(len(r.origin_input_ids) for r in queued) if limits[1] is not None else 0
+        if not queue_is_full(len(queued), tokens, len(recv_req.origin_input_ids), *limits):
+            return False
+        slo, _ = request_slo(recv_req.rid, recv_req.sampling_params)
+        finished = shed_finish_reason(QUEUE_FULL, self._slo_queue_drain_s(), slo)
+        self.ipc_channels.send_to_tokenizer.send_output(AbortReq(finished_reason=finished, rid=recv_req.rid), recv_req)
+        self.slo.shed[QUEUE_FULL] += 1
+        self.slo.states.forget(recv_req.rid)
+        return True
+
+    def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> Any:
+        """Changes: PD workers bound their queues too (SGLang checks co-located queues only)."""
+        if _disagg_role(self) != MIXED and not is_retracted and self._abort_on_queued_limit(req):
+            return None
+        return super()._add_request_to_queue(req, is_retracted)
+
+    def _slo_queued(self) -> list[Any]:
+        """Every request accepted and not yet running: the waiting queue, plus a PD worker's
+        bootstrap (prefill) or pre-allocation and transfer (decode) queues."""
+        queued = list(self.waiting_queue)
+        for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+            pending = getattr(self, name, None)
+            if pending is not None:
+                queued += getattr(pending, "queue", ())
+        return queued
+
+    def _slo_queue_drain_s(self) -> float | None:
+        """Seconds until every request queued now has started (a newcomer's wait), from the
+        perf model; computed at most once per pass."""
+        slo = self.slo
+        if slo.drain_step != slo.step:
+            try:
+                view = self._slo_view(self.running_batch)
+                slo.drain_s = backlog(view, slo.perf).drain_s
+            except Exception:  # an estimate must never take the engine down
+                logger.exception("queue drain estimate failed at step %d", slo.step)
+                slo.drain_s = None
+            slo.drain_step, slo.drain_at = slo.step, time.monotonic()
+        return slo.drain_s
+
     def init_output_streamer(self) -> None:
         """Changes: each output token is stamped with the time it leaves the scheduler."""
         super().init_output_streamer()
@@ -188,6 +245,10 @@ class SloSchedulerMixin:
             self._slo_apply(decision.plan, running_batch)
         if decision.spec_steps is not None and slo.spec is not None:
             slo.spec.current = decision.spec_steps  # the leading rank's choice (its own on that rank)
+        if self.waiting_queue and time.monotonic() - slo.drain_at > DRAIN_REFRESH_S:
+            self._slo_queue_drain_s()  # what /slo/status and the router's Retry-After read
+        elif not self.waiting_queue and slo.drain_s:
+            slo.drain_s = 0.0
         if slo.chunker is not None:
             return self._prefill_dynamic_chunk(running_batch)
         if not slo.prefill_open and running_batch.reqs:
@@ -318,7 +379,7 @@ class SloSchedulerMixin:
             return None, None
         view = self._slo_view(running_batch)
         knob_model = self.slo.meter.knob_model(self._slo_spec_steps(), self.slo.spec_alpha())
-        return self.slo.planner.plan(view, knob_model), view
+        return self.slo.planner.plan(view, knob_model, self.slo.perf), view
 
     def _slo_decide(self, running_batch: Any) -> PassDecision:
         """The plan, and the speculation length for the next decode batches (the leading rank's
@@ -344,7 +405,7 @@ class SloSchedulerMixin:
         if plan.drop:
             keep, dropped = split_dropped(self.waiting_queue, plan.drop)
             for req, reason in dropped:
-                self._slo_abort_waiting(req, reason)
+                self._slo_abort_waiting(req, reason, plan.waits.get(req.rid))
             self.waiting_queue[:] = keep
         order_waiting(self.waiting_queue, plan, slo.states)
         slo.best_effort_waiting = len(plan.best_effort)
@@ -357,9 +418,10 @@ class SloSchedulerMixin:
         if plan.batch_cap is not None and len(running_batch.reqs) < plan.batch_cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
 
-    def _slo_abort_waiting(self, req: Any, reason: str) -> None:
-        """End a queued request with a 503 and `reason` (what SGLang's abort of a queued request
-        frees: its hicache entry; on a PD prefill worker its metadata slot and KV sender)."""
+    def _slo_abort_waiting(self, req: Any, reason: str, wait_s: float | None = None) -> None:
+        """End a queued request with a 503, `reason` and its predicted wait (what SGLang's abort
+        of a queued request frees: its hicache entry; on a PD prefill worker its metadata slot
+        and KV sender)."""
         if self.enable_hicache_storage:
             self.tree_cache.release_aborted_request(req.rid)
         if _disagg_role(self) == PREFILL:
@@ -368,9 +430,11 @@ class SloSchedulerMixin:
             sender = getattr(req, "disagg_kv_sender", None)
             if pending and sender is not None and hasattr(sender, "abort"):
                 sender.abort()
-        finished = {"type": "abort", "status_code": HTTPStatus.SERVICE_UNAVAILABLE, "message": reason}
+        state = self.slo.states.get(req.rid)
+        finished = shed_finish_reason(reason, wait_s, None if state is None else state.slo)
         self.ipc_channels.send_to_tokenizer.send_output(AbortReq(finished_reason=finished, rid=req.rid), req)
         self.slo.dropped += 1
+        self.slo.shed[finished["reason"]] += 1
         self.slo.states.forget(req.rid)
         self.slo.views.forget(req.rid)
         logger.debug("dropped %s: %s", req.rid, reason)
@@ -462,6 +526,11 @@ class SloSchedulerMixin:
                 "stage_deadlines_matched": slo.compound.matched,
             },
             plan_errors=slo.planner.errors,
+            queue_drain_s=None if slo.drain_s is None else round(slo.drain_s, 4),
+            shed=dict(slo.shed),
+            max_queued_requests=self.max_queued_requests,
+            max_queued_tokens=slo.config.max_queued_tokens,
+            max_input_tokens=getattr(self, "max_req_input_len", None),
             preempted=slo.preempted,
             emulation=None
             if slo.meter.pacer is None

@@ -4,6 +4,7 @@ scheduler initialises (SGLang's init already calls some of the adapter's overrid
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,11 @@ class SloComponents:
     prefill_deferred: int = 0  # passes the plan turned into decode passes
     preempted: int = 0
     best_effort_waiting: int = 0
+    shed: Counter[str] = field(default_factory=Counter)  # public shed reason -> requests
+    # the queue's predicted drain (a newcomer's wait), recomputed at most once per pass
+    drain_s: float | None = None
+    drain_step: int = -1
+    drain_at: float = float("-inf")  # time.monotonic() of the last estimate
 
     def start_dynamic_chunking(self, startup_chunk: int, page_size: int) -> None:
         self.chunker = PrefillChunker(startup_chunk, page_size)

@@ -164,15 +164,20 @@ def test_the_local_address_towards_a_router() -> None:
 
 def _agent_config(monkeypatch: pytest.MonkeyPatch, host: str, **membership: Any) -> Any:
     from server import sglang_http, worker_agent
+    from server.draining import Drain
 
     captured: list[Any] = []
-    monkeypatch.setattr(worker_agent, "start_agent_thread", lambda config, engine: captured.append(config))
+    monkeypatch.setattr(
+        worker_agent,
+        "start_agent_thread",
+        lambda config, engine, drain: captured.append(config) or SimpleNamespace(hand_back=lambda: None),
+    )
     server_args = SimpleNamespace(
         host=host, port=31000, model_path="m", api_key=None, disaggregation_mode="null", disaggregation_bootstrap_port=1
     )
     config = SimpleNamespace(emulate_slowdown=1.0, emulate_profile=None)
     member = sglang_http.RouterMembership("tcp://127.0.0.1:30100", "w0", "cpu", **membership)
-    sglang_http._join_router(server_args, config, member, None, dict)
+    sglang_http._join_router(server_args, config, member, None, dict, Drain(), [])
     return captured[0]
 
 

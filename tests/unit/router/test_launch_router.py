@@ -157,6 +157,27 @@ def test_history_quantile_predictor_bounds_lengths_and_bad_specs_name_the_flag()
         launch_router.build_service(RouterConfig(routing_policy="goodserve", length_predictor="history:2"))
 
 
+def test_overload_and_trust_flags(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("SGLANG_SLO_WORKER_SECRET", raising=False)
+    cfg = _config()
+    assert cfg.max_queued_requests is None and cfg.request_timeout_s == 600.0 and cfg.worker_secret is None
+    assert cfg.stall_after_s == 30.0 and cfg.forget_after_s == 600.0
+    cfg = _config("--max-queued-requests", "8", "--request-timeout-s", "0", "--stall-after-s", "5")
+    assert cfg.max_queued_requests == 8 and cfg.request_timeout_s is None and cfg.stall_after_s == 5.0
+    secret = tmp_path / "secret"
+    secret.write_text("a worker secret from a file\n")
+    assert _config("--worker-secret-file", str(secret)).worker_secret == b"a worker secret from a file"
+    assert _config("--api-key", "k").worker_secret is not None  # the legacy stand-in, with a warning
+    for argv, flag in (
+        (["--worker-secret", "short"], "--worker-secret"),
+        (["--max-queued-requests", "0"], "--max-queued-requests"),
+        (["--request-timeout-s", "-1"], "--request-timeout-s"),
+        (["--forget-after-s", "0"], "--forget-after-s"),
+    ):
+        with pytest.raises(SystemExit, match=flag):
+            _config(*argv)
+
+
 def test_remote_workers_need_the_routers_curve_keys(tmp_path: Path) -> None:
     import zmq.auth
 
