@@ -414,9 +414,23 @@ class SloSchedulerMixin:
         slo.batch_cap = plan.batch_cap
         slo.prefill_open = plan.prefill
         if slo.startup_chunk:
-            self.chunked_prefill_size = plan.chunk_size or slo.startup_chunk
+            self.chunked_prefill_size = self._slo_sglang_chunk(plan.chunk_size, len(running_batch.reqs))
         if plan.batch_cap is not None and len(running_batch.reqs) < plan.batch_cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
+
+    def _slo_sglang_chunk(self, prefill_tokens: int | None, running: int) -> int:
+        """SGLang's chunked_prefill_size for a plan's prefill token budget. With mixed batching
+        SGLang charges the decodes riding in the step to the same budget (PrefillAdder's
+        rem_chunk_tokens = chunked_prefill_size - running decodes), so they are added back:
+        a budget smaller than the running batch left SGLang a negative chunk, and a request
+        with a negative extend length crashed the scheduler (torch.arange in compute_position).
+        Never above the start-up size, which SGLang sized its buffers on."""
+        startup = self.slo.startup_chunk
+        assert startup
+        if prefill_tokens is None:
+            return startup
+        riding = running if self.is_mixed_chunk else 0
+        return max(1, min(startup, prefill_tokens + riding))
 
     def _slo_abort_waiting(self, req: Any, reason: str, wait_s: float | None = None) -> None:
         """End a queued request with a 503, `reason` and its predicted wait (what SGLang's abort
