@@ -99,6 +99,7 @@ STATUS_EVENTS = (
     "timed_out",
     "reconciled_lost",
     "orphans_aborted",
+    "stale_aborts_sent",
     "foreign_dropped",
     "workers_stalled",
     "workers_forgotten",
@@ -488,7 +489,10 @@ class Dispatcher:
     async def _flush_aborts(self, flight: _Flight) -> None:
         stale, flight.stale = flight.stale, []
         for worker_id in stale:
-            await self._send(worker_id, Abort(rid=flight.route.rid))
+            # A hung worker's socket still takes it (ZMQ queues it): it aborts its copy when it
+            # wakes; one that is gone is reconciled (`orphans_aborted`) when it registers again.
+            if await self._send(worker_id, Abort(rid=flight.route.rid)):
+                self.counters["stale_aborts_sent"] += 1
 
     def _policy_views(
         self, now: float, route: RouteRequest | None, exclude: set[str] | frozenset[str] = frozenset()

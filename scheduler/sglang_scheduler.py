@@ -412,6 +412,7 @@ class SloSchedulerMixin:
         if not slo.knobs_on or slo.chunker is not None:
             return
         slo.batch_cap = plan.batch_cap
+        slo.prefill_tokens = plan.chunk_size
         slo.prefill_open = plan.prefill
         if slo.startup_chunk:
             self.chunked_prefill_size = self._slo_sglang_chunk(plan.chunk_size, len(running_batch.reqs))
@@ -526,6 +527,7 @@ class SloSchedulerMixin:
             dropped_in_queue=slo.dropped,
             prefill_deferred=slo.prefill_deferred,
             batch_cap=slo.batch_cap,
+            prefill_tokens=slo.prefill_tokens,
             startup_chunk_size=slo.startup_chunk,
             chunk_budget=slo.chunk_budget,
             dynamic_chunking=None if slo.chunker is None else slo.chunker.status(),

@@ -13,12 +13,13 @@ import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import fastapi
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
+from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
@@ -227,6 +228,7 @@ def launch(server_args: Any, config: SloServerConfig, membership: RouterMembersh
         agent_token=agent_token,
         drain=drain,
         on_started=on_started,
+        vertex_fields=frozenset(f.name for f in fields(GenerateReqInput)),
     )
     if membership is not None:
         _join_router(server_args, config, membership, agent_token, lambda: dict(subscriber.latest), drain, pre_exit)

@@ -162,8 +162,12 @@ class SloMiddleware:
         agent_token: str | None = None,
         drain: Drain | None = None,
         on_started: Callable[[], None] | None = None,
+        vertex_fields: frozenset[str] | None = None,
     ) -> None:
         self.app = app
+        # SGLang spreads a Vertex body's "parameters" into GenerateReqInput(**parameters): a name
+        # it does not know is a TypeError there (a 500), so it is a 400 here. None: not checked.
+        self.vertex_fields = vertex_fields
         self.book = book
         self.default_slo = default_slo
         self.status = status
@@ -233,6 +237,9 @@ class SloMiddleware:
                 target = body["parameters"] = {}
             if not isinstance(target, dict):
                 return await _respond(send, 400, error_body("parameters", "must be an object"))
+            unknown = sorted(set(target) - self.vertex_fields) if self.vertex_fields is not None else []
+            if unknown:
+                return await _respond(send, 400, error_body(f"parameters.{unknown[0]}", "is not a generate field"))
         try:
             if not ctx.from_agent:
                 _strip_body(target, kind)

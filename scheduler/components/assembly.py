@@ -56,6 +56,7 @@ class SloComponents:
     # per pass
     step: int = 0
     batch_cap: int | None = None
+    prefill_tokens: int | None = None  # the plan's prefill budget per step (None: SGLang's own)
     decode_cap: int | None = None  # PD decode: admission cap at the last pass
     solo_pass: bool = False  # PD prefill: this pass finishes one request whole, alone
     prefill_open: bool = True  # False: the plan deferred prefill, this pass decodes

@@ -23,6 +23,7 @@ class SchedulerStatus:
     dropped_in_queue: int
     prefill_deferred: int  # passes that decoded because no prefill fitted the running requests' slack
     batch_cap: int | None
+    prefill_tokens: int | None  # the plan's prompt tokens per step; the chunk adds riding decodes
     startup_chunk_size: int | None
     chunk_budget: int | None
     dynamic_chunking: dict[str, int] | None

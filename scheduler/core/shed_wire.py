@@ -93,7 +93,18 @@ def shed_from(fields: Mapping[str, Any] | None) -> Shed | None:
         retry_after_s=1 if retry is None else max(1, math.ceil(retry)),
         predicted_wait_ms=_number(fields.get(PREDICTED_WAIT_KEY)),
         slo_class=cls if isinstance(cls, str) else None,
+        code=_code(fields.get("message"), str(fields[SHED_REASON_KEY])),
     )
+
+
+def _code(message: Any, reason: str) -> str | None:
+    """The engine's short code back from a finish reason's message ("slo_queue_timeout") or an
+    error object's ("slo_queue_timeout: the request was ..."), so that a shed passed along by
+    the middleware or the router still names it."""
+    if not isinstance(message, str):
+        return None
+    head = message.split(": ", 1)[0]
+    return head if head and " " not in head and head != reason else None
 
 
 def _number(value: Any) -> float | None:

@@ -18,7 +18,10 @@ import psutil
 
 
 def _port_free(port: int) -> bool:
+    """Nobody listens on it: SO_REUSEADDR, as every server sets, so that the closed connections
+    still in TIME_WAIT (the kernel's, not a process's) do not count."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
@@ -31,6 +34,8 @@ def test_a_killed_launcher_leaves_no_process_and_no_port(tmp_path: Path) -> None
     config.write_text("router: {}\nworkers:\n  - model_path: tiny\n")
     workers_file = tmp_path / "workers.json"
     log = (tmp_path / "launcher.log").open("wb")
+    # Processes this test did not start (the suite's shared servers) must outlive its clean-up.
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
     launcher = subprocess.Popen(
         [sys.executable, "-m", "launch_cluster", str(config), "--workers-file", str(workers_file)],
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -56,5 +61,5 @@ def test_a_killed_launcher_leaves_no_process_and_no_port(tmp_path: Path) -> None
         if launcher.poll() is None:
             launcher.kill()
         for p in psutil.Process().children(recursive=True):
-            if p.pid != launcher.pid:
+            if p.pid not in before and p.pid != launcher.pid:
                 p.kill()

@@ -103,6 +103,7 @@ def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
     """With a given profile (the H100 one: deterministic predictions, unlike this CPU's timing)."""
     profile = Path(__file__).resolve().parents[2] / "scheduler/profiles/h100-llama3-8b.json"
     args = ["--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256", "--slo-batching", "mixed"]
+    args += ["--slo-policy-param", "slo_levers=true"]  # plain edf keeps SGLang's batch shape
     with ServerProcess(*args, "--slo-perf-profile", str(profile), name="knobs") as server:
         status = server.status_when(lambda s: "perf_model" in s["engine"], timeout=10)
         assert status["engine"]["perf_model"]["ready"], status["engine"]["perf_model"]
@@ -114,4 +115,8 @@ def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
         _burst(server, {"ttft_ms": 60_000, "tpot_ms": tight_ms})
         tight = server.status_when(lambda s: s["engine"]["batch_cap"] != loose["batch_cap"])["engine"]
         assert loose["batch_cap"] > tight["batch_cap"] >= 1, (decode_ms, loose, tight)
-        assert tight["chunk_size"] < loose["chunk_size"] <= loose["startup_chunk_size"] == 256
+        # The chunk follows the running requests' banked slack (a 60 s TTFT banks plenty here; the
+        # sizing itself is tests/unit/core/test_batch_knobs.py): here, that the engine applies
+        # the plan's prefill budget within the start-up chunk it sized its buffers on.
+        assert loose["startup_chunk_size"] == 256 and 1 <= tight["prefill_tokens"] <= 256
+        assert tight["chunk_size"] <= 256

@@ -191,11 +191,16 @@ def test_a_frozen_worker_loses_its_stream_whole_and_its_orphan_is_aborted(pool: 
     after = pool.status()["dispatcher"]
     assert after["resubmitted"] > before["resubmitted"] and after["workers_lost"] > before["workers_lost"]
     pool.wait(lambda: owner in pool.healthy(), timeout=30, what="the thawed worker back")
+    # Its copy is aborted either by the abort queued on its socket while it hung, or by the
+    # reconciliation of its first load report when it answers again.
+    aborts = ("orphans_aborted", "stale_aborts_sent")
     pool.wait(
-        lambda: pool.status()["dispatcher"]["orphans_aborted"] > before["orphans_aborted"],
+        lambda: sum(pool.status()["dispatcher"][k] - before[k] for k in aborts) > 0,
         timeout=30,
         what="orphan aborted",
     )
+    worker = pool.workers[owner]
+    pool.wait(lambda: HTTP.get(worker.url + "/slo/status", timeout=10).json()["engine"]["running"] == 0, 30, "idle")
 
 
 def test_an_abusive_chat_request_is_refused_quickly_while_a_stream_flows(pool: Pool) -> None:

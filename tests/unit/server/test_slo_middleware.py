@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 import server.slo_middleware as slo_middleware
-from scheduler.core.shed_wire import Shed
+from scheduler.core.shed_wire import Shed, shed_from
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.reporting.metrics import SloMetrics
 from scheduler.reporting.reports import SloReportBook
@@ -476,6 +476,25 @@ def test_invocations_and_vertex_are_validated_and_injected():
     assert "slo" not in params and params["sampling_params"]["custom_params"][SLO_PARAM]["ttft_ms"] == 100
     bad = Response(call(mw, "POST", "/vertex_generate", _json({"instances": [], "parameters": {"slo": {"x": 1}}})))
     assert bad.status == 400 and bad.json()["error"]["param"] == "parameters.slo.x"
+
+
+def test_a_vertex_parameter_generate_does_not_take_is_a_400_naming_it():
+    inner = FakeApp()
+    mw = SloMiddleware(inner, SloReportBook(SloMetrics()), DEFAULT, lambda: {}, vertex_fields=frozenset({"text"}))
+    body = {"instances": [{}], "parameters": {"text": "", "junk": None}}
+    bad = Response(call(mw, "POST", "/vertex_generate", _json(body)))
+    assert bad.status == 400 and bad.json()["error"]["param"] == "parameters.junk" and not inner.calls
+    call(mw, "POST", "/vertex_generate", _json({"instances": [{}], "parameters": {"text": "x"}}))
+    assert len(inner.calls) == 1
+
+
+@pytest.mark.parametrize("carrier", ["finish_reason", "error_body"])
+def test_a_sheds_engine_code_survives_the_wire(carrier):
+    shed = Shed("queue_timeout", retry_after_s=2, code="slo_queue_timeout")
+    fields = shed.finish_reason() if carrier == "finish_reason" else shed.body()["error"]
+    back = shed_from(fields)
+    assert back is not None and back.code == "slo_queue_timeout" and back.message == shed.message
+    assert shed_from(Shed("queue_full", retry_after_s=1).body()["error"]).code is None
 
 
 class ShedApp(FakeApp):
