@@ -93,6 +93,7 @@ class _State:
     prefilled: int = 0  # progress towards prefill_target
     first_token_time: float | None = None
     pieces: list[float | tuple[int, int]] = field(default_factory=list)  # token times: one, or a decode-step range
+    emitted: int = 0  # token times in `pieces`
     admitted_seq: int = 0
     preemptions: int = 0
     be_tier: bool = False
@@ -100,15 +101,16 @@ class _State:
     seg_start: int = 0  # the engine's decode-step index where the current decode segment began
     epoch: int = 0  # bumped when a decode segment ends: stale finish-heap entries are skipped
     removed: bool = False  # taken away mid-step (migration): dropped silently at the step's end
+    key: str = ""  # whose attained service it counts towards: its program, else itself
     view: RequestView | None = None
+    view_settled: bool = False  # its view cannot change while it waits (refreshed since it last ran)
+
+    def __post_init__(self) -> None:
+        self.key = self.req.slo.program_id or self.req.rid
 
     @property
     def needs_prefill(self) -> bool:
         return self.prefilled < self.prefill_target
-
-    @property
-    def key(self) -> str:
-        return self.req.slo.program_id or self.req.rid
 
 
 @dataclass
@@ -199,6 +201,18 @@ class SimEngine:
 
     def generated(self, st: _State) -> int:
         return st.gen_base + (len(self.decode_times) - st.seg_start if st.decoding else 0)
+
+    def emitted(self, rid: str) -> int | None:
+        """Tokens this engine has emitted for `rid` so far (None: not here)."""
+        st = self._by_rid.get(rid)
+        if st is None:
+            return None
+        return st.emitted + (len(self.decode_times) - st.seg_start if st.decoding else 0)
+
+    def tokens(self, rid: str) -> list[float] | None:
+        """Token times this engine has emitted for `rid` so far (None: not here)."""
+        st = self._by_rid.get(rid)
+        return None if st is None else self.tokens_of(st)
 
     def tokens_of(self, st: _State) -> list[float]:
         """Token times so far (decode segments materialised from the engine's step times)."""
@@ -296,6 +310,7 @@ class SimEngine:
                 break
             self._seq += 1
             st.admitted_seq = self._seq
+            st.view_settled = False
             self.running[self._seq] = st
             admitted += 1
             free_kv -= context + 1
@@ -340,6 +355,7 @@ class SimEngine:
         done: list[_State] = []
         for st in step.joined:  # PD decode: the prefill's first token reaches the client now
             st.pieces.append(step.start)
+            st.emitted += 1
             if st.first_token_time is None:
                 st.first_token_time = step.start
                 first.append((st.req, step.start))
@@ -369,6 +385,7 @@ class SimEngine:
             completed = True
             st.gen_base += 1
             st.pieces.append(t)
+            st.emitted += 1
             self.kv_used += 1
             emitted += 1
             if st.first_token_time is None:
@@ -399,22 +416,58 @@ class SimEngine:
     # ---- views -------------------------------------------------------------------------------
     def view(self, now: float) -> EngineView:
         """What the policy sees now: every waiting and running request, engine limits."""
-        live: dict[str, int] = {}
-        n = len(self.decode_times)
-        for st in self.running.values():
-            if st.decoding:
-                key = st.key
-                live[key] = live.get(key, 0) + n - st.seg_start
+        live = self._live_service()
         return EngineView(
             now=now,
-            waiting=[self._view(st, live) for st in self.waiting],
-            running=[self._view(st, live) for st in self.running.values()],
+            waiting=[self._waiting_view(st, live) for st in self.waiting],
+            running=self._running_views(live),
             max_running_requests=self.cfg.max_running_requests,
             chunk_size=self.cfg.chunk_size,
             free_kv_tokens=self.cfg.total_kv_tokens - self.kv_used,
             total_kv_tokens=self.cfg.total_kv_tokens,
             step=self.steps,
         )
+
+    def _live_service(self) -> dict[str, int]:
+        """Decode tokens of the running segments, per key: what `_attained` has not folded in yet."""
+        live: dict[str, int] = {}
+        n = len(self.decode_times)
+        for st in self.running.values():
+            if st.decoding:
+                key = st.key
+                live[key] = live.get(key, 0) + n - st.seg_start
+        return live
+
+    def _waiting_view(self, st: _State, live: dict[str, int]) -> RequestView:
+        """A waiting request's view; one that has not run since its last refresh, counts its
+        service alone (no program) and has no predictor to re-ask, only changes its tier."""
+        view = st.view
+        if st.view_settled and view is not None:
+            view.best_effort_tier = st.be_tier
+            return view
+        view = self._view(st, live)
+        st.view_settled = st.key == st.req.rid and self.predictor is None and not self.record_trace
+        return view
+
+    def _running_views(self, live: dict[str, int]) -> list[RequestView]:
+        """Running requests' views: `_view`'s refresh inlined, since it runs for every running
+        request at every planned step (what changes: tokens, service, the first token)."""
+        if self.record_trace or self.predictor is not None:
+            return [self._view(st, live) for st in self.running.values()]
+        n = len(self.decode_times)
+        attained = self._attained
+        out = []
+        for st in self.running.values():
+            view = st.view
+            if view is None:
+                out.append(self._view(st, live))
+                continue
+            view.generated = st.gen_base + (n - st.seg_start if st.decoding else 0)
+            view.first_token_time = st.first_token_time
+            view.attained_service = attained.get(st.key, 0.0) + live.get(st.key, 0)
+            view.best_effort_tier = st.be_tier
+            out.append(view)
+        return out
 
     def _view(self, st: _State, live: dict[str, int]) -> RequestView:
         r = st.req
@@ -513,6 +566,7 @@ class SimEngine:
         gained = n - st.seg_start
         if gained > 0:
             st.pieces.append((st.seg_start, n))
+            st.emitted += gained
             st.gen_base += gained
             key = st.key
             self._attained[key] = self._attained.get(key, 0.0) + gained
@@ -554,6 +608,7 @@ class SimEngine:
             k = min(1 + int(extra), st.req.output_len - st.gen_base)
             st.gen_base += k
             st.pieces.extend([t] * k)
+            st.emitted += k
             self.kv_used += k
             key = st.key
             self._attained[key] = self._attained.get(key, 0.0) + k
