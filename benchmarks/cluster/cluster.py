@@ -19,18 +19,20 @@ Deterministic for a given workload, pool and seed: no wall-clock time enters a d
 from __future__ import annotations
 
 import heapq
-import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from benchmarks.cluster.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
+from benchmarks.cluster.prefixes import prefix_hashes
 from benchmarks.cluster.routing import Flight, SimRouter
 from benchmarks.cluster.speculation import SimSpeculation
 from benchmarks.cluster.worker import DECODE, PREFILL, EngineOptions, SimWorker
+from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_record
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.simulated import sim_requests
+from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from scheduler.core.sim import Arrivals
 from scheduler.core.sim_engine import KV_TOO_LARGE, PREFILLED, SimRequest, StepOutcome
 
@@ -51,21 +53,29 @@ class ClusterConfig:
     kv_link_gb_s: float = 50.0  # PD: KV transfer bandwidth per pair (GB/s)
     kv_latency_s: float = 0.001
     speculation: str | None = None  # "fixed:S" | "slo" | "slo:S"
-    spec_alpha: float = 0.7
-    draft_ratio: float = 0.1
+    spec_alpha: float = 0.7  # the draft's true acceptance rate (engines only see verify results)
+    draft_ratio: float = 0.1  # a draft step's cost over the target's decode step
+    spec_mixed: bool = False  # prefill rides in verify batches (SLOs-Serve's design; SGLang runs them apart)
+    prefix_cache: bool = True  # engines reuse computed prompt blocks (SGLang's radix cache)
+    trace_block_tokens: int = MOONCAKE_BLOCK_TOKENS  # the trace's prefix block (WorkloadSpec.block_tokens)
     seed: int = 0
     horizon_s: float | None = None  # stop this long after the last open-loop arrival
+    stream_scores: bool = False  # score each request as it ends and drop its token times (long runs)
 
 
 @dataclass
 class ClusterResult:
-    records: list[RequestRecord]
+    records: list[RequestRecord]  # every planned request as the client saw it (empty when streamed)
+    scored: list[Scored]  # every request scored (records kept only as far as the totals need)
     end_s: float
     wall_s: float
     events: int
     decision_ns: list[int]
     counters: dict[str, int]
     workers: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def metrics(self, duration_s: float | None = None, alpha: float = 1.0) -> RunMetrics:
+        return score_all(self.scored, duration_s, alpha)
 
     def decision_us(self) -> dict[str, float | None]:
         if not self.decision_ns:
@@ -97,8 +107,21 @@ class ClusterSim:
         for k, (wid, gpu, role) in enumerate(config.pool.workers()):
             spec = None
             if config.speculation and role != PREFILL:
-                spec = SimSpeculation(config.speculation, config.spec_alpha, config.draft_ratio, seed=config.seed + k)
-            workers.append(SimWorker(wid, card(gpu, config.pool.model), role, config.engine, clock, spec))
+                spec = SimSpeculation(
+                    config.speculation, config.spec_alpha, config.draft_ratio, config.seed + k, config.spec_mixed
+                )
+            workers.append(
+                SimWorker(
+                    wid,
+                    card(gpu, config.pool.model),
+                    role,
+                    config.engine,
+                    clock,
+                    spec,
+                    config.spec_mixed,
+                    prefix_block_tokens=64 if config.prefix_cache else 0,
+                )
+            )
         self.workers = workers
         self.by_id = {w.worker_id: w for w in workers}
         self.router = SimRouter(
@@ -114,6 +137,9 @@ class ClusterSim:
         self._seq = 0
         self._tracks: dict[str, _Track] = {}
         self._engine_req: dict[str, SimRequest] = {}  # rid -> the request as the workload sent it
+        self._planned: dict[str, PlannedRequest] = {}
+        self._program_start: dict[str, float] = {}  # program -> its first send
+        self._scored: dict[str, Scored] = {}  # streamed: requests scored as they ended
         self._arrivals: Arrivals | None = None
         self._pending_work = 0  # engine steps, wake-ups and KV transfers in the heap
         self.events = 0
@@ -131,7 +157,13 @@ class ClusterSim:
     def run(self, planned: Sequence[PlannedRequest]) -> ClusterResult:
         started = time.perf_counter()
         reqs = sim_requests(planned)
+        block = self.config.trace_block_tokens
+        for r, p in zip(reqs, planned, strict=True):
+            hashes = prefix_hashes(p.req, block)
+            if hashes:
+                r.prefix_hashes = hashes
         self._engine_req = {r.rid: r for r in reqs}
+        self._planned = {p.req.rid: p for p in planned}
         arrivals = self._arrivals = Arrivals(reqs)
         last_open = max((r.arrival for r in reqs if not r.parents), default=0.0)
         until = None if self.config.horizon_s is None else last_open + self.config.horizon_s
@@ -176,8 +208,13 @@ class ClusterSim:
                     self._migrate(rid, target)
                 if self._active():
                     self._push(t + (self.config.migrate_interval_s or 0.0), _TICK, None)
+        records = [self._record(p) for p in planned if p.req.rid not in self._scored]
+        scored = [self._scored.get(p.req.rid) for p in planned]
+        rest = iter(records)
+        scored_all = [s if s is not None else score_record(next(rest)) for s in scored]
         return ClusterResult(
-            records=self._records(planned),
+            records=[] if self.config.stream_scores else records,
+            scored=scored_all,
             end_s=self.now,
             wall_s=time.perf_counter() - started,
             events=self.events,
@@ -197,7 +234,12 @@ class ClusterSim:
     # ---- requests ----------------------------------------------------------------------------
     def _arrive(self, req: SimRequest) -> None:
         self._tracks[req.rid] = _Track(send_s=self.now)
-        route = self.router.route_request(req.rid, req.prompt_len, req.slo, self.now, req.max_new_tokens)
+        pid = self._planned[req.rid].req.program_id
+        if pid is not None and pid not in self._program_start:
+            self._program_start[pid] = self.now
+        route = self.router.route_request(
+            req.rid, req.prompt_len, req.slo, self.now, req.max_new_tokens, req.prefix_hashes
+        )
         flight = Flight(route)
         self.router.flights[req.rid] = flight
         self._place(flight, req)
@@ -237,6 +279,7 @@ class ClusterSim:
         self.router.release(flight)
         flight.done = True
         self.router.flights.pop(rid, None)
+        self._ended(rid)
         assert self._arrivals is not None
         self._arrivals.finished(rid, None)
 
@@ -293,8 +336,16 @@ class ClusterSim:
         if flight.owner is not None:
             self.by_id[flight.owner].forgot(rid)
         self.router.finished(flight, len(track.token_s))
+        self._ended(rid)
         assert self._arrivals is not None
         self._arrivals.finished(rid, t)
+
+    def _ended(self, rid: str) -> None:
+        """Streamed scoring: the request is scored now and its token times let go."""
+        if self.config.stream_scores:
+            self._scored[rid] = score_record(self._record(self._planned[rid]))
+            self._scored[rid].record.token_s = []
+            del self._tracks[rid]
 
     def _handed_off(self, prefill: SimWorker, flight: Flight, req: SimRequest, t: float) -> None:
         """A PD prefill is done: the KV travels to the decode worker of this placement."""
@@ -361,42 +412,35 @@ class ClusterSim:
             self._deliver(worker, resumed, flight)
 
     # ---- results -----------------------------------------------------------------------------
-    def _records(self, planned: Sequence[PlannedRequest]) -> list[RequestRecord]:
-        starts: dict[str, float] = {}
-        for p in planned:
-            track = self._tracks.get(p.req.rid)
-            pid = p.req.program_id
-            if pid is not None and track is not None and track.send_s is not None:
-                starts[pid] = min(starts.get(pid, math.inf), track.send_s)
-        out = []
-        for p in planned:
-            r = p.req
-            rec = RequestRecord(
-                key=r.rid,
-                cls=p.cls,
-                slo=p.slo,
-                prompt_tokens=r.prompt_tokens,
-                target_output_tokens=r.output_tokens,
-                scheduled_s=r.arrival_s,
-                program_id=r.program_id,
-                program_start_s=starts.get(r.program_id) if r.program_id else None,
-                program_deadline_s=None if p.program_deadline_ms is None else p.program_deadline_ms / 1000.0,
-            )
-            track = self._tracks.get(r.rid)
-            if track is not None and track.send_s is not None:
-                rec.send_s = track.send_s
-                if track.error is not None:
-                    rec.token_s = list(track.token_s or [])
-                    rec.finish_s, rec.finish_reason, rec.error = track.finish_s, "abort", track.error
-                elif track.finish_s is not None:
-                    rec.token_s = list(track.token_s or [])
-                    rec.finish_s, rec.finish_reason = track.finish_s, "length"
-                else:
-                    flight = self.router.flights.get(r.rid)
-                    rec.token_s = self._tokens_so_far(flight) if flight is not None else []
-                    rec.cut = True  # still queued or running when the simulation stopped
-            out.append(rec)
-        return out
+    def _record(self, p: PlannedRequest) -> RequestRecord:
+        """The request as the load generator would have recorded it."""
+        r = p.req
+        rec = RequestRecord(
+            key=r.rid,
+            cls=p.cls,
+            slo=p.slo,
+            prompt_tokens=r.prompt_tokens,
+            target_output_tokens=r.output_tokens,
+            scheduled_s=r.arrival_s,
+            program_id=r.program_id,
+            program_start_s=self._program_start.get(r.program_id) if r.program_id else None,
+            program_deadline_s=None if p.program_deadline_ms is None else p.program_deadline_ms / 1000.0,
+        )
+        track = self._tracks.get(r.rid)
+        if track is None or track.send_s is None:
+            return rec  # never sent: a parent failed, or the run ended first
+        rec.send_s = track.send_s
+        if track.error is not None:
+            rec.token_s = list(track.token_s or [])
+            rec.finish_s, rec.finish_reason, rec.error = track.finish_s, "abort", track.error
+        elif track.finish_s is not None:
+            rec.token_s = track.token_s or []
+            rec.finish_s, rec.finish_reason = track.finish_s, "length"
+        else:
+            flight = self.router.flights.get(r.rid)
+            rec.token_s = self._tokens_so_far(flight) if flight is not None else []
+            rec.cut = True  # still queued or running when the simulation stopped
+        return rec
 
     def _tokens_so_far(self, flight: Flight) -> list[float]:
         tokens = list(flight.prior_tokens)

@@ -14,6 +14,7 @@ from functools import cache
 
 from benchmarks.goodput.simulated import Card
 from router.pd import DECODE, MIXED, PREFILL
+from scheduler.core.perf_model import load_profile, profile_path
 
 ROLES = (MIXED, PREFILL, DECODE)
 # Illustrative on-demand prices in USD per GPU-hour (public cloud list prices vary by provider
@@ -90,6 +91,14 @@ class PoolSpec:
 def card(gpu: str, model: str = "llama3-8b") -> Card:
     """A profile's card, loaded once per process (they are read-only)."""
     return Card.load(gpu, model)
+
+
+@cache
+def sglang_chunk(gpu: str, model: str = "llama3-8b") -> int:
+    """SGLang's default chunked_prefill_size for the card's memory (server_args: 4096 below
+    60 GB, 8192 up to 160 GB, 16384 above)."""
+    gib = float(load_profile(profile_path(gpu, model))["hardware"]["mem_bytes"]) / 2**30
+    return 2048 if gib < 35 else 4096 if gib < 60 else 8192 if gib < 160 else 16384
 
 
 def parse_prices(text: str | None) -> dict[str, float]:

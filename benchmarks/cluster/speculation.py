@@ -31,7 +31,7 @@ SLO_CANDIDATES = (0, 1, 2, 3, 4)
 class SimSpeculation:
     """The `scheduler.core.sim_engine.Speculation` hook of one engine."""
 
-    def __init__(self, mode: str, alpha: float, draft_ratio: float, seed: int = 0) -> None:
+    def __init__(self, mode: str, alpha: float, draft_ratio: float, seed: int = 0, mixed: bool = False) -> None:
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"acceptance alpha must be in [0, 1), got {alpha}")
         self.alpha = alpha
@@ -41,7 +41,7 @@ class SimSpeculation:
         self.fixed = 0
         if mode == "slo" or mode.startswith("slo:"):
             top = int(mode.partition(":")[2] or SLO_CANDIDATES[-1])
-            self.controller = SloSpeculation(range(top + 1), draft_ratio, initial=top, mixed_batches=False)
+            self.controller = SloSpeculation(range(top + 1), draft_ratio, initial=top, mixed_batches=mixed)
         elif mode.startswith("fixed:"):
             self.fixed = int(mode.partition(":")[2])
         else:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from benchmarks.cluster.pool import sglang_chunk
 from benchmarks.goodput.simulated import Card
 from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
 from router.views import WorkerView
@@ -38,7 +39,7 @@ class EngineOptions:
     policy: str = "fcfs"
     policy_params: tuple[tuple[str, object], ...] = ()
     max_running: int = 256
-    chunk: int = 8192  # SGLang's chunked_prefill_size on 80 GB cards
+    chunk: int | None = None  # SGLang's chunked_prefill_size; None: its default for the card's memory
     mixed: bool = True  # mixed prefill+decode steps (the server's default on GPUs)
     stock_fcfs: bool = True  # fcfs runs as stock SGLang: separate prefill steps
 
@@ -52,21 +53,31 @@ class SimWorker:
         options: EngineOptions,
         clock: Callable[[], float],
         speculation: Speculation | None = None,
+        spec_mixed: bool = False,
+        prefix_block_tokens: int = 0,
     ) -> None:
         self.worker_id = worker_id
         self.card = card
         self.role = role
         self.clock = clock
+        self.registration_gpu, card_model = card.name.split("/")[0], card.name.split("/")[-1]
         policy: Policy = make_policy(options.policy, card.plan_with, **dict(options.policy_params))
-        mixed = options.mixed and not (options.policy == "fcfs" and options.stock_fcfs) and speculation is None
+        mixed = options.mixed and not (options.policy == "fcfs" and options.stock_fcfs)
+        mixed = mixed and (speculation is None or spec_mixed)  # SGLang runs prefill apart from verifies
         settings = settings_for(policy, mixed_batching=mixed, role=role)
-        chunk, startup = options.chunk, None
+        chunk = options.chunk if options.chunk is not None else sglang_chunk(self.registration_gpu, card_model)
+        startup = None
         if role == PREFILL and settings.knobs:
-            chunk = startup = 2 * options.chunk  # dynamic chunking starts SGLang at 2B, runs at B
+            chunk = startup = 2 * chunk  # dynamic chunking starts SGLang at 2B, runs at B
         self.engine = SimEngine(
             policy,
             card.pace,
-            EngineConfig(max_running_requests=options.max_running, chunk_size=chunk, total_kv_tokens=card.kv_tokens),
+            EngineConfig(
+                max_running_requests=options.max_running,
+                chunk_size=chunk,
+                total_kv_tokens=card.kv_tokens,
+                prefix_block_tokens=prefix_block_tokens,
+            ),
             settings,
             plan_perf=card.plan_with,
             speculation=speculation,
@@ -116,13 +127,16 @@ class SimWorker:
                 self.load.first_token(t - sent[0], sent[1], self.prefill_s_per_token)
         self._served += outcome.emitted
         if outcome.decodes:
-            if self._last_decode is not None:
-                gap = outcome.end - self._last_decode
-                per_token = gap * outcome.decodes / max(outcome.emitted, 1)
-                ema = self.load.decode
-                keep = (1.0 - ema.weight) ** outcome.decodes
-                ema.value = per_token if ema.value is None else keep * ema.value + (1.0 - keep) * per_token
+            # a request's previous chunk came at the last decode step, or (nothing decoded since)
+            # with its first token, at the latest when this step began
+            since = self._last_decode if self._last_decode is not None else outcome.start
+            per_token = (outcome.end - since) * outcome.decodes / max(outcome.decode_tokens, 1)
+            ema = self.load.decode
+            keep = (1.0 - ema.weight) ** outcome.decodes
+            ema.value = per_token if ema.value is None else keep * ema.value + (1.0 - keep) * per_token
             self._last_decode = outcome.end
+        if not self.engine.n_decoding:
+            self._last_decode = None
 
     def report(self) -> LoadReport:
         """The agent's LoadReport now, and the router's view of it."""

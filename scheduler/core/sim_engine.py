@@ -52,6 +52,7 @@ class SimRequest:
     parents: tuple[str, ...] = ()  # rids that must finish first: it arrives think_s after the last
     think_s: float = 0.0
     generated: int = 0  # output tokens it arrives with (a PD decode engine's hand-off)
+    prefix_hashes: tuple[int, ...] = ()  # chained hashes of its prompt's leading blocks (prefix reuse)
 
 
 @dataclass
@@ -59,6 +60,34 @@ class EngineConfig:
     max_running_requests: int = 8
     chunk_size: int = 512
     total_kv_tokens: int = 1 << 20
+    prefix_block_tokens: int = 0  # > 0: a prefix cache of blocks this size (requests' prefix_hashes)
+
+
+class PrefixCache:
+    """The engine's radix cache, as far as a simulator needs it: which leading prompt blocks were
+    computed here recently (an LRU bounded by the KV capacity). An admitted request's matched
+    blocks are not prefilled again; the cache's own KV is not counted against admissions."""
+
+    def __init__(self, block_tokens: int, max_blocks: int) -> None:
+        self.block_tokens = block_tokens
+        self.max_blocks = max(1, max_blocks)
+        self._lru: dict[int, None] = {}
+
+    def cached_tokens(self, hashes: Sequence[int], prompt_len: int) -> int:
+        n = 0
+        for h in hashes:
+            if h not in self._lru:
+                break
+            n += 1
+        return min(n * self.block_tokens, max(prompt_len - 1, 0))  # the last token is always computed
+
+    def insert(self, hashes: Sequence[int]) -> None:
+        lru = self._lru
+        for h in hashes:
+            lru.pop(h, None)
+            lru[h] = None
+        while len(lru) > self.max_blocks:
+            del lru[next(iter(lru))]
 
 
 class Speculation(Protocol):
@@ -129,10 +158,12 @@ class StepOutcome:
     """What one step did, for the caller's bookkeeping (load reports, records)."""
 
     end: float
+    start: float
     finished: list[Finished]
     first_tokens: list[tuple[SimRequest, float]]  # requests whose first token this step emitted
     decodes: int  # requests that decoded in this step
     emitted: int  # output tokens emitted
+    decode_tokens: int = 0  # of which by decoding requests (speculation: 1 + accepted drafts each)
 
 
 class SimEngine:
@@ -179,6 +210,11 @@ class SimEngine:
         self._chunk_budget = budget_from_startup(startup_chunk) if dynamic and startup_chunk else None
         self._startup_chunk = startup_chunk
         self._step: _Step | None = None
+        self.prefix = (
+            PrefixCache(config.prefix_block_tokens, config.total_kv_tokens // config.prefix_block_tokens)
+            if config.prefix_block_tokens > 0
+            else None
+        )
         self._dropped: list[Finished] = []  # the last plan's drops, until the caller takes them
         self._removed: list[_State] = []  # taken away while in the running step
 
@@ -319,15 +355,20 @@ class SimEngine:
                 self.kv_used += context
                 joined.append(st)
                 continue
-            st.prefilled, st.prefill_target = 0, context
+            cached = 0
+            if self.prefix is not None and st.req.prefix_hashes:
+                cached = self.prefix.cached_tokens(st.req.prefix_hashes, st.req.prompt_len)
+                if st.view is not None:
+                    st.view.prefix_cached = cached
+            st.prefilled, st.prefill_target = cached, context
+            self.kv_used += cached
             self.prefilling.append(st)
-            take = min(budget, context)
+            take = min(budget, context - cached)
             prefill.append((st, take))
             budget -= take
         if admitted:
             del self.waiting[:admitted]
-        mixed = self.settings.mixed_batching and self.spec is None
-        if prefill and not mixed:
+        if prefill and not self.settings.mixed_batching:
             n_decode = 0  # separate batching: a prefill step runs alone, every decode waits
         if not n_decode and not prefill and not joined:
             return None
@@ -362,8 +403,10 @@ class SimEngine:
             emitted += 1
             self._start_decoding(st, done)  # and it decodes in this very step
         decodes = step.decodes + len(step.joined)
+        decode_tokens = decodes
         if self.spec is not None:
-            emitted += self._spec_decode(step, t, done)
+            decode_tokens = self._spec_decode(step, t, done)
+            emitted += decode_tokens
         elif decodes:
             self.decode_times.append(t)
             self.kv_used += decodes
@@ -383,6 +426,8 @@ class SimEngine:
             if st.needs_prefill:
                 continue
             completed = True
+            if self.prefix is not None and st.req.prefix_hashes:
+                self.prefix.insert(st.req.prefix_hashes)
             st.gen_base += 1
             st.pieces.append(t)
             st.emitted += 1
@@ -411,7 +456,7 @@ class SimEngine:
             for st in self._removed:
                 self._leave_running(st)
             self._removed = []
-        return StepOutcome(t, finished, first, decodes, emitted)
+        return StepOutcome(t, step.start, finished, first, decodes, emitted, decode_tokens)
 
     # ---- views -------------------------------------------------------------------------------
     def view(self, now: float) -> EngineView:
@@ -488,7 +533,9 @@ class SimEngine:
                 max_new_tokens=r.max_new_tokens,
                 predicted_output_len=predicted,
                 first_token_time=st.first_token_time,
-                prefix_cached=0,
+                prefix_cached=self.prefix.cached_tokens(r.prefix_hashes, r.prompt_len)
+                if self.prefix is not None and r.prefix_hashes
+                else 0,
                 program_arrival=r.program_arrival,
                 stage_deadline=r.stage_deadline,
                 attained_service=attained,
