@@ -54,11 +54,11 @@ def _value(text: str) -> Any:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = doc_parser("python -m benchmarks.cluster", __doc__)
     c = p.add_argument_group("cluster")
-    c.add_argument("--pool", default="h100:4", help="gpu:count[:role] groups: h100:2,a40:4; h100:1:prefill,h100:3:decode")
+    c.add_argument("--pool", default="h100:4", help="gpu:count[:role],..: h100:2,a40:4, h100:1:prefill,h100:3:decode")
     c.add_argument("--model", default="llama3-8b")
     c.add_argument("--routing", default="least_request", help=f"comma list of {', '.join(ROUTING_POLICIES.names())}")
     c.add_argument("--routing-param", action="append", default=[], metavar="NAME=VALUE", help="routing parameter")
-    c.add_argument("--policy", default="fcfs", help="engine policies (comma list): fcfs, sarathi, edf, tempo, gmax, slos")
+    c.add_argument("--policy", default="fcfs", help="engine policies: fcfs, sarathi, edf, tempo, gmax, slos, ...")
     c.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE", help="engine policy parameter")
     c.add_argument("--max-running", type=int, default=256)
     c.add_argument("--chunk", type=int, help="chunked prefill size (default: SGLang's for the card's memory)")
