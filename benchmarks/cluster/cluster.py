@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -33,6 +33,7 @@ from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_reco
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.simulated import sim_requests
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
+from router.policies import RoutingContext, RoutingPolicy
 from scheduler.core.sim import Arrivals
 from scheduler.core.sim_engine import KV_TOO_LARGE, PREFILLED, SimRequest, StepOutcome
 
@@ -99,7 +100,12 @@ class _Track:
 
 
 class ClusterSim:
-    def __init__(self, config: ClusterConfig) -> None:
+    """`routing_policy`: build the router's policy from its context yourself (tests, a policy not
+    in the registry) instead of by `config.routing`."""
+
+    def __init__(
+        self, config: ClusterConfig, routing_policy: Callable[[RoutingContext], RoutingPolicy] | None = None
+    ) -> None:
         self.config = config
         self.now = 0.0
         clock = self._clock
@@ -131,6 +137,7 @@ class ClusterSim:
             clock,
             config.length_predictor,
             delivered=self._delivered,
+            make_policy=routing_policy,
         )
         self.kv_bytes = KV_BYTES_PER_TOKEN.get(config.pool.model, KV_BYTES_PER_TOKEN["llama3-8b"])
         self._heap: list[tuple[float, int, int, Any]] = []

@@ -24,7 +24,7 @@ from typing import Any
 from benchmarks.cluster.worker import SimWorker
 from router.dispatcher import resume_route
 from router.pd import DECODE, PREFILL, PrefillChooser, decode_side_views, is_pd_pool
-from router.policies import NoWorkerError, RoutingContext, make_routing_policy
+from router.policies import NoWorkerError, RoutingContext, RoutingPolicy, make_routing_policy
 from router.protocol import LoadReport
 from router.service import make_length_predictor
 from router.views import Decision, RouteRequest, RunningView, WorkerView
@@ -81,6 +81,7 @@ class SimRouter:
         clock: Callable[[], float],
         length_predictor: str | None = "history:0.9",
         delivered: Callable[[Flight], int] | None = None,
+        make_policy: Callable[[RoutingContext], RoutingPolicy] | None = None,
     ) -> None:
         self.clock = clock
         self.workers = {w.worker_id: w for w in workers}
@@ -94,7 +95,10 @@ class SimRouter:
         self.pd = is_pd_pool(self.views)
         self.prefill_chooser = PrefillChooser()
         context = RoutingContext(running_on=self.running_on, clock=clock)
-        self.policy = make_routing_policy(policy, context, **params)
+        if make_policy is not None:
+            self.policy = make_policy(context)
+        else:
+            self.policy = make_routing_policy(policy, context, **params)
         self.predictor = make_length_predictor(length_predictor)
         self.delivered = delivered if delivered is not None else (lambda f: len(f.prior_tokens))
         self.decision_ns: list[int] = []
