@@ -29,7 +29,8 @@ def planned_requests(n: int = 60, rate: float = 30.0, seed: int = 0, chain_every
         t += rng.expovariate(rate)
         prompt, output = rng.randint(50, 1500), rng.randint(5, 300)
         if i % chain_every == 0:
-            first = TraceRequest(arrival_s=t, prompt_tokens=prompt, output_tokens=output, rid=f"r{i}a", program_id=f"p{i}")
+            pid = f"p{i}"
+            first = TraceRequest(arrival_s=t, prompt_tokens=prompt, output_tokens=output, rid=f"r{i}a", program_id=pid)
             second = TraceRequest(
                 arrival_s=t, prompt_tokens=200, output_tokens=20, rid=f"r{i}b", program_id=f"p{i}", parents=(f"r{i}a",)
             )
