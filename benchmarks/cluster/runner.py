@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.cluster.cluster import ClusterConfig, ClusterResult, ClusterSim
 from benchmarks.goodput.compare import auto_bin_s
-from benchmarks.goodput.metrics import RunMetrics, timeline
+from benchmarks.goodput.metrics import RunMetrics, makespan_scored, timeline
 from benchmarks.goodput.mixes import Calibration, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.workload import WorkloadSpec, plan
@@ -65,6 +65,7 @@ def simulate(run: Run, planned: list[PlannedRequest] | None = None) -> tuple[dic
             "wall_s": round(result.wall_s, 3),
             "events": result.events,
             "end_s": round(result.end_s, 3),
+            "makespan_s": makespan_scored(result.scored),
             "decision_us": result.decision_us(),
             "router": result.counters,
             "workers": result.workers,
