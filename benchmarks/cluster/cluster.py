@@ -31,9 +31,10 @@ from benchmarks.cluster.speculation import SimSpeculation
 from benchmarks.cluster.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_record
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.goodput.simulated import sim_requests
+from benchmarks.goodput.simulated import CLIENT_MAX_TOKENS, Card, sim_requests
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from router.policies import RoutingContext, RoutingPolicy
+from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.sim import Arrivals
 from scheduler.core.sim_engine import KV_TOO_LARGE, PREFILLED, SimRequest, StepOutcome
 
@@ -59,6 +60,8 @@ class ClusterConfig:
     spec_mixed: bool = False  # prefill rides in verify batches (SLOs-Serve's design; SGLang runs them apart)
     prefix_cache: bool = True  # engines reuse computed prompt blocks (SGLang's radix cache)
     trace_block_tokens: int = MOONCAKE_BLOCK_TOKENS  # the trace's prefix block (WorkloadSpec.block_tokens)
+    client_max_tokens: int = CLIENT_MAX_TOKENS  # the max_new_tokens clients send (the load generator's)
+    time_scale: float = 1.0  # every step this many times the card's (an emulated pool in dilated time)
     seed: int = 0
     horizon_s: float | None = None  # stop this long after the last open-loop arrival
     stream_scores: bool = False  # score each request as it ends and drop its token times (long runs)
@@ -87,6 +90,15 @@ class ClusterResult:
             "p50": ns[len(ns) // 2] / 1000.0,
             "p99": ns[min(len(ns) - 1, int(0.99 * len(ns)))] / 1000.0,
         }
+
+
+def _card(gpu: str, model: str, time_scale: float) -> Card:
+    """The profile's card, every step `time_scale` times longer (as `--emulate-slowdown` paces it)."""
+    base = card(gpu, model)
+    if time_scale == 1.0:
+        return base
+    slow_pace, slow_plan = SlowedPerfModel(base.pace, time_scale), SlowedPerfModel(base.plan_with, time_scale)
+    return replace(base, pace=slow_pace, plan_with=slow_plan)
 
 
 @dataclass
@@ -119,7 +131,7 @@ class ClusterSim:
             workers.append(
                 SimWorker(
                     wid,
-                    card(gpu, config.pool.model),
+                    _card(gpu, config.pool.model, config.time_scale),
                     role,
                     config.engine,
                     clock,
@@ -163,7 +175,7 @@ class ClusterSim:
     # ---- run ---------------------------------------------------------------------------------
     def run(self, planned: Sequence[PlannedRequest]) -> ClusterResult:
         started = time.perf_counter()
-        reqs = sim_requests(planned)
+        reqs = sim_requests(planned, self.config.client_max_tokens)
         block = self.config.trace_block_tokens
         for r, p in zip(reqs, planned, strict=True):
             hashes = prefix_hashes(p.req, block)

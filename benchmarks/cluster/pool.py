@@ -70,15 +70,8 @@ class PoolSpec:
         return any(g.role != MIXED for g in self.groups)
 
     def workers(self) -> list[tuple[str, str, str]]:
-        """(worker id, gpu, role) per worker, named as launch_cluster names them (h100-0, ...)."""
-        seen: dict[str, int] = {}
-        out = []
-        for g in self.groups:
-            for _ in range(g.count):
-                k = seen.get(g.gpu, 0)
-                seen[g.gpu] = k + 1
-                out.append((f"{g.gpu}-{k}", g.gpu, g.role))
-        return out
+        """(worker id, gpu, role) per worker, named as launch_cluster names them (h100-0, a40-1, ...)."""
+        return [(f"{g.gpu}-{i}", g.gpu, g.role) for i, g in enumerate(g for g in self.groups for _ in range(g.count))]
 
     def cost_per_hour(self, prices: Mapping[str, float]) -> float:
         missing = sorted({g.gpu for g in self.groups} - set(prices))

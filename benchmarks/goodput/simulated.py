@@ -56,7 +56,7 @@ class Card:
         )
 
 
-def sim_requests(planned: Sequence[PlannedRequest]) -> list[SimRequest]:
+def sim_requests(planned: Sequence[PlannedRequest], client_max_tokens: int = CLIENT_MAX_TOKENS) -> list[SimRequest]:
     """What the load generator would send, as simulator requests (the true length hidden)."""
     starts: dict[str, float] = {}
     for p in planned:
@@ -73,7 +73,7 @@ def sim_requests(planned: Sequence[PlannedRequest]) -> list[SimRequest]:
                 arrival=r.arrival_s,
                 prompt_len=r.prompt_tokens,
                 output_len=r.output_tokens,
-                max_new_tokens=max(CLIENT_MAX_TOKENS, r.output_tokens),
+                max_new_tokens=max(client_max_tokens, r.output_tokens),
                 program_arrival=starts.get(r.program_id) if slo.program_id is not None and r.program_id else None,
                 parents=tuple(r.parents),
                 think_s=r.think_s,

@@ -182,7 +182,7 @@ def test_shared_trace_prefix_blocks_hash_alike_and_the_engine_reuses_them() -> N
 def test_pool_specs() -> None:
     spec = PoolSpec.parse("h100:2:prefill,h100:3:decode,a40:1")
     assert spec.size == 6 and spec.is_pd
-    assert [w[0] for w in spec.workers()] == ["h100-0", "h100-1", "h100-2", "h100-3", "h100-4", "a40-0"]
+    assert [w[0] for w in spec.workers()] == ["h100-0", "h100-1", "h100-2", "h100-3", "h100-4", "a40-5"]
     assert spec.cost_per_hour({"h100": 4.0, "a40": 1.0}) == 21.0
     for bad in ("h100", "h100:2:prefill", "h100:x", "h100:1:bogus"):
         with pytest.raises(ValueError):
