@@ -18,6 +18,7 @@ Deterministic for a given workload, pool and seed: no wall-clock time enters a d
 
 from __future__ import annotations
 
+import gc
 import heapq
 import time
 from collections.abc import Callable, Sequence
@@ -175,6 +176,8 @@ class ClusterSim:
     # ---- run ---------------------------------------------------------------------------------
     def run(self, planned: Sequence[PlannedRequest]) -> ClusterResult:
         started = time.perf_counter()
+        gc.collect()
+        gc.freeze()  # the workload's objects live for the whole run: the collector need not rescan them
         reqs = sim_requests(planned, self.config.client_max_tokens)
         block = self.config.trace_block_tokens
         for r, p in zip(reqs, planned, strict=True):
@@ -227,6 +230,7 @@ class ClusterSim:
                     self._migrate(rid, target)
                 if self._active():
                     self._push(t + (self.config.migrate_interval_s or 0.0), _TICK, None)
+        gc.unfreeze()
         records = [self._record(p) for p in planned if p.req.rid not in self._scored]
         scored = [self._scored.get(p.req.rid) for p in planned]
         rest = iter(records)

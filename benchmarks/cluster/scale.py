@@ -38,8 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--routing", default="goodserve")
     p.add_argument("--policy", default="fcfs", help="engine policy")
     p.add_argument("--trace", default="azure-conv")
-    p.add_argument("--mix", default="goodserve")
-    p.add_argument("--slo-relative-to", default="a100")
+    p.add_argument("--mix", default="tempo")
+    p.add_argument("--slo-relative-to", help="rescale the mix's targets to this card (goodserve's: a100)")
+    p.add_argument("--max-output", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write the summary here too")
     args = p.parse_args(argv)
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         units=int(args.rate * args.duration),
         arrivals="poisson",
         max_prompt=8192,
-        max_output=2048,
+        max_output=args.max_output,
         mix=args.mix,
         seed=args.seed,
         cycle=True,
