@@ -32,7 +32,7 @@ from benchmarks.cluster.speculation import SimSpeculation
 from benchmarks.cluster.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_record
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.goodput.simulated import CLIENT_MAX_TOKENS, Card, sim_requests
+from benchmarks.goodput.simulated import CLIENT_MAX_TOKENS, Card, sim_requests, unsent_record
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from router.policies import RoutingContext, RoutingPolicy
 from scheduler.core.pacing import SlowedPerfModel
@@ -438,17 +438,7 @@ class ClusterSim:
     def _record(self, p: PlannedRequest) -> RequestRecord:
         """The request as the load generator would have recorded it."""
         r = p.req
-        rec = RequestRecord(
-            key=r.rid,
-            cls=p.cls,
-            slo=p.slo,
-            prompt_tokens=r.prompt_tokens,
-            target_output_tokens=r.output_tokens,
-            scheduled_s=r.arrival_s,
-            program_id=r.program_id,
-            program_start_s=self._program_start.get(r.program_id) if r.program_id else None,
-            program_deadline_s=None if p.program_deadline_ms is None else p.program_deadline_ms / 1000.0,
-        )
+        rec = unsent_record(p, self._program_start)
         track = self._tracks.get(r.rid)
         if track is None or track.send_s is None:
             return rec  # never sent: a parent failed, or the run ended first

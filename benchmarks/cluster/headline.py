@@ -197,6 +197,12 @@ def _range(values: Sequence[float], fmt: str = "{:.2f}") -> str:
     return f"{fmt.format(min(values))}–{fmt.format(max(values))}"
 
 
+def _best_of(per_load: dict[float, float]) -> str:
+    """The largest ratio over the loads, and each load's."""
+    each = ", ".join(f"{r:g}/s {v:.2f}" for r, v in per_load.items())
+    return f"{max(per_load.values()):.2f}× (per load: {each})"
+
+
 def _ratio(ours: float | None, paper: float) -> str:
     return "-" if ours is None or not paper else f"{ours / paper:.2f}"
 
@@ -244,7 +250,7 @@ def tempo(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
             "Tempo",
             "service gain vs vLLM-FCFS (up to)",
             "8.3×",
-            f"{max(gain.values()):.2f}× (per load: " + ", ".join(f"{r:g}/s {g:.2f}" for r, g in gain.items()) + ")",
+            _best_of(gain),
             _ratio(max(gain.values()), 8.3),
             why_gain,
         ),
@@ -252,7 +258,7 @@ def tempo(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
             "Tempo",
             "SLO goodput vs vLLM-FCFS (up to)",
             "10.3×",
-            f"{max(good.values()):.2f}× (per load: " + ", ".join(f"{r:g}/s {g:.2f}" for r, g in good.items()) + ")",
+            _best_of(good),
             _ratio(max(good.values()), 10.3),
             why_gain,
         ),
