@@ -32,6 +32,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import install_signal_handlers, resolve_model
+from benchmarks.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.compare import describe, doc_parser, header_run, uniform_length_control
 from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import write_results
@@ -209,8 +210,11 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
         per_device = bound.get("goodput_per_device_rps")
         size = mine[-1]["config"].get("layout_size", 0)
         optimum = None if per_device is None else per_device * size  # the router sized it in wall time
-        cells = [f"{att[r]:.1%}" if r in att else "-" for r in rates]
+        invalid = {run["rate"] for run in mine if verdict(run["config"].get("pacing"))["valid"] is False}
+        cells = [f"{att[r]:.1%}" + (" INVALID" if r in invalid else "") if r in att else "-" for r in rates]
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {shown} | {_fmt(optimum)} |")
+    if note := invalid_note(runs):
+        lines += ["", note]
     best_baseline = max(
         (c for label, c in capacity.items() if c is not None and not label.endswith("/polyserve")), default=None
     )

@@ -36,6 +36,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import ROOT, install_signal_handlers, resolve_model
+from benchmarks.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.compare import (
     Target,
     describe,
@@ -228,31 +229,8 @@ def flush_caches(cluster: Cluster) -> list[str]:
 
 def emulation_snapshot(cluster: Cluster) -> dict[str, dict[str, Any] | None]:
     """Each worker's pacing counters (cumulative since it started) from its /slo/status."""
-    out: dict[str, dict[str, Any] | None] = {}
-    for spec, server in zip(cluster.specs, cluster.servers, strict=True):
-        try:
-            out[spec.name] = requests.get(server.url + "/slo/status", timeout=5).json()["engine"]["emulation"]
-        except (requests.RequestException, ValueError, KeyError, TypeError):
-            out[spec.name] = None
-    return out
-
-
-def pacing_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> dict[str, Any] | None:
-    """One run's steps and late steps on one worker: did the emulation keep the card's pace?
-    (The error quantiles are the pacer's recent window, not per run.)"""
-    if not before or not after:
-        return None
-    steps = after["steps"] - before["steps"]
-    late = after["late_steps"] - before["late_steps"]
-    return {
-        "gpu_model": after.get("gpu_model"),
-        "steps": steps,
-        "late_steps": late,
-        "late_share": late / steps if steps else 0.0,
-        "unpaced_steps": after.get("unpaced_steps", 0) - before.get("unpaced_steps", 0),
-        "median_abs_error": after.get("median_abs_error"),
-        "p95_abs_error": after.get("p95_abs_error"),
-    }
+    pairs = zip(cluster.specs, cluster.servers, strict=True)
+    return {spec.name: emulation_counters(server.url) for spec, server in pairs}
 
 
 def router_counters(status: dict[str, Any] | None) -> dict[str, Any]:
@@ -321,8 +299,6 @@ def row_cells(run: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
     config = run.get("config") or {}
     router = router_counters(config.get("slo_status"))
     decisions = router.get("decision_ns") or {}
-    pacing = [p for p in (config.get("pacing") or {}).values() if p]
-    late = max((p["late_share"] for p in pacing), default=None)
     mine = lead(runs, run["label"], run.get("rate"))
     ratio = mine.ratio if mine else None
 
@@ -342,7 +318,7 @@ def row_cells(run: dict[str, Any], runs: list[dict[str, Any]]) -> list[str]:
         str(router.get("migrated", "-")),
         str(router.get("resubmitted", "-")),
         str(m.get("lost", "-")),
-        "-" if late is None else f"{late:.1%}",
+        late_cell(config.get("pacing")),
         f"{us('p50')} / {us('p99')}",
         _num(ratio, 2),
     ]
@@ -365,6 +341,8 @@ def mix_report(mix: str, runs: list[dict[str, Any]]) -> str:
     """The mix's section: the side-by-side table, then goodserve's lead at every rate."""
     rates = list(dict.fromkeys(r.get("rate") for r in runs))
     lines = [f"## {mix}", "", routing_table(runs), ""]
+    if note := invalid_note(runs):
+        lines += [note, ""]
     for rate in rates:
         if (found := lead(runs, OURS, rate)) is not None:
             lines.append(f"- @ {rate:g} units/s: {found.line()}")
@@ -464,9 +442,10 @@ def router_line(run: dict[str, Any]) -> str:
     router = router_counters(run["config"].get("slo_status"))
     decisions = router.get("decision_ns") or {}
     late = {name: f"{p['late_share']:.1%}" for name, p in (run["config"].get("pacing") or {}).items() if p}
+    invalid = verdict(run["config"].get("pacing"))["valid"] is False
     return (
         f"   router: migrated {router.get('migrated', '-')}, resubmitted {router.get('resubmitted', '-')}, "
-        f"decision p50 {decisions.get('p50', '-')} ns; late steps {late}"
+        f"decision p50 {decisions.get('p50', '-')} ns; late steps {late}" + (" INVALID" if invalid else "")
     )
 
 

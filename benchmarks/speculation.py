@@ -32,6 +32,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
+from benchmarks.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.compare import Target, describe, header_run, run_once
 from benchmarks.goodput.loadgen import LengthControl
 from benchmarks.goodput.metrics import check_consistency
@@ -149,6 +150,10 @@ def flush(url: str) -> None:
     requests.post(url + "/flush_cache", timeout=60)
 
 
+def _kept_pace(run: dict[str, Any]) -> bool:
+    return verdict(run["config"].get("pacing"))["valid"] is not False
+
+
 def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> str:
     rates = args.rates_of[mix]
     lines = [f"### {mix} (attainment at units/s; capacity at {args.target:.0%})", ""]
@@ -159,10 +164,13 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
         mine = {r["rate"]: r["metrics"].attainment for r in runs if r["label"] == config}
         cap, note = crossing(sorted(mine.items()), args.target)
         capacity[config] = cap
-        cells = [f"{mine[r]:.0%}" if r in mine else "-" for r in rates]
+        invalid = {r["rate"] for r in runs if r["label"] == config and not _kept_pace(r)}
+        cells = [f"{mine[r]:.0%}" + (" INVALID" if r in invalid else "") if r in mine else "-" for r in rates]
         above = " (all rates met it)" if note == "above" else ""
         shown = f"< {min(rates):g}" if cap is None else f"{cap:.2f}{above}"
         lines.append(f"| {config} | " + " | ".join(cells) + f" | {shown} |")
+    if note := invalid_note(runs):
+        lines += ["", note]
     base = capacity.get("none")
     for config, cap in capacity.items():
         if config != "none" and cap and base:

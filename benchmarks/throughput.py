@@ -41,6 +41,7 @@ import aiohttp
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _server import BenchServer, install_signal_handlers, resolve_model, stop_all  # noqa: E402
 
+from benchmarks.emulation_validity import emulation_counters, late_cell, verdict  # noqa: E402
 from benchmarks.workloads.text import PromptText  # noqa: E402
 from benchmarks.workloads.traces import load  # noqa: E402
 
@@ -146,6 +147,8 @@ def run_mode(mode: str, args: argparse.Namespace, sequence: list) -> dict[str, A
     try:
         row = asyncio.run(closed_loop(server.url, sequence, args.concurrency, args.requests, mode != "stock"))
         row["startup_s"] = server.startup_s
+        # an emulated worker (--server-arg=--emulate-gpu=...): its pace over the whole run (a fresh server)
+        row["pacing"] = {mode: emulation_counters(server.url)} if mode != "stock" else None
     finally:
         server.stop()
     return row
@@ -159,9 +162,10 @@ def summarize(rows: list[dict[str, Any]], modes: list[str]) -> str:
         x = r["output_tok_s"] / base[r["round"]] if base.get(r["round"]) else None
         r["x_fcfs"] = x
         p50 = "-" if r["latency_p50_s"] is None else f"{r['latency_p50_s']:.2f}"
+        flag = f" late steps {late_cell(r['pacing'])}" if verdict(r.get("pacing"))["valid"] is False else ""
         lines.append(
             f"{r['mode']:8} {r['round']:>5} {r['requests']:>5} {r['output_tok_s']:>7.1f} {r['req_s']:>6.2f} "
-            f"{p50:>6} {'-' if x is None else f'{x:.3f}':>7}"
+            f"{p50:>6} {'-' if x is None else f'{x:.3f}':>7}{flag}"
         )
     lines += ["", "median over rounds (tok/s ratio to fcfs of the same round):"]
     for mode in modes:

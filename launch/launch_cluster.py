@@ -7,8 +7,12 @@ policy) on 127.0.0.1, with `--emulate-gpu` (a GPU generation paced on the tiny m
 model (`model_path`), so a pool of mixed GPU generations can be served and routed on a CPU
 machine. With a `router` section, `python -m launch_router` fronts them and every worker joins
 its pool over ZMQ; clients then talk to the router's URL only. Everything starts together and
-is stopped by PID (process group) on Ctrl-C, SIGTERM or any start-up failure. `--workers-file`
-writes the running processes (name, gpu, url, pid) as JSON for a benchmark to read.
+is stopped by PID (process group) on Ctrl-C, SIGTERM or any start-up failure: all at once, each
+given `STOP_TIMEOUT_S` to drain and end before it is killed (a second Ctrl-C or SIGTERM kills at
+once); and every process watches this launcher, so none outlives it, even a SIGKILL of it.
+`--workers-file` writes the running processes (name, gpu, url, pid) as JSON for a benchmark to
+read. The router and its workers share a worker secret made for the run (or
+$SGLANG_SLO_WORKER_SECRET when set).
 
 YAML format:
     base_port: 31000            # optional; workers without `port` get consecutive ports from here
@@ -32,6 +36,10 @@ YAML format:
       - gpu: h100
         role: decode
         tier_ms: 50             # optional --worker-tier-ms: the TPOT tier it starts in (router only)
+      - model_path: /models/llama-3-8b   # on a GPU machine: which cards a worker sees and its share
+        gpu_ids: [0, 1]         # optional: CUDA_VISIBLE_DEVICES of the worker (with --tp-size 2 in args)
+        mem_fraction: 0.85      # optional --mem-fraction-static; workers sharing a card must each set
+        args: [--tp-size, "2"]  # it, together at most 0.95 of the card
 
 A prefill worker gets `--disaggregation-mode prefill --disaggregation-bootstrap-port P`, with P
 its HTTP port + 1000 (the next free one up when that is taken by a worker's HTTP port, the
@@ -43,6 +51,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import secrets
 import signal
 import sys
 import threading
@@ -55,16 +65,19 @@ from typing import Any
 import requests
 import yaml
 
+from router.worker_auth import SECRET_ENV
 from server.emulation import DEFAULT_MODEL, resolve
 from server.process import ServerProcess, free_port
 
 TOP_KEYS = {"base_port", "args", "workers", "router"}
-WORKER_KEYS = {"gpu", "model", "model_path", "count", "port", "args", "role", "tier_ms"}
+WORKER_KEYS = {"gpu", "model", "model_path", "count", "port", "args", "role", "tier_ms", "gpu_ids", "mem_fraction"}
+SHARED_CARD_LIMIT = 0.95  # static memory shares of workers on one card, together (activations need the rest)
 ROLES = ("prefill", "decode")  # PD disaggregation; no role = co-located prefill and decode
 BOOTSTRAP_PORT_OFFSET = 1000  # a prefill worker's KV bootstrap port: its HTTP port + this (SGLang's default is
 # one fixed port, 8998, which two prefill workers on one host would both want)
 ROUTER_KEYS = {"port", "worker_port", "policy", "params", "args"}
 JOIN_TIMEOUT_S = 60.0  # workers are up; registering with the router takes a heartbeat or two
+STOP_TIMEOUT_S = 10.0  # each process's drain on a stop, before SIGKILL (all stop at once)
 
 
 class ClusterConfigError(ValueError):
@@ -81,6 +94,12 @@ class WorkerSpec:
     role: str | None = None  # "prefill" | "decode"; None = co-located
     tier_ms: float | None = None  # --worker-tier-ms: the TPOT tier it starts in
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port (set before argv)
+    gpu_ids: list[int] | None = None  # the cards it sees (CUDA_VISIBLE_DEVICES); None: all
+    mem_fraction: float | None = None  # --mem-fraction-static: its share of each card's memory
+
+    def env(self) -> dict[str, str]:
+        """Environment on top of the launcher's: the cards this worker may use."""
+        return {} if self.gpu_ids is None else {"CUDA_VISIBLE_DEVICES": ",".join(map(str, self.gpu_ids))}
 
     def argv(self) -> list[str]:
         """launch_server flags; the worker's own `args` come last so they can override ours."""
@@ -96,6 +115,8 @@ class WorkerSpec:
             out += ["--disaggregation-mode", "decode"]
         if self.tier_ms is not None:
             out += ["--worker-tier-ms", f"{self.tier_ms:g}"]
+        if self.mem_fraction is not None:
+            out += ["--mem-fraction-static", f"{self.mem_fraction:g}"]
         return out + self.args
 
 
@@ -200,9 +221,14 @@ def parse_cluster(data: Any, reserved_ports: set[int] | frozenset[int] = frozens
             raise ClusterConfigError(f"{where}.port: an integer, and only with count 1")
         own = _str_list(w.get("args", []), f"{where}.args")
         role, tier_ms = _worker_role(w, where)
+        gpu_ids, mem_fraction = _worker_cards(w, where, [*common, *own])
         for _ in range(count):
             name = f"{gpu or 'real'}-{f'{role}-' if role else ''}{len(specs)}"
-            specs.append(WorkerSpec(name, gpu, model, port, [*common, *own], role, tier_ms))
+            specs.append(
+                WorkerSpec(
+                    name, gpu, model, port, [*common, *own], role, tier_ms, gpu_ids=gpu_ids, mem_fraction=mem_fraction
+                )
+            )
     if base_port is not None:
         taken = {s.port for s in specs if s.port is not None}
         nxt = base_port
@@ -214,6 +240,7 @@ def parse_cluster(data: Any, reserved_ports: set[int] | frozenset[int] = frozens
     ports = [s.port for s in specs if s.port is not None]
     if len(ports) != len(set(ports)):
         raise ClusterConfigError("workers: two workers share a port")
+    _check_shared_cards(specs)
     roles = {s.role for s in specs}
     for role, other in (("decode", "prefill"), ("prefill", "decode")):
         if role in roles and other not in roles:
@@ -235,6 +262,66 @@ def _worker_role(w: dict[str, Any], where: str) -> tuple[str | None, float | Non
             raise ClusterConfigError(f"{where}.tier_ms: not for a prefill worker (TPOT tiers are decode's)")
         tier = float(tier)
     return role, tier
+
+
+def _flag_int(args: list[str], *flags: str) -> int:
+    for i, arg in enumerate(args):
+        for flag in flags:
+            value = (
+                args[i + 1]
+                if arg == flag and i + 1 < len(args)
+                else arg[len(flag) + 1 :]
+                if arg.startswith(flag + "=")
+                else None
+            )
+            if value is not None and value.isdigit():
+                return int(value)
+    return 1
+
+
+def _worker_cards(w: dict[str, Any], where: str, args: list[str]) -> tuple[list[int] | None, float | None]:
+    """(gpu_ids, mem_fraction) of one worker entry; its ranks (TP x DP x PP) must fit its cards."""
+    gpu_ids = w.get("gpu_ids")
+    if gpu_ids is not None:
+        if (
+            not isinstance(gpu_ids, list)
+            or not gpu_ids
+            or not all(isinstance(g, int) and not isinstance(g, bool) and g >= 0 for g in gpu_ids)
+            or len(set(gpu_ids)) != len(gpu_ids)
+        ):
+            raise ClusterConfigError(f"{where}.gpu_ids: a non-empty list of distinct card indices, e.g. [0, 1]")
+        ranks = (
+            _flag_int(args, "--tp-size", "--tensor-parallel-size")
+            * _flag_int(args, "--dp-size", "--data-parallel-size")
+            * _flag_int(args, "--pp-size", "--pipeline-parallel-size")
+        )
+        if ranks > len(gpu_ids):
+            raise ClusterConfigError(f"{where}.gpu_ids: its {ranks} ranks (TP x DP x PP) need {ranks} cards")
+    fraction = w.get("mem_fraction")
+    if fraction is not None and (
+        isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction < 1
+    ):
+        raise ClusterConfigError(f"{where}.mem_fraction: a share of each card's memory, between 0 and 1")
+    return gpu_ids, None if fraction is None else float(fraction)
+
+
+def _check_shared_cards(specs: list[WorkerSpec]) -> None:
+    """Workers on one card must each say their share, and the shares must leave room to run."""
+    on_card: dict[int, list[WorkerSpec]] = {}
+    for s in specs:
+        for card in s.gpu_ids or ():
+            on_card.setdefault(card, []).append(s)
+    for card, sharing in sorted(on_card.items()):
+        if len(sharing) < 2:
+            continue
+        names = ", ".join(s.name for s in sharing)
+        if any(s.mem_fraction is None for s in sharing):
+            raise ClusterConfigError(f"workers: {names} share card {card}: each needs mem_fraction")
+        total = sum(s.mem_fraction or 0.0 for s in sharing)
+        if total > SHARED_CARD_LIMIT:
+            raise ClusterConfigError(
+                f"workers: {names} share card {card} with mem_fraction {total:g} in all (at most {SHARED_CARD_LIMIT})"
+            )
 
 
 def _assign_bootstrap_ports(specs: list[WorkerSpec], taken: set[int]) -> None:
@@ -297,6 +384,8 @@ class Cluster:
     def __init__(self, specs: list[WorkerSpec], router: RouterSpec | None = None, api_key: str | None = None) -> None:
         self.specs = specs
         self.api_key = api_key
+        # the router's and workers' own credential, never a client's (router/worker_auth.py)
+        self.env = {**os.environ, SECRET_ENV: os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
         key = ["--api-key", api_key] if api_key else []
         self.router: ServerProcess | None = None
         self.worker_port: int | None = None
@@ -320,16 +409,19 @@ class Cluster:
                 s.bootstrap_port = _free_port(promised)
                 promised.add(s.bootstrap_port)
         self.servers = [
-            ServerProcess(*s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []), name=s.name, port=port)
+            ServerProcess(
+                *s.argv(), *key, *joins, *(["--worker-id", s.name] if joins else []),
+                name=s.name, port=port, env={**self.env, **s.env()},
+            )
             for s, port in zip(specs, ports, strict=True)
-        ]
+        ]  # fmt: skip
 
     def _router_process(self, router: RouterSpec, port: int | None) -> ServerProcess:
         assert self.worker_port is not None
         key = ["--api-key", self.api_key] if self.api_key else []
         return ServerProcess(
             *router.argv(self.worker_port), *key, name="router", module="launch_router", port=port,
-            ready_path="/slo/status", api_key=self.api_key,
+            ready_path="/slo/status", api_key=self.api_key, env=self.env,
         )  # fmt: skip
 
     def restart_router(self, router: RouterSpec) -> None:
@@ -377,11 +469,16 @@ class Cluster:
                 raise TimeoutError(f"workers {sorted(want - healthy)} did not join the router in {timeout:g} s")
             time.sleep(0.25)
 
-    def stop(self) -> None:
-        for server in self.servers:
-            server.stop()
-        if self.router is not None:
-            self.router.stop()
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Every process at once: SIGTERM to each (workers drain), SIGKILL after `timeout_s`."""
+        every = [*self.servers, *([self.router] if self.router is not None else [])]
+        with ThreadPoolExecutor(len(every)) as pool:
+            list(pool.map(lambda srv: srv.stop(timeout_s, graceful=srv is not self.router), every))
+
+    def kill(self) -> None:
+        """At once, no drain."""
+        for srv in [*self.servers, *([self.router] if self.router is not None else [])]:
+            srv.stop(0.0)
 
     def describe(self) -> list[dict[str, Any]]:
         out = [
@@ -392,6 +489,7 @@ class Cluster:
                 "role": s.role,
                 "tier_ms": s.tier_ms,
                 "bootstrap_port": s.bootstrap_port,
+                "gpu_ids": s.gpu_ids,
                 "url": srv.url,
                 "pid": srv.proc.pid if srv.proc else None,
             }
@@ -427,8 +525,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"{args.config}: {e}") from None
     specs = spec.workers
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        if stop.is_set():  # a second signal: no more waiting
+            raise SystemExit(1)
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     print(f"launch_cluster: starting {len(specs)} workers ...", flush=True)
     try:
         with Cluster(specs, spec.router, args.api_key) as cluster:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 from typing import Any
 
 from launch_server import json_params
@@ -38,7 +39,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--worker-port", type=int, help="ZMQ port workers connect to on 127.0.0.1 (default: port+100)")
     parser.add_argument("--worker-bind", help="full ZMQ bind address for workers, e.g. tcp://0.0.0.0:30100")
     parser.add_argument(
-        "--allow-remote-workers", action="store_true", help="allow a non-loopback --worker-bind (no encryption!)"
+        "--allow-remote-workers",
+        action="store_true",
+        help="allow a non-loopback --worker-bind (needs --curve-secret-key: links off the machine are encrypted)",
+    )
+    parser.add_argument(
+        "--curve-secret-key",
+        metavar="FILE",
+        help="the router's CURVE key pair (a zmq.auth .key_secret file): the worker links are encrypted and "
+        "workers must know its public half (launch_server --router-curve-public-key); required off loopback",
     )
     parser.add_argument("--routing-policy", choices=sorted(ROUTING_POLICIES), default="goodserve")
     parser.add_argument(
@@ -48,8 +57,52 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="policy constructor parameter, VALUE in JSON (repeatable), e.g. tau=20 or tiers_ms=[50,100]",
     )
-    parser.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'; workers present its hash")
-    parser.add_argument("--tokenizer-path", help="tokenizer folder (default: the first registered worker's model)")
+    parser.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
+    parser.add_argument(
+        "--worker-secret",
+        metavar="SECRET",
+        help="the workers' credential, separate from the client key (at least 16 bytes; prefer "
+        "--worker-secret-file or $SGLANG_SLO_WORKER_SECRET): workers prove it in a nonce handshake and every "
+        "message to them is authenticated with it. Without it, --api-key stands in (then anyone holding the "
+        "client key can join as a worker)",
+    )
+    parser.add_argument("--worker-secret-file", metavar="PATH", help="read --worker-secret from this file")
+    parser.add_argument(
+        "--max-queued-requests",
+        type=int,
+        metavar="N",
+        help="at most N requests waiting for their first token; beyond, a new request is answered at once with "
+        "HTTP 429 queue_full and a Retry-After from the workers' predicted queue drain (default: no bound)",
+    )
+    parser.add_argument(
+        "--request-timeout-s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="a request whose worker sends nothing for S seconds is placed elsewhere, or answered 504 "
+        "(default %(default)s; 0 disables)",
+    )
+    parser.add_argument(
+        "--stall-after-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="a worker with work whose engine has not stepped for S seconds is unhealthy and its requests move "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--forget-after-s",
+        type=float,
+        default=600.0,
+        metavar="S",
+        help="dead workers are forgotten (status, metrics, policy state) S seconds after they died "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--tokenizer-path",
+        help="a local folder with the model's tokenizer files (default: the first registered worker's model "
+        "path, which must then exist on the router's machine too)",
+    )
     parser.add_argument("--dead-after-s", type=float, default=2.0, help="a silent worker is dead after this long")
     parser.add_argument(
         "--migrate-interval-s",
@@ -81,11 +134,27 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> Any:
     """Validated RouterConfig; every mistake is a SystemExit naming its flag."""
     from router.service import RouterConfig
-    from router.transport import check_loopback
+    from router.transport import CurveKeys, check_loopback, is_loopback
 
-    for name in ("dead_after_s", "admission_timeout_s"):
+    for name in ("dead_after_s", "admission_timeout_s", "stall_after_s", "forget_after_s"):
         if getattr(args, name) <= 0:
             raise SystemExit(f"--{name.replace('_', '-')}: must be positive")
+    if args.request_timeout_s < 0:
+        raise SystemExit("--request-timeout-s: must be >= 0 (0 disables it)")
+    if args.max_queued_requests is not None and args.max_queued_requests < 1:
+        raise SystemExit("--max-queued-requests: must be >= 1")
+    from router.worker_auth import resolve_worker_secret
+
+    try:
+        secret, source = resolve_worker_secret(args.worker_secret, args.worker_secret_file, args.api_key)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--worker-secret: {e}") from None
+    if source != "worker secret":
+        logging.getLogger("launch_router").warning(
+            "no --worker-secret: workers are authenticated by %s%s",
+            source,
+            " (anyone holding the client API key can join as a worker)" if source.startswith("api key") else "",
+        )
     if args.migrate_interval_s < 0:
         raise SystemExit("--migrate-interval-s: must be >= 0 (0 disables migrations)")
     if args.worker_bind and args.worker_port is not None:
@@ -96,9 +165,22 @@ def config_from_args(args: argparse.Namespace) -> Any:
         check_loopback(bind, args.allow_remote_workers)
     except ValueError as e:
         raise SystemExit(f"--worker-bind: {e}") from None
+    if args.curve_secret_key:
+        try:
+            CurveKeys.for_router(args.curve_secret_key)
+        except ValueError as e:
+            raise SystemExit(f"--curve-secret-key: {e}") from None
+    elif not is_loopback(bind):
+        raise SystemExit(
+            f"--worker-bind {bind}: links that leave the machine are encrypted: give --curve-secret-key "
+            "(make keys with: python -c \"import zmq.auth; zmq.auth.create_certificates('keys', 'router')\")"
+        )
+    if args.tokenizer_path and not Path(args.tokenizer_path).exists():
+        raise SystemExit(f"--tokenizer-path: no such file or folder {args.tokenizer_path}")
     return RouterConfig(
         worker_bind=bind,
         allow_remote_workers=args.allow_remote_workers,
+        curve_secret_key=args.curve_secret_key,
         routing_policy=args.routing_policy,
         policy_params=_policy_params(args.routing_policy_param, args.routing_policy),
         api_key=args.api_key,
@@ -108,6 +190,11 @@ def config_from_args(args: argparse.Namespace) -> Any:
         admission_timeout_s=args.admission_timeout_s,
         length_predictor=args.length_predictor,
         incremental_streaming_output=args.incremental_streaming_output,
+        worker_secret=secret,
+        max_queued_requests=args.max_queued_requests,
+        request_timeout_s=args.request_timeout_s or None,
+        stall_after_s=args.stall_after_s,
+        forget_after_s=args.forget_after_s,
     )
 
 
@@ -136,6 +223,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     config = config_from_args(args)
     service = build_service(config)
+    from server.process import watch_parent
+
+    watch_parent()  # started by a launcher: never outlive it
 
     import uvicorn
 

@@ -51,7 +51,7 @@ SLO_SPEC_ALGORITHMS = ("EAGLE", "EAGLE3", "STANDALONE")  # SGLang's adaptive-cap
 DEFAULT_SPEC_STEPS = "0,1,2,3,4"
 EMULATED_DRAFT_RATIO = 0.1  # an EAGLE head (one layer + LM head) on Llama-3-8B reads ~10 % of its weights
 CPU_PD_ENV = {"SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX": "0", "SGLANG_HOST_IP": "127.0.0.1"}
-MODEL_ALIASES = ("default", "tiny", "tiny-draft", "tiny-eagle", "tiny-eagle3")
+MODEL_ALIASES = ("default", "tiny", "tiny-gpu", "tiny-draft", "tiny-eagle", "tiny-eagle3")
 # Policy parameters with their own flags: flag -> constructor parameter of the policies that take it.
 POLICY_FLAGS = {
     "--slo-alpha": ("alpha", float, "service-gain degradation exponent α (Tempo Eq. 1-3)"),
@@ -108,6 +108,7 @@ def _expand_alias(argv: list[str], flags: tuple[str, ...]) -> list[str]:
     build = {
         "default": models.ensure_default_model,
         "tiny": models.ensure_tiny_model,
+        "tiny-gpu": models.ensure_tiny_gpu_model,  # head size and dtype GPU attention backends take
         "tiny-draft": models.ensure_tiny_draft_model,
         "tiny-eagle": models.ensure_tiny_eagle_model,  # --speculative-algorithm EAGLE
         "tiny-eagle3": models.ensure_tiny_eagle3_model,  # --speculative-algorithm EAGLE3
@@ -137,7 +138,29 @@ def _with_defaults(argv: list[str], defaults: list[tuple[str, str | None]]) -> l
     return argv + extra
 
 
+def cpu_threads_binding(tp_size: int, cores: list[int], numa_nodes: int) -> str | None:
+    """SGLANG_CPU_OMP_THREADS_BIND for `tp_size` ranks on CPU: SGLang binds one NUMA node per rank
+    and refuses more ranks than nodes, so past that each rank gets its own share of `cores`
+    ("0|1" on two cores). None: SGLang's per-node default fits, or there are too few cores."""
+    if tp_size <= max(1, numa_nodes) or len(cores) < tp_size:
+        return None
+    cores = sorted(cores)
+    share = len(cores) // tp_size
+    groups = [cores[i * share : (i + 1) * share] for i in range(tp_size)]
+    return "|".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups)
+
+
+def _numa_nodes() -> int:
+    return len(list(Path("/sys/devices/system/node").glob("node[0-9]*"))) or 1
+
+
 def _with_cpu_defaults(argv: list[str]) -> list[str]:
+    import os
+
+    tp_size = int(_flag_value(argv, "--tp-size", "--tensor-parallel-size") or 1)
+    binding = cpu_threads_binding(tp_size, sorted(os.sched_getaffinity(0)), _numa_nodes())
+    if binding is not None:
+        os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", binding)
     if _flag_value(argv, "--speculative-algorithm"):
         from server.cpu_support.speculation import enable_cpu_speculation
 
@@ -240,6 +263,12 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="run the emulated card K times slower (dilated time) when the host cannot keep up with it; "
         "clients scale their SLOs by K (default 1: the card's own speed)",
     )
+    emulation.add_argument(
+        "--emulate-full-forward",
+        action="store_true",
+        help="run the tiny model's layers in every emulated step (tokens as a plain tiny server's; slow "
+        "mixed steps); by default an emulated step skips them and only its logits are computed",
+    )
     spec = parser.add_argument_group(
         "SLO-adaptive speculation", "with --speculative-algorithm EAGLE|EAGLE3|STANDALONE (SLOs-Serve §3.2.3)"
     )
@@ -282,13 +311,57 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         "--worker-gpu", help="GPU kind reported to the router (default: the emulated card, else cpu or CUDA's name)"
     )
     router.add_argument(
-        "--router-allow-remote", action="store_true", help="allow a router address that is not loopback"
+        "--router-allow-remote",
+        action="store_true",
+        help="allow a router address that is not loopback (needs --router-curve-public-key: the link is encrypted)",
     )
+    router.add_argument(
+        "--router-curve-public-key",
+        metavar="FILE",
+        help="the router's CURVE public key (a zmq.auth .key file): the link to the router is encrypted; "
+        "required for a router that is not loopback",
+    )
+    router.add_argument(
+        "--worker-curve-secret-key",
+        metavar="FILE",
+        help="this worker's own CURVE key pair (.key_secret) for that link (default: an ephemeral one)",
+    )
+    router.add_argument(
+        "--advertise-host",
+        metavar="HOST",
+        help="the address the router and PD peers reach this worker at (default: the address the router sees "
+        "this worker connect from); a PD worker's KV transfer is announced there too (SGLANG_HOST_IP)",
+    )
+    router.add_argument(
+        "--worker-secret",
+        metavar="SECRET",
+        help="the router's worker credential (at least 16 bytes; prefer --worker-secret-file or "
+        "$SGLANG_SLO_WORKER_SECRET, which ps cannot show): proved to the router when registering, and "
+        "the router must prove it back before this worker takes any work",
+    )
+    router.add_argument("--worker-secret-file", metavar="PATH", help="read --worker-secret from this file")
     router.add_argument(
         "--worker-tier-ms",
         type=float,
         metavar="MS",
         help="the TPOT tier (ms) this worker starts in under --routing-policy polyserve (e.g. a decode pool's tier)",
+    )
+    group.add_argument(
+        "--slo-max-queued-tokens",
+        type=int,
+        metavar="N",
+        help="bound on the prompt tokens of queued requests: beyond it a new request is answered at once with "
+        "HTTP 429 queue_full and a Retry-After from the queue's predicted drain (SGLang's --max-queued-requests "
+        "bounds their number the same way, here on PD workers too and under every policy)",
+    )
+    group.add_argument(
+        "--slo-drain-timeout-s",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="graceful drain on SIGTERM: admit nothing new (503 draining; the router stops routing here), let "
+        "requests in flight finish for up to S seconds, hand the rest back to the router, then exit (default 30; "
+        "a second SIGTERM exits at once)",
     )
     group.add_argument("--slo-default-ttft-ms", type=float, help="TTFT for requests that carry no SLO.")
     group.add_argument("--slo-default-tpot-ms", type=float, help="Deadline-based TPOT for requests with no SLO.")
@@ -358,30 +431,58 @@ def _default_slo(args: argparse.Namespace) -> dict[str, Any] | None:
 def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu: bool) -> dict[str, Any]:
     """The worker's identity in a router's pool; checked here so a typo stops start-up."""
     if not args.router_address:
-        if args.worker_id or args.worker_gpu or args.worker_tier_ms is not None:
-            raise SystemExit("--worker-id/--worker-gpu/--worker-tier-ms: only with --router-address")
+        if args.worker_id or args.worker_gpu or args.worker_tier_ms is not None or args.router_curve_public_key:
+            raise SystemExit(
+                "--worker-id/--worker-gpu/--worker-tier-ms/--router-curve-public-key: only with --router-address"
+            )
+        if args.worker_secret or args.worker_secret_file:
+            raise SystemExit("--worker-secret/--worker-secret-file: only with --router-address")
         return {}
     if args.worker_tier_ms is not None and not args.worker_tier_ms > 0:
         raise SystemExit("--worker-tier-ms: must be > 0")
     from router.protocol import ProtocolError, check_worker_id
-    from router.transport import check_loopback
+    from router.transport import CurveKeys, check_loopback, is_loopback
 
     try:
         check_loopback(args.router_address, args.router_allow_remote)
     except ValueError as e:
         raise SystemExit(f"--router-address: {e}") from None
+    if args.router_curve_public_key:
+        try:
+            CurveKeys.for_worker(args.router_curve_public_key, args.worker_curve_secret_key)
+        except ValueError as e:
+            raise SystemExit(f"--router-curve-public-key/--worker-curve-secret-key: {e}") from None
+    elif args.worker_curve_secret_key:
+        raise SystemExit("--worker-curve-secret-key: only with --router-curve-public-key")
+    elif not is_loopback(args.router_address):
+        raise SystemExit(
+            f"--router-address {args.router_address}: links that leave the machine are encrypted: give "
+            "--router-curve-public-key (the router's .key file)"
+        )
     gpu = args.worker_gpu or (emulation.name.split("/")[0] if emulation else "cpu" if on_cpu else _cuda_name())
     worker_id = args.worker_id or f"{gpu}-{port}"
     try:
         check_worker_id(worker_id)
     except ProtocolError as e:
         raise SystemExit(f"--worker-id: {e.reason}") from None
+    from router.worker_auth import resolve_worker_secret
+
+    try:
+        secret, source = resolve_worker_secret(args.worker_secret, args.worker_secret_file, args.api_key)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--worker-secret: {e}") from None
+    if source != "worker secret":
+        print(f"launch_server: no --worker-secret; the router link is authenticated by: {source}", flush=True)
     return {
         "router_address": args.router_address,
         "worker_id": worker_id,
         "worker_gpu": gpu,
         "router_allow_remote": args.router_allow_remote,
         "worker_tier_ms": args.worker_tier_ms,
+        "advertise_host": args.advertise_host,
+        "router_curve_public_key": args.router_curve_public_key,
+        "worker_curve_secret_key": args.worker_curve_secret_key,
+        "worker_secret": secret,
     }
 
 
@@ -431,6 +532,52 @@ def _draft_ratio(args: argparse.Namespace, emulation: Any) -> float | None:
     return None
 
 
+def kv_host_ip(argv: list[str]) -> str | None:
+    """The address a PD worker's KV transfer is announced at (SGLang reads SGLANG_HOST_IP):
+    --advertise-host, else the local address of the route to a router off this machine (what the
+    router sees it connect from); None: SGLang's own choice (127.0.0.1 on CPU)."""
+    if _flag_value(argv, "--disaggregation-mode") not in ("prefill", "decode"):
+        return None
+    host = _flag_value(argv, "--advertise-host")
+    if host:
+        return host
+    router = _flag_value(argv, "--router-address")
+    from router.transport import is_loopback, local_address_towards
+
+    if router and not is_loopback(router):
+        return local_address_towards(router)
+    return None
+
+
+def _refuse_cpu_hook_on_gpu() -> None:
+    """A CPU set-up's import hook forces SGLang's CPU engine into every interpreter of the venv."""
+    from server.cpu_support.venv_hook import installed_pth
+
+    hook = installed_pth()
+    if hook is not None:
+        raise SystemExit(
+            f"this venv still has the CPU import hook {hook}, which forces SGLang's CPU engine: run ./slo setup "
+            "on this GPU machine (it installs SGLang's GPU stack and removes the hook), or pass --device cpu"
+        )
+
+
+def resolve_server_args(args: argparse.Namespace, from_cli: Callable[[argparse.Namespace], Any]) -> Any:
+    """SGLang's ServerArgs. A dynamic-chunking PD prefill worker runs passes at B and finishes a
+    request of < 2B tokens in one pass; SGLang sizes its activation reserve (mem_fraction_static),
+    prefill buffers and graphs on chunked_prefill_size while it resolves its arguments, so they are
+    resolved again at 2B, B being the user's value or SGLang's default for this device."""
+    server_args = from_cli(args)
+    chunk = server_args.chunked_prefill_size
+    if server_args.disaggregation_mode != "prefill" or args.slo_policy == "fcfs" or not (chunk and chunk > 0):
+        return server_args
+    from scheduler.core.dynamic_chunking import startup_chunk_size
+
+    if getattr(server_args, "enable_dp_attention", False):
+        chunk *= server_args.dp_size  # SGLang divides the declared size among attention-DP ranks
+    args.chunked_prefill_size = startup_chunk_size(chunk)
+    return from_cli(args)
+
+
 def _cuda_name() -> str:
     import torch
 
@@ -466,10 +613,18 @@ def main(argv: list[str] | None = None) -> None:
     wants_help = _has_flag(argv, "-h", "--help")
     on_cpu = _wants_cpu(argv)
     emulation = None if wants_help else _emulation(argv)
+    if not on_cpu and not wants_help:
+        _refuse_cpu_hook_on_gpu()
     if emulation is not None:
         from server.emulation import startup_flags
 
-        argv += startup_flags(emulation, lambda *flags: _has_flag(argv, *flags))
+        # on a GPU the tiny model comes in a head size and dtype its attention backends take
+        argv += startup_flags(emulation, lambda *flags: _has_flag(argv, *flags), "tiny" if on_cpu else "tiny-gpu")
+    host_ip = None if wants_help else kv_host_ip(argv)
+    if host_ip is not None:
+        import os
+
+        os.environ.setdefault("SGLANG_HOST_IP", host_ip)  # before the CPU PD defaults' loopback
     if on_cpu:
         activate()
         if not wants_help:
@@ -484,6 +639,7 @@ def main(argv: list[str] | None = None) -> None:
     from scheduler.core.policies import make_policy
     from scheduler.core.registry import ParamError
     from scheduler.core.slo import SloValidationError, parse_slo
+    from server.emulation import stand_in_applies
 
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -509,6 +665,8 @@ def main(argv: list[str] | None = None) -> None:
     spec_draft_ratio = _draft_ratio(args, emulation)
     if args.emulate_slowdown < 1.0:
         raise SystemExit("--emulate-slowdown: must be >= 1")
+    if args.emulate_full_forward and emulation is None:
+        raise SystemExit("--emulate-full-forward: only with --emulate-gpu")
     if args.slo_perf_profile:
         from scheduler.core.perf_model import load_perf_model
 
@@ -516,6 +674,14 @@ def main(argv: list[str] | None = None) -> None:
             load_perf_model(args.slo_perf_profile, kind="roofline")
         except Exception as e:  # noqa: BLE001 - an unreadable profile stops start-up clearly
             raise SystemExit(f"--slo-perf-profile: cannot load {args.slo_perf_profile}: {e}") from None
+    for flag, value in (
+        ("--slo-max-queued-tokens", args.slo_max_queued_tokens),
+        ("--max-queued-requests", args.max_queued_requests),
+    ):
+        if value is not None and value < 1:
+            raise SystemExit(f"{flag}: must be >= 1")
+    if not args.slo_drain_timeout_s >= 0:
+        raise SystemExit("--slo-drain-timeout-s: must be >= 0")
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
@@ -533,15 +699,15 @@ def main(argv: list[str] | None = None) -> None:
         mixed = args.slo_batching == "mixed" or (args.slo_batching == "auto" and (not on_cpu or emulation))
         if mixed and not args.speculative_algorithm:
             args.enable_mixed_chunk = True
-    server_args = ServerArgs.from_cli_args(args)
-    if server_args.disaggregation_mode == "prefill" and args.slo_policy != "fcfs":
-        from scheduler.core.dynamic_chunking import startup_chunk_size
-
-        # PolyServe dynamic chunking (§4.7) runs steps at B and finishes a request of < 2B tokens
-        # in one step; SGLang sizes its buffers on the start-up value, so that is 2B.
-        if server_args.chunked_prefill_size and server_args.chunked_prefill_size > 0:
-            doubled = startup_chunk_size(server_args.chunked_prefill_size)
-            server_args.override("sglang-slo dynamic chunking", chunked_prefill_size=doubled)
+    if args.pp_size > 1 and args.slo_policy != "fcfs":
+        raise SystemExit(
+            f"--pp-size {args.pp_size}: pipeline parallelism runs with --slo-policy fcfs only (an SLO policy's "
+            "plan is shared across tensor-parallel ranks, not yet across pipeline stages)"
+        )
+    server_args = resolve_server_args(args, ServerArgs.from_cli_args)
+    stand_in = emulation is not None and stand_in_applies(
+        server_args.model_path, bool(args.speculative_algorithm), args.emulate_full_forward
+    )
     config = SloServerConfig(
         policy=args.slo_policy,
         policy_params=params,
@@ -554,8 +720,11 @@ def main(argv: list[str] | None = None) -> None:
         emulate_profile=str(emulation.profile) if emulation else None,
         emulate_name=emulation.name if emulation else None,
         emulate_slowdown=args.emulate_slowdown,
+        emulate_stand_in=stand_in,
         speculation=speculation,
         spec_draft_ratio=spec_draft_ratio,
+        max_queued_tokens=args.slo_max_queued_tokens,
+        drain_timeout_s=args.slo_drain_timeout_s,
     )
     membership = _router_settings(args, server_args.port, emulation, on_cpu)
     base = f"http://{server_args.host}:{server_args.port}"
@@ -569,11 +738,14 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"  emulating {emulation.name} ({emulation.profile}): every forward pass paced to the profile"
             f"{f' x{args.emulate_slowdown:g} (dilated time)' if args.emulate_slowdown != 1 else ''}, "
-            f"KV cache {server_args.max_total_tokens} tokens",
+            f"KV cache {server_args.max_total_tokens} tokens, "
+            f"{'logits only (layers skipped)' if stand_in else 'the full model'} on the host",
             flush=True,
         )
+    from server.process import watch_parent
     from server.sglang_http import RouterMembership, launch
 
+    watch_parent()  # started by a launcher: never outlive it
     launch(server_args, config, RouterMembership(**membership) if membership else None)
 
 

@@ -20,9 +20,21 @@ a mismatch is a worker failure (a 502 for the retry logic), so a worker that cou
 tokens fails loudly instead of silently losing some. The client's `StreamChunk.completion_tokens`
 is always the number of tokens it has received, whatever the worker says.
 
+Every request gets an answer. A request with no event from its worker for `request_timeout_s`
+is resubmitted elsewhere (or answered 504); each worker's load report lists the requests it
+holds, and one the router placed there over `reconcile_grace_s` ago that is missing was lost
+(a lost Submit, or a lost final message): it is resubmitted from the tokens delivered, while one
+the worker holds that the router does not own is aborted there. A request the worker shed
+(queue full, SLO infeasible, queue timeout) is answered as shed, never retried elsewhere (that
+would add load exactly when the pool is overloaded); only a draining worker's is.
+
+Admission: with `max_queued` set, a new request finds the router's queue full when that many
+requests are waiting for their first token, and is refused at once (429 queue_full) with a
+Retry-After from the workers' own predicted queue drain.
+
 Clocks: `clock` (default time.monotonic) is the router clock the registry and the policies read;
-the bounded waits (admission, resume) use the event loop's own clock, so they end even under a
-frozen test clock.
+the bounded waits (admission, resume, inactivity) use the event loop's own clock, so they end
+even under a frozen test clock.
 """
 
 from __future__ import annotations
@@ -30,6 +42,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
+import secrets
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Coroutine, Iterable
@@ -44,9 +58,12 @@ from router.policies.base import NoWorkerError, RoutingPolicy
 from router.protocol import (
     Abort,
     Ack,
+    Fetch,
+    FetchReply,
     Heartbeat,
     LoadReport,
     Message,
+    ProtocolError,
     Register,
     RequestError,
     Submit,
@@ -55,7 +72,10 @@ from router.protocol import (
 from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView, WorkerView
-from wire import ORACLE_HINT_PARAM, REGISTER_AGAIN  # REGISTER_AGAIN: Ack to a worker the registry lost
+from router.worker_auth import RouterAuth
+from scheduler.core.admission import retry_after_s
+from scheduler.core.shed_wire import Shed, shed_from
+from wire import DRAINING, ORACLE_HINT_PARAM, QUEUE_FULL, REGISTER_AGAIN
 
 logger = logging.getLogger(__name__)
 
@@ -75,11 +95,27 @@ STATUS_EVENTS = (
     "duplicate_tokens_trimmed",
     "pd_pairs",
     "pd_prefill_failed",
+    "shed",
+    "timed_out",
+    "reconciled_lost",
+    "orphans_aborted",
+    "foreign_dropped",
+    "workers_stalled",
+    "workers_forgotten",
 )
+NO_DRAIN_ESTIMATE_S = 1.0  # Retry-After when no worker has predicted its queue's drain yet
 
 
 class NoWorkerAvailable(NoWorkerError):
     """No healthy worker within the admission timeout; the HTTP layer answers 503."""
+
+
+class RouterQueueFull(RuntimeError):
+    """The router's queue is at `max_queued`; the HTTP layer answers with the shed (429)."""
+
+    def __init__(self, shed: Shed) -> None:
+        super().__init__(shed.message)
+        self.shed = shed
 
 
 @dataclass(frozen=True)
@@ -103,6 +139,7 @@ class StreamError:
     status: int
     message: str
     worker_id: str | None = None  # None when the router itself ended the request
+    shed: Shed | None = None  # a worker shed it: the answer carries its reason and Retry-After
 
 
 StreamEvent = StreamChunk | StreamError
@@ -128,6 +165,8 @@ class _Flight:
     # Workers owed an Abort for an old placement. Sent (awaited) before the next Submit, because
     # the same worker may be chosen again and an Abort arriving after its new Submit would kill it.
     stale: list[str] = field(default_factory=list)
+    placed_s: float = 0.0  # router clock when its current owner got it (reconciliation's grace)
+    active_at: float = 0.0  # loop time of its last placement or chunk (the inactivity timeout)
 
 
 class RequestStream:
@@ -249,6 +288,10 @@ class Dispatcher:
         resume_timeout_s: float = 10.0,  # a request whose worker died waits this long for another
         max_resubmits: int = 3,  # failovers + retries per request: a request that kills workers stops
         max_error_retries: int = 1,  # a worker's 5xx is retried this often elsewhere
+        request_timeout_s: float | None = 600.0,  # no event from its worker this long: fail over or 504
+        max_queued: int | None = None,  # requests without a first token the router holds (None: no bound)
+        reconcile_grace_s: float = 1.0,  # a placement this young may be missing from a load report
+        auth: RouterAuth | None = None,  # the worker secret (None: workers are not authenticated)
     ) -> None:
         self.endpoint = endpoint
         self.policy = policy
@@ -260,6 +303,13 @@ class Dispatcher:
         self.resume_timeout_s = resume_timeout_s
         self.max_resubmits = max_resubmits
         self.max_error_retries = max_error_retries
+        self.request_timeout_s = request_timeout_s
+        self.max_queued = max_queued
+        self.reconcile_grace_s = reconcile_grace_s
+        self.auth = auth if auth is not None else RouterAuth(None)
+        self._fetches: dict[str, asyncio.Future[FetchReply]] = {}
+        self._unstarted: set[str] = set()  # rids in flight with no first token yet
+        self._recently_ended: dict[str, float] = {}  # rid -> router clock it ended (a report may still list it)
         self._flights: dict[str, _Flight] = {}
         self._waiting: dict[str, _Flight] = {}  # lost their worker, none to go to yet
         self._registered = asyncio.Event()  # replaced after each registration: wakes admission waits
@@ -308,8 +358,12 @@ class Dispatcher:
             raise ValueError("resume_output_ids are the dispatcher's to set")
         if rid in self._flights:
             raise ValueError(f"request {rid!r} is already in flight")
+        if self.max_queued is not None and self.queued() >= self.max_queued:
+            self.counters["shed"] += 1
+            raise RouterQueueFull(self.queue_full_shed(route))
         flight = _Flight(route=route, submit=submit)
         self._flights[rid] = flight  # before the Submit goes out, so its first chunk finds it
+        self._unstarted.add(rid)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.admission_timeout_s
         try:
@@ -329,6 +383,24 @@ class Dispatcher:
             raise
         return RequestStream(self, flight)
 
+    def queued(self) -> int:
+        """Requests the router holds that have no first token yet."""
+        return len(self._unstarted)
+
+    def queue_full_shed(self, route: RouteRequest) -> Shed:
+        """The 429 for a full router queue: come back when the soonest worker's queue has drained
+        (its own prediction), else its measured queueing delay."""
+        views = [v for v in self.registry.views(self.clock()) if v.healthy and v.role != PREFILL]
+        drains = [v.queue_drain_s for v in views if v.queue_drain_s is not None]
+        wait = min(drains) if drains else min((v.queue_delay_s for v in views), default=NO_DRAIN_ESTIMATE_S)
+        return Shed(
+            QUEUE_FULL,
+            retry_after_s(wait),
+            round(1000.0 * wait, 3) if math.isfinite(wait) else None,
+            route.slo.slo_class.value,
+            code="router_queue_full",
+        )
+
     def status(self) -> dict[str, Any]:
         """Counters for /slo/status: what was routed where, what moved, what failed, decision cost."""
         window = sorted(self._decision_ns)
@@ -338,6 +410,8 @@ class Dispatcher:
 
         return {
             "inflight": len(self._flights),
+            "queued": self.queued(),
+            "max_queued": self.max_queued,
             "waiting_for_worker": len(self._waiting),
             "owners": {
                 rid: f.owner for rid, f in itertools.islice(self._flights.items(), STATUS_OWNERS) if f.owner is not None
@@ -386,6 +460,8 @@ class Dispatcher:
             self.counters["pd_pairs"] += 1
         flight.owner = worker_id
         flight.hops.append(worker_id)
+        flight.placed_s = self.clock()
+        flight.active_at = asyncio.get_running_loop().time()
         self.registry.track(flight.route.rid, worker_id)
         self.routed[worker_id] += 1
         return msg
@@ -523,6 +599,8 @@ class Dispatcher:
 
     def _finish(self, flight: _Flight, event: StreamEvent, outcome: str) -> None:
         flight.done = True
+        self._unstarted.discard(flight.route.rid)
+        self._recently_ended[flight.route.rid] = self.clock()
         self._release(flight)
         if flight.stale:
             self._spawn(self._flush_aborts(flight))
@@ -536,6 +614,8 @@ class Dispatcher:
         if flight.done:
             return
         flight.done = True
+        self._unstarted.discard(flight.route.rid)
+        self._recently_ended[flight.route.rid] = self.clock()
         owner = self._release(flight)
         if flight.stale:
             self._spawn(self._flush_aborts(flight))
@@ -560,6 +640,22 @@ class Dispatcher:
             except Exception:  # noqa: BLE001 - one bad message must not stop the router
                 logger.exception("error handling %s from %r", msg.TYPE, identity)
 
+    async def _register(self, identity: bytes, msg: Register, now: float) -> Ack | None:
+        """The registry's answer to an authenticated Register (None: a Challenge went out)."""
+        if self.auth.enabled:
+            if msg.proof is None:
+                await self.endpoint.send(identity, self.auth.challenge(identity))
+                return None
+            refused = self.auth.verify(identity, msg)
+            if refused is not None:
+                logger.warning("refused a Register for %s: %s", msg.worker_id, refused)
+                return Ack(accepted=False, reason=refused)
+        peer_host = getattr(self.endpoint, "peer_host", None)
+        ack = self.registry.register(msg, now, identity, peer_host(identity) if peer_host else None)
+        if ack.accepted and self.auth.enabled:
+            ack = self.auth.accept(msg, ack)
+        return ack
+
     async def _handle(self, identity: bytes, msg: Message) -> None:
         now = self.clock()
         if isinstance(msg, Register):
@@ -567,7 +663,9 @@ class Dispatcher:
             restarted = known is not None and (known.incarnation is None or known.incarnation != msg.incarnation)
             alive = self.registry.is_alive(msg.worker_id)
             previous = self.registry.inflight_on(msg.worker_id) if alive and restarted else []
-            ack = self.registry.register(msg, now, identity)
+            ack = await self._register(identity, msg, now)
+            if ack is None:
+                return
             await self.endpoint.send(identity, ack)
             if not ack.accepted:
                 return
@@ -584,11 +682,22 @@ class Dispatcher:
         if worker_id is None:
             logger.debug("ignoring %s from worker %r", msg.TYPE, identity)
             return
+        if not self.registry.speaks_for(worker_id, identity):
+            if self.registry.registration(worker_id) is not None:  # another connection's worker
+                self.counters["foreign_dropped"] += 1
+                return
+            await self.endpoint.send(identity, Ack(accepted=False, reason=REGISTER_AGAIN))  # unknown: a restart
+            return
         self.registry.touch(worker_id, now)  # any message proves life, even a stale heartbeat
         if isinstance(msg, Heartbeat):
             self.registry.heartbeat(msg, now)
         elif isinstance(msg, LoadReport):
-            self.registry.report(msg, now)
+            if self.registry.report(msg, now) and msg.inflight is not None:
+                await self._reconcile(worker_id, msg.inflight, now)
+        elif isinstance(msg, FetchReply):
+            future = self._fetches.pop(msg.fetch_id, None)
+            if future is not None and not future.done():
+                future.set_result(msg)
         elif isinstance(msg, TokenChunk):
             if not await self._on_prefill_message(msg):
                 await self._on_chunk(msg, now)
@@ -655,8 +764,10 @@ class Dispatcher:
             if not tokens and chunk.finish_reason is None:
                 return
         flight.delivered.extend(tokens)
+        flight.active_at = asyncio.get_running_loop().time()
         if tokens and flight.first_token_s is None:
             flight.first_token_s = now
+            self._unstarted.discard(chunk.rid)
         event = StreamChunk(
             rid=chunk.rid,
             token_ids=tokens,
@@ -672,11 +783,20 @@ class Dispatcher:
             flight.queue.put_nowait(event)
 
     async def _on_error(self, err: RequestError) -> None:
-        """4xx: the request is bad, pass it through. 5xx: the worker failed, retry once elsewhere."""
+        """4xx: the request is bad, pass it through. A shed: pass it through (a draining worker's
+        is placed elsewhere). Other 5xx: the worker failed, retry once elsewhere."""
         flight = self._owned(err.rid, err.worker_id)
         if flight is None:
             return
-        passthrough = StreamError(err.rid, err.status, err.message, err.worker_id)
+        shed = shed_from(err.shed)
+        passthrough = StreamError(err.rid, err.status, err.message, err.worker_id, shed)
+        if shed is not None and shed.reason != DRAINING:
+            self._finish(flight, passthrough, "shed")
+            return
+        if shed is not None:  # draining: the worker hands it back, it failed nothing
+            self._release(flight)
+            await self._resubmit(flight, err.worker_id, f"worker {err.worker_id} is draining")
+            return
         if err.status < 500 or flight.error_retries >= self.max_error_retries:
             self._finish(flight, passthrough, "failed")
             return
@@ -701,11 +821,16 @@ class Dispatcher:
                 logger.exception("dispatcher timer %s failed", getattr(tick, "__name__", tick))
 
     async def _reap(self) -> None:
-        """Fail over the requests of workers that went silent, then retry the waiting ones."""
-        for worker_id in self.registry.reap(self.clock()):
-            self.counters["workers_lost"] += 1
+        """Fail over the requests of workers that went silent (or whose engine stalled), end or
+        move requests nothing was heard of for too long, forget long-dead workers, then retry
+        the waiting ones."""
+        now = self.clock()
+        for worker_id in self.registry.reap(now):
+            stalled = self.registry.is_stalled(worker_id)
+            self.counters["workers_stalled" if stalled else "workers_lost"] += 1
             lost = self.registry.inflight_on(worker_id)
-            logger.warning("worker %s is silent: resubmitting %d requests", worker_id, len(lost))
+            why = "engine stopped stepping" if stalled else "is silent"
+            logger.warning("worker %s %s: resubmitting %d requests", worker_id, why, len(lost))
             for rid in lost:
                 flight = self._flights.get(rid)
                 if flight is None or flight.owner != worker_id:
@@ -713,11 +838,77 @@ class Dispatcher:
                     continue
                 self._release(flight)
                 self._spawn(self._send(worker_id, Abort(rid=rid)))  # if it wakes up, it should stop
-                await self._resubmit(flight, worker_id, f"worker {worker_id} went silent")
+                await self._resubmit(flight, worker_id, f"worker {worker_id} {why}")
             for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
-                await self._prefill_failed(flight, 502, f"prefill worker {worker_id} went silent")
+                await self._prefill_failed(flight, 502, f"prefill worker {worker_id} {why}")
+        await self._expire_inactive()
+        for rid in [rid for rid, t in self._recently_ended.items() if now - t >= self.reconcile_grace_s]:
+            del self._recently_ended[rid]
+        for worker_id in self.registry.forget_dead(now):
+            self.counters["workers_forgotten"] += 1
+            self.routed.pop(worker_id, None)
+            self.auth.forget(worker_id)
+            self.policy.forget_worker(worker_id)
         if self._waiting:
             await self._retry_waiting()
+
+    async def _expire_inactive(self) -> None:
+        """A placed request with no event for `request_timeout_s`: its worker lost it without a
+        word (a hung stream, a lost message): place it elsewhere, or answer 504 at the limit."""
+        if self.request_timeout_s is None:
+            return
+        loop_now = asyncio.get_running_loop().time()
+        idle = [
+            f
+            for f in self._flights.values()
+            if f.owner is not None and not f.done and loop_now - f.active_at > self.request_timeout_s
+        ]
+        for flight in idle:
+            owner, rid = flight.owner, flight.route.rid
+            self.counters["timed_out"] += 1
+            if flight.resubmits >= self.max_resubmits or owner is None:
+                msg = f"no progress from worker {owner} in {self.request_timeout_s:g} s"
+                self._finish(flight, StreamError(rid, 504, msg, owner), "failed")
+                if owner is not None:
+                    self._spawn(self._send(owner, Abort(rid=rid)))
+                continue
+            self._release(flight)
+            flight.stale.append(owner)
+            await self._resubmit(flight, owner, f"no progress from worker {owner} in {self.request_timeout_s:g} s")
+
+    async def _reconcile(self, worker_id: str, held: tuple[str, ...], now: float) -> None:
+        """Match the worker's own list of the requests it holds against the router's."""
+        holding = set(held)
+        for rid in self.registry.inflight_on(worker_id):
+            flight = self._flights.get(rid)
+            if flight is None or flight.owner != worker_id or flight.done or rid in holding:
+                continue
+            if now - flight.placed_s < self.reconcile_grace_s or flight.prefill is not None:
+                continue  # the Submit may still be on its way (a PD pair answers through its prefill)
+            self.counters["reconciled_lost"] += 1
+            self._release(flight)
+            await self._resubmit(flight, None, f"worker {worker_id} lost the request")
+        for rid in holding:
+            flight = self._flights.get(rid)
+            ended = self._recently_ended.get(rid)
+            if ended is not None and now - ended < self.reconcile_grace_s:
+                continue  # it just ended here: the worker is letting go of it
+            if flight is None or (flight.owner != worker_id and flight.prefill != worker_id):
+                self.counters["orphans_aborted"] += 1
+                await self._send(worker_id, Abort(rid=rid))
+
+    async def fetch(self, worker_id: str, method: str, path: str, timeout_s: float) -> FetchReply:
+        """The worker's own HTTP answer to `method path`, asked over the worker link; TimeoutError
+        when it does not answer in time, ConnectionError when it cannot be reached."""
+        fetch_id = secrets.token_hex(16)
+        future: asyncio.Future[FetchReply] = asyncio.get_running_loop().create_future()
+        self._fetches[fetch_id] = future
+        try:
+            if not await self._send(worker_id, Fetch(fetch_id=fetch_id, method=method, path=path)):
+                raise ConnectionError(f"worker {worker_id} is not connected")
+            return await asyncio.wait_for(future, timeout_s)
+        finally:
+            self._fetches.pop(fetch_id, None)
 
     async def _migrate_tick(self) -> None:
         now = self.clock()
@@ -776,13 +967,16 @@ class Dispatcher:
     # --- sending ---
 
     async def _send(self, worker_id: str, msg: Message) -> bool:
-        """False when the worker is unknown, gone, or the endpoint is closed."""
+        """False when the worker is unknown, gone, has no session, or the endpoint is closed."""
         identity = self.registry.identity_of(worker_id)
         if identity is None:
             return False
         try:
-            return await self.endpoint.send(identity, msg)
-        except zmq.ZMQError as exc:
+            sealed = self.auth.seal(worker_id, msg)
+            if sealed is None:
+                return False
+            return await self.endpoint.send(identity, sealed)
+        except (zmq.ZMQError, ProtocolError) as exc:
             logger.warning("could not send %s to %s: %s", msg.TYPE, worker_id, exc)
             return False
 

@@ -32,16 +32,23 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import openai_format as oai
-from router.dispatcher import NoWorkerAvailable, RequestStream, StreamChunk, StreamError, StreamEvent
+from router.dispatcher import (
+    NoWorkerAvailable,
+    RequestStream,
+    RouterQueueFull,
+    StreamChunk,
+    StreamError,
+    StreamEvent,
+)
 from router.generation import Generation
-from router.protocol import ProtocolError
+from router.protocol import MAX_MESSAGE_BYTES, ProtocolError
 from router.requests import ApiError, bad, parse_chat, parse_completion, parse_native
-from router.service import GenerateCall, RouterService, WorkerUnavailable
+from router.service import GenerateCall, PromptTooLong, RouterService, WorkerUnavailable
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 
 logger = logging.getLogger(__name__)
 
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # nothing larger could reach a worker
 DONE = b"data: [DONE]\n\n"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 OPEN_PATHS = ("/health",)  # /health and /health_generate answer without the API key, as in SGLang
@@ -60,7 +67,9 @@ def json_response(content: Any, status: int = 200) -> Response:
 
 
 def error_response(err: ApiError) -> Response:
-    return json_response(err.body(), err.status)
+    response = json_response(err.body(), err.status)
+    response.headers.update(err.headers())
+    return response
 
 
 def sse(obj: Any) -> bytes:
@@ -78,6 +87,8 @@ def worker_error(err: StreamError) -> ApiError:
         elif isinstance(parsed, dict) and isinstance(parsed.get("detail"), str):
             message = parsed["detail"]
     where = f" (worker {err.worker_id})" if err.worker_id else ""
+    if err.shed is not None:
+        return ApiError.from_shed(err.shed, where)
     return ApiError(err.status, message + where)
 
 
@@ -134,6 +145,8 @@ def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Requ
             return await handler(request)
         except ApiError as exc:
             return error_response(exc)
+        except RouterQueueFull as exc:
+            return error_response(ApiError.from_shed(exc.shed))
         except (NoWorkerAvailable, TokenizerUnavailable) as exc:
             return error_response(ApiError(503, str(exc), kind="service_unavailable"))
         except WorkerUnavailable as exc:
@@ -228,11 +241,13 @@ class Run:
 async def open_run(service: RouterService, call: GenerateCall, tokenizer: RouterTokenizer) -> Run:
     try:
         stream = await service.submit(call)
-    except NoWorkerAvailable:
+    except (NoWorkerAvailable, RouterQueueFull):
         service.reports.finish(call.rid, call.slo, call.arrival_unix, (), finished=False)  # a 503 is a drop
         raise
     except ProtocolError as exc:  # what the wire format refuses (e.g. a request over its size limit)
         raise bad(exc.field, exc.reason) from None
+    except PromptTooLong as exc:
+        raise bad(call.prompt_field, str(exc)) from None
     except ValueError as exc:  # a rid already in flight
         raise bad("rid", str(exc)) from None
     params = call.sampling_params
@@ -382,7 +397,7 @@ def create_app(
         parsed = None
         with contextlib.suppress(ValueError):
             parsed = resp.json()
-        media = resp.headers.get("content-type", "application/json")
+        media = resp.content_type or "application/json"
         return worker_id, Response(resp.content, resp.status_code, media_type=media), parsed
 
     @guarded

@@ -7,7 +7,6 @@ are frozen dataclasses; `decode` is the only way bytes become a message.
 
 from __future__ import annotations
 
-import hashlib
 import math
 import re
 from dataclasses import MISSING, dataclass, fields
@@ -16,6 +15,7 @@ from typing import Any, ClassVar
 import orjson
 
 from router.views import WorkerView
+from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo import SloValidationError, parse_slo
 
 PROTOCOL_VERSION = 1
@@ -23,6 +23,8 @@ WORKER_ROLES = ("mixed", "prefill", "decode")
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a 128k-token prompt plus resume ids is ~2 MiB of JSON
 MAX_ID_LEN = 256
 MAX_TOKEN_ID = 2**31 - 1
+MAX_INFLIGHT_LISTED = 4096  # rids a LoadReport lists (more: the router skips reconciliation)
+_HEX_RE = re.compile(r"[0-9a-f]{32,128}")
 # Worker ids double as ZMQ routing ids (must not start with a zero byte) and metric labels.
 _WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
@@ -34,11 +36,6 @@ class ProtocolError(ValueError):
         super().__init__(f"{field_name}: {reason}")
         self.field = field_name
         self.reason = reason
-
-
-def hash_api_key(key: str) -> str:
-    """What a worker sends instead of the key itself (loopback only: not a replay defence)."""
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 # --- field validators: each returns the (normalised) value or raises ProtocolError(name) ---
@@ -102,6 +99,17 @@ def _bool(value: Any, name: str) -> bool:
     return value
 
 
+def _hex(value: Any, name: str) -> str:
+    """Nonces and MACs: lowercase hex, 32..128 digits."""
+    if not isinstance(value, str) or not _HEX_RE.fullmatch(value):
+        raise ProtocolError(name, "must be 32..128 lowercase hex digits")
+    return value
+
+
+def _opt_hex(value: Any, name: str) -> str | None:
+    return None if value is None else _hex(value, name)
+
+
 def _obj(value: Any, name: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ProtocolError(name, f"must be an object, got {_type_name(value)}")
@@ -161,8 +169,12 @@ class Register(Message):
     model: str
     kv_capacity_tokens: int
     max_running: int
-    http_url: str | None = None  # the worker's own HTTP server, for debugging only
-    api_key_hash: str | None = None  # hash_api_key(key) when the router requires a key
+    http_url: str | None = None  # the worker's own HTTP server, for operators only (never contacted)
+    # The worker-secret handshake (router/worker_auth.py): the worker's nonce; then, answering the
+    # router's Challenge, the challenge it echoes and the HMAC proof over this message.
+    nonce: str | None = None
+    challenge: str | None = None
+    proof: str | None = None
     # Random per worker process: a Register with a new one is a restart (its requests are gone),
     # one with the same is a repeat (a lost Ack, a restarted router) and keeps them.
     incarnation: str | None = None
@@ -172,15 +184,19 @@ class Register(Message):
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap server (SGLang's)
     tier_ms: float | None = None  # the TPOT tier it starts in (PolyServe), when configured
     time_scale: float = 1.0  # an emulated GPU's slowdown: its steps take this many times the card's
+    max_input_tokens: int | None = None  # the longest prompt its model takes (the router refuses longer)
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
+        if self.max_input_tokens is not None:
+            _count(self.max_input_tokens, "max_input_tokens", minimum=1)
         _ident(self.gpu, "gpu")
         _ident(self.model, "model")
         _count(self.kv_capacity_tokens, "kv_capacity_tokens", minimum=1)
         _count(self.max_running, "max_running", minimum=1)
         _opt_str(self.http_url, "http_url")
-        _opt_str(self.api_key_hash, "api_key_hash")
+        for name in ("nonce", "challenge", "proof"):
+            _opt_hex(getattr(self, name), name)
         if self.incarnation is not None:
             _ident(self.incarnation, "incarnation")
         if self.role not in WORKER_ROLES:
@@ -198,13 +214,22 @@ class Register(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class Heartbeat(Message):
+    """Proof of life, and of progress: the engine's step counter stops while its engine hangs."""
+
     TYPE: ClassVar[str] = "heartbeat"
     worker_id: str
     seq: int
+    engine_steps: int | None = None  # scheduling passes the engine has run (None: unknown yet)
+    busy: bool = False  # the engine has work, so its steps must advance
+    draining: bool = False  # shutting down gracefully: route nothing new here
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
         _count(self.seq, "seq")
+        if self.engine_steps is not None:
+            _count(self.engine_steps, "engine_steps")
+        _bool(self.busy, "busy")
+        _bool(self.draining, "draining")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,6 +247,11 @@ class LoadReport(Message):
     decode_s_per_token: float
     iteration_s: float
     tokens_per_minute: float
+    # The router's requests the worker holds (None: more than MAX_INFLIGHT_LISTED), for the
+    # router to reconcile lost Submits and lost final messages.
+    inflight: tuple[str, ...] | None = None
+    queue_drain_s: float | None = None  # predicted seconds until everything queued has started
+    draining: bool = False
 
     def __post_init__(self) -> None:
         check_worker_id(self.worker_id)
@@ -229,6 +259,13 @@ class LoadReport(Message):
             _count(getattr(self, name), name)
         for name in ("queue_delay_s", "prefill_s_per_token", "decode_s_per_token", "iteration_s", "tokens_per_minute"):
             _set(self, name, _rate(getattr(self, name), name))
+        if self.inflight is not None:
+            if not isinstance(self.inflight, (list, tuple)) or len(self.inflight) > MAX_INFLIGHT_LISTED:
+                raise ProtocolError("inflight", f"must be a list of at most {MAX_INFLIGHT_LISTED} rids")
+            _set(self, "inflight", tuple(_ident(rid, f"inflight[{i}]") for i, rid in enumerate(self.inflight)))
+        if self.queue_drain_s is not None:
+            _set(self, "queue_drain_s", _rate(self.queue_drain_s, "queue_drain_s"))
+        _bool(self.draining, "draining")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -262,6 +299,9 @@ class RequestError(Message):
     worker_id: str
     status: int  # HTTP-style: 4xx the request is bad, 5xx the worker failed (resubmittable)
     message: str
+    # The worker shed it (scheduler/core/shed_wire.py keys: reason, retry_after_s, ...): the
+    # router passes the answer on, and retries only a `draining` shed elsewhere.
+    shed: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _ident(self.rid, "rid")
@@ -269,6 +309,28 @@ class RequestError(Message):
         if _count(self.status, "status") not in range(400, 600):
             raise ProtocolError("status", f"must be an HTTP error status 400..599, got {self.status}")
         _str(self.message, "message")
+        if self.shed is not None and shed_from(_obj(self.shed, "shed")) is None:
+            raise ProtocolError("shed.reason", "must be a shed reason (queue_full, slo_infeasible, ...)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class FetchReply(Message):
+    """A worker's answer to Fetch: its own HTTP server's response to the path."""
+
+    TYPE: ClassVar[str] = "fetch_reply"
+    worker_id: str
+    fetch_id: str
+    status: int
+    content_type: str
+    body: str
+
+    def __post_init__(self) -> None:
+        check_worker_id(self.worker_id)
+        _hex(self.fetch_id, "fetch_id")
+        if _count(self.status, "status") not in range(100, 600):
+            raise ProtocolError("status", f"must be an HTTP status, got {self.status}")
+        _str(self.content_type, "content_type")
+        _str(self.body, "body")
 
 
 # router -> worker
@@ -321,15 +383,63 @@ class Abort(Message):
 
 @dataclass(frozen=True, kw_only=True)
 class Ack(Message):
-    """The answer to Register."""
+    """The answer to Register; an accepted one carries the router's proof when a worker secret
+    is in use (the worker authenticates the router with it)."""
 
     TYPE: ClassVar[str] = "ack"
     accepted: bool
     reason: str = ""
+    proof: str | None = None
 
     def __post_init__(self) -> None:
         _bool(self.accepted, "accepted")
         _str(self.reason, "reason")
+        _opt_hex(self.proof, "proof")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Challenge(Message):
+    """The router's answer to a Register without proof: prove the worker secret over this nonce."""
+
+    TYPE: ClassVar[str] = "challenge"
+    nonce: str
+
+    def __post_init__(self) -> None:
+        _hex(self.nonce, "nonce")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Sealed(Message):
+    """A router -> worker message authenticated with the session's key: `body` is the inner
+    message's wire form, `mac` its HMAC with the sequence number (which only ever grows)."""
+
+    TYPE: ClassVar[str] = "sealed"
+    seq: int
+    mac: str
+    body: str
+
+    def __post_init__(self) -> None:
+        _count(self.seq, "seq")
+        _hex(self.mac, "mac")
+        _str(self.body, "body")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Fetch(Message):
+    """Ask a worker for a GET/POST of its own HTTP server (model info, cache flush): the router
+    never calls a URL a worker announced, nor sends it a client's credentials."""
+
+    TYPE: ClassVar[str] = "fetch"
+    fetch_id: str
+    method: str
+    path: str
+
+    def __post_init__(self) -> None:
+        _hex(self.fetch_id, "fetch_id")
+        if self.method not in ("GET", "POST"):
+            raise ProtocolError("method", f"must be GET or POST, got {self.method!r}")
+        if self.path not in FETCH_PATHS:
+            raise ProtocolError("path", f"must be one of {', '.join(FETCH_PATHS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -337,8 +447,24 @@ class Shutdown(Message):
     TYPE: ClassVar[str] = "shutdown"
 
 
+FETCH_PATHS = ("/model_info", "/server_info", "/v1/models", "/flush_cache")
 MESSAGE_TYPES: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Register, Heartbeat, LoadReport, TokenChunk, RequestError, Submit, Abort, Ack, Shutdown)
+    cls.TYPE: cls
+    for cls in (
+        Register,
+        Heartbeat,
+        LoadReport,
+        TokenChunk,
+        RequestError,
+        FetchReply,
+        Submit,
+        Abort,
+        Ack,
+        Challenge,
+        Sealed,
+        Fetch,
+        Shutdown,
+    )
 }
 _FIELD_NAMES: dict[type[Message], tuple[str, ...]] = {}
 _REQUIRED: dict[type[Message], frozenset[str]] = {}
@@ -447,4 +573,5 @@ def load_report_to_view(
         role=registration.role,
         healthy=healthy,
         last_report_s=now,
+        queue_drain_s=report.queue_drain_s,
     )

@@ -18,14 +18,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.service import GenerateCall
-from router.tokenizer import RouterTokenizer
+from router.tokenizer import RouterTokenizer, TokenizeTimeout
+from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import extract_slo
-from wire import ARRIVAL_PARAM, SLO_PARAM
+from wire import ARRIVAL_PARAM, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM, SLO_PARAM
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default (native route)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default (OpenAI's too)
 MAX_RID_LEN = 256
+TOKENIZE_TIMEOUT_S = 10.0
+# chat_template_kwargs a template may read (SGLang's documented switches); anything else could
+# steer a template into work or output nobody reviewed.
+TEMPLATE_KWARGS = ("enable_thinking", "thinking", "reasoning_effort")
+MAX_TEMPLATE_VALUE_LEN = 64
 
 # Native fields the router cannot serve: rejected unless falsy (False, None, 0, "", [], {}).
 NATIVE_UNSUPPORTED = (
@@ -89,25 +95,37 @@ TokenizerSource = Callable[[], Awaitable[RouterTokenizer]]
 
 
 class ApiError(Exception):
-    """A request the router refuses; `field` is the offending field (None: not one field's fault)."""
+    """A request the router refuses; `field` is the offending field (None: not one field's fault).
+    A shed request (`shed`) answers with the shed's reason, Retry-After and predicted wait too."""
 
-    def __init__(self, status: int, message: str, field: str | None = None, kind: str | None = None) -> None:
+    def __init__(
+        self, status: int, message: str, field: str | None = None, kind: str | None = None, shed: Shed | None = None
+    ) -> None:
         super().__init__(f"{field}: {message}" if field else message)
         self.status = status
         self.message = message
         self.field = field
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
+        self.shed = shed
+
+    @classmethod
+    def from_shed(cls, shed: Shed, where: str = "") -> ApiError:
+        return cls(shed.status, shed.message + where, kind=shed.body()["error"]["type"], shed=shed)
 
     def body(self) -> dict[str, Any]:
         """The JSON error shape of server.slo_middleware.error_body (OpenAI-style)."""
-        return {
-            "error": {
-                "message": f"{self.field}: {self.message}" if self.field else self.message,
-                "type": self.kind,
-                "param": self.field,
-                "code": self.status,
-            }
+        error = {
+            "message": f"{self.field}: {self.message}" if self.field else self.message,
+            "type": self.kind,
+            "param": self.field,
+            "code": self.status,
         }
+        if self.shed is not None:
+            error.update(self.shed.fields())
+        return {"error": error}
+
+    def headers(self) -> dict[str, str]:
+        return self.shed.headers() if self.shed is not None else {}
 
 
 def bad(field: str, message: str) -> ApiError:
@@ -172,12 +190,20 @@ def _count(value: Any, name: str) -> int | None:
 
 
 def _strip_slo(custom: Any, name: str) -> Any:
-    """The SLO travels in Submit.slo; the worker must not see a second, stale copy."""
+    """The SLO travels in Submit.slo and the arrival in Submit.arrival_unix; the worker must not
+    see a second, stale copy, nor any other internal `slo_*` key a client set (the worker trusts
+    what the router's agent forwards). The benchmark length hint stays: it ends the request there."""
     if custom is None:
         return None
     if not isinstance(custom, dict):
         raise bad(name, "must be an object")
-    return {k: v for k, v in custom.items() if k not in (SLO_PARAM, ARRIVAL_PARAM)} or None
+    kept = {
+        k: v
+        for k, v in custom.items()
+        if k not in (SLO_PARAM, ARRIVAL_PARAM)
+        and (not str(k).startswith(INTERNAL_PARAM_PREFIX) or k == ORACLE_HINT_PARAM)
+    }
+    return kept or None
 
 
 def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | None, native: bool) -> SloSpec:
@@ -187,14 +213,34 @@ def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | No
         raise bad(exc.field, exc.message) from None
 
 
-def _encode(tokenizer: RouterTokenizer, text: str, name: str) -> list[int]:
+async def _encode(tokenizer: RouterTokenizer, text: str, name: str) -> list[int]:
     try:
-        ids = tokenizer.encode(text)
+        ids = await tokenizer.run(lambda: tokenizer.encode(text), TOKENIZE_TIMEOUT_S)
+    except TokenizeTimeout as exc:
+        raise bad(name, f"tokenizing {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault here
         raise bad(name, f"cannot be tokenized: {exc}") from None
     if not ids:
         raise bad(name, "tokenizes to no tokens")
     return ids
+
+
+def template_kwargs(value: Any) -> dict[str, Any]:
+    """chat_template_kwargs, allow-listed: known switches with short scalar values."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad("chat_template_kwargs", "must be an object")
+    for key, item in value.items():
+        if key not in TEMPLATE_KWARGS:
+            raise bad(f"chat_template_kwargs.{key}", f"not allowed (allowed: {', '.join(TEMPLATE_KWARGS)})")
+        scalar = item is None or isinstance(item, (bool, int, float)) or isinstance(item, str)
+        if not scalar or (isinstance(item, str) and len(item) > MAX_TEMPLATE_VALUE_LEN):
+            raise bad(
+                f"chat_template_kwargs.{key}",
+                f"must be a boolean, a number or a string of <= {MAX_TEMPLATE_VALUE_LEN} chars",
+            )
+    return value
 
 
 def _arrival() -> tuple[float, float]:
@@ -244,10 +290,11 @@ async def parse_native(
         params.pop("custom_params", None)
     else:
         params["custom_params"] = custom
+    field = "input_ids" if ids is not None else "text"
     if ids is None:
         assert text is not None  # checked above: exactly one of the two was given
-        ids = _encode(await tokenizer(), text, "text")
-    return GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text)
+        ids = await _encode(await tokenizer(), text, "text")
+    return GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text, prompt_field=field)
 
 
 # --- OpenAI ---
@@ -357,10 +404,12 @@ async def parse_completion(
     params = _openai_params(body, body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS), "max_tokens")
     stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
     if isinstance(prompt, str):
-        ids, text = _encode(await tokenizer(), prompt, "prompt"), prompt
+        ids, text = await _encode(await tokenizer(), prompt, "prompt"), prompt
     else:
         ids, text = _token_ids(prompt, "prompt"), None
-    call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text)
+    call = GenerateCall(
+        rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text, prompt_field="prompt"
+    )
     return call, options
 
 
@@ -404,16 +453,16 @@ async def parse_chat(
     if max_tokens is None:
         max_tokens, name = body.get("max_tokens"), "max_tokens"
     params = _openai_params(body, max_tokens, name)
-    kwargs = body.get("chat_template_kwargs")
-    if kwargs is not None and not isinstance(kwargs, dict):
-        raise bad("chat_template_kwargs", "must be an object")
+    kwargs = template_kwargs(body.get("chat_template_kwargs"))
     stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
     tok = await tokenizer()
     try:
-        ids = tok.chat_ids(messages, **(kwargs or {}))
+        ids = await tok.run(lambda: tok.chat_ids(messages, **kwargs), TOKENIZE_TIMEOUT_S)
+    except TokenizeTimeout as exc:
+        raise bad("messages", f"rendering the chat template {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a template that rejects the messages is the input's fault
         raise bad("messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
     if not ids:
         raise bad("messages", "the chat template produced no tokens")
-    call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s)
+    call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_field="messages")
     return call, options

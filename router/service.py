@@ -1,6 +1,7 @@
 """The router process minus HTTP: worker endpoint, registry, policy, dispatcher, tokenizer,
 reports and the few calls the HTTP layer makes on workers' own HTTP servers (model info,
-server info, cache flushes).
+server info, cache flushes), asked over the authenticated worker link: the router never calls
+a URL a worker announced and never hands a worker a client's credentials.
 
 Built in two steps so bad configuration fails before anything binds: the constructor validates
 and builds the policy (a SystemExit-worthy ValueError for a bad parameter), `start()` binds the
@@ -19,7 +20,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
 import zmq.asyncio
 
 from router.dispatcher import Dispatcher, RequestStream
@@ -31,8 +31,9 @@ from router.protocol import Submit
 from router.registry import WorkerRegistry
 from router.reports import RouterCollector, RouterReports
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
-from router.transport import RouterEndpoint
+from router.transport import CurveKeys, RouterEndpoint
 from router.views import RouteRequest, WorkerView
+from router.worker_auth import RouterAuth
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.slo import SloSpec
 
@@ -49,6 +50,7 @@ class RouterConfig:
 
     worker_bind: str = DEFAULT_WORKER_BIND
     allow_remote_workers: bool = False
+    curve_secret_key: str | None = None  # the router's CURVE key pair file: workers' links encrypted
     routing_policy: str = "goodserve"
     policy_params: dict[str, Any] = field(default_factory=dict)
     api_key: str | None = None
@@ -61,6 +63,11 @@ class RouterConfig:
     default_slo: SloSpec | None = None  # for requests that carry none (None: best effort)
     incremental_streaming_output: bool = False  # SGLang's flag: native streams send deltas
     proxy_timeout_s: float = 30.0
+    worker_secret: bytes | None = None  # the workers' credential (router/worker_auth.py)
+    max_queued_requests: int | None = None  # requests without a first token; beyond: 429
+    request_timeout_s: float | None = 600.0  # no event from a request's worker this long: fail over or 504
+    stall_after_s: float = 30.0  # a busy worker whose engine does not step this long is unhealthy
+    forget_after_s: float = 600.0  # dead workers are forgotten this long after they died
 
 
 def make_length_predictor(spec: str | None) -> Any:
@@ -99,11 +106,16 @@ class GenerateCall:
     arrival_unix: float  # wall clock at router arrival (SLO reports, the workers' arrival)
     arrival_s: float  # router clock (time.monotonic) at arrival (policies)
     prompt_text: str | None = None  # when the client sent text (the length predictor reads it)
+    prompt_field: str = "text"  # the body field the prompt came from (errors name it)
 
     @property
     def max_new_tokens(self) -> int | None:
         value = self.sampling_params.get("max_new_tokens")
         return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+class PromptTooLong(ValueError):
+    """No worker's model takes a prompt this long; the HTTP layer answers 400 naming the field."""
 
 
 class WorkerUnavailable(RuntimeError):
@@ -112,6 +124,24 @@ class WorkerUnavailable(RuntimeError):
     def __init__(self, message: str, status: int = 503) -> None:
         super().__init__(message)
         self.status = status
+
+
+@dataclass(frozen=True)
+class Proxied:
+    """A worker's own HTTP answer, fetched over the worker link."""
+
+    status_code: int
+    content_type: str
+    text: str
+
+    @property
+    def content(self) -> bytes:
+        return self.text.encode()
+
+    def json(self) -> Any:
+        import json
+
+        return json.loads(self.text)
 
 
 class RouterService:
@@ -124,12 +154,14 @@ class RouterService:
         ctx: zmq.asyncio.Context | None = None,
         clock: Callable[[], float] = time.monotonic,
         tokenizer: RouterTokenizer | None = None,
-        http_client: httpx.AsyncClient | None = None,
         predictor: Any = None,
     ) -> None:
         self.config = config
         self.clock = clock
-        self.registry = WorkerRegistry(dead_after_s=config.dead_after_s, api_key=config.api_key)
+        self.registry = WorkerRegistry(
+            dead_after_s=config.dead_after_s, stall_after_s=config.stall_after_s, forget_after_s=config.forget_after_s
+        )
+        self.auth = RouterAuth(config.worker_secret)
         context = RoutingContext(running_on=lambda wid: self.dispatcher.running_on(wid), clock=clock)
         self.policy = make_routing_policy(config.routing_policy, context, **config.policy_params)
         self.block_tokens = int(getattr(self.policy, "block_tokens", DEFAULT_BLOCK_TOKENS))
@@ -148,8 +180,6 @@ class RouterService:
             )
         )
         self._ctx = ctx
-        self._http = http_client
-        self._owns_http = http_client is None
         self._endpoint: RouterEndpoint | None = None
         self._dispatcher: Dispatcher | None = None
         self._preload: asyncio.Task[None] | None = None
@@ -159,7 +189,10 @@ class RouterService:
 
     async def start(self) -> None:
         cfg = self.config
-        self._endpoint = RouterEndpoint(cfg.worker_bind, allow_remote=cfg.allow_remote_workers, ctx=self._ctx)
+        curve = CurveKeys.for_router(cfg.curve_secret_key) if cfg.curve_secret_key else None
+        self._endpoint = RouterEndpoint(
+            cfg.worker_bind, allow_remote=cfg.allow_remote_workers, ctx=self._ctx, curve=curve
+        )
         self._dispatcher = Dispatcher(
             self._endpoint,
             self.policy,
@@ -168,14 +201,15 @@ class RouterService:
             reap_interval_s=cfg.reap_interval_s,
             migrate_interval_s=cfg.migrate_interval_s,
             admission_timeout_s=cfg.admission_timeout_s,
+            request_timeout_s=cfg.request_timeout_s,
+            max_queued=cfg.max_queued_requests,
+            auth=self.auth,
         )
         try:
             await self._dispatcher.start()
         except BaseException:
             self._endpoint.close()
             raise
-        if self._http is None:
-            self._http = httpx.AsyncClient(timeout=cfg.proxy_timeout_s)
         self._preload = asyncio.create_task(self._preload_tokenizer(), name="router-tokenizer-preload")
         self.started_unix = time.time()
 
@@ -190,9 +224,6 @@ class RouterService:
             await self._dispatcher.stop()
         if self._endpoint is not None:
             self._endpoint.close()
-        if self._http is not None and self._owns_http:
-            await self._http.aclose()
-            self._http = None
 
     @property
     def dispatcher(self) -> Dispatcher:
@@ -295,8 +326,21 @@ class RouterService:
         cap = call.max_new_tokens
         return max(1, min(math.ceil(value), cap if cap is not None else math.inf))
 
+    def max_input_tokens(self) -> int | None:
+        """The longest prompt any routable worker's model takes (None: no worker said)."""
+        limits = []
+        for v in self.healthy():
+            reg = self.registry.registration(v.worker_id)
+            if reg is not None and reg.max_input_tokens is not None and v.role != PREFILL:
+                limits.append(reg.max_input_tokens)
+        return max(limits) if limits else None
+
     async def submit(self, call: GenerateCall) -> RequestStream:
-        """Route the request; NoWorkerAvailable when no worker within the admission timeout."""
+        """Route the request; NoWorkerAvailable when no worker within the admission timeout,
+        PromptTooLong when no worker's model takes its prompt."""
+        limit = self.max_input_tokens()
+        if limit is not None and len(call.input_ids) > limit:
+            raise PromptTooLong(f"{len(call.input_ids)} tokens: longer than the model's context ({limit} tokens)")
         submit = Submit(
             rid=call.rid,
             input_ids=tuple(call.input_ids),
@@ -322,50 +366,43 @@ class RouterService:
         moved = False if source == target else await self.dispatcher.migrate(rid, target)
         return {"rid": rid, "from": source, "to": target, "migrated": moved}
 
-    # --- workers' own HTTP servers ---
+    # --- workers' own HTTP servers (over the worker link) ---
 
-    def _auth_headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+    def _fetchable(self) -> list[str]:
+        return [v.worker_id for v in self.healthy()]
 
-    def _urls(self) -> list[tuple[str, str]]:
-        out = []
-        for v in self.healthy():
-            reg = self.registry.registration(v.worker_id)
-            if reg is not None and reg.http_url:
-                out.append((v.worker_id, reg.http_url.rstrip("/")))
-        return out
+    async def _fetch(self, worker_id: str, method: str, path: str) -> Proxied:
+        reply = await self.dispatcher.fetch(worker_id, method, path, self.config.proxy_timeout_s)
+        return Proxied(reply.status, reply.content_type, reply.body)
 
-    async def proxy_get(self, path: str) -> tuple[str, httpx.Response]:
+    async def proxy_get(self, path: str) -> tuple[str, Proxied]:
         """GET `path` from the first healthy worker that answers (worker id, response)."""
-        assert self._http is not None
-        urls = self._urls()
-        if not urls:
-            raise WorkerUnavailable("no healthy worker with an HTTP address")
+        workers = self._fetchable()
+        if not workers:
+            raise WorkerUnavailable("no healthy worker")
         errors = []
-        for worker_id, url in urls:
+        for worker_id in workers:
             try:
-                return worker_id, await self._http.get(url + path, headers=self._auth_headers())
-            except httpx.HTTPError as exc:
+                return worker_id, await self._fetch(worker_id, "GET", path)
+            except (TimeoutError, asyncio.TimeoutError, ConnectionError) as exc:
                 errors.append(f"{worker_id}: {type(exc).__name__}: {exc}")
         raise WorkerUnavailable("; ".join(errors), status=502)
 
     async def flush_cache(self) -> dict[str, str]:
         """POST /flush_cache on every healthy worker; worker id -> "ok" or what went wrong."""
-        http = self._http
-        assert http is not None
-        urls = self._urls()
-        if not urls:
-            raise WorkerUnavailable("no healthy worker with an HTTP address")
+        workers = self._fetchable()
+        if not workers:
+            raise WorkerUnavailable("no healthy worker")
 
-        async def one(url: str) -> str:
+        async def one(worker_id: str) -> str:
             try:
-                resp = await http.post(url + "/flush_cache", headers=self._auth_headers())
-            except httpx.HTTPError as exc:
+                resp = await self._fetch(worker_id, "POST", "/flush_cache")
+            except (TimeoutError, asyncio.TimeoutError, ConnectionError) as exc:
                 return f"{type(exc).__name__}: {exc}"
             return "ok" if resp.status_code == 200 else f"HTTP {resp.status_code}: {resp.text[:200]}"
 
-        results = await asyncio.gather(*(one(url) for _, url in urls))
-        return {worker_id: result for (worker_id, _), result in zip(urls, results)}
+        results = await asyncio.gather(*(one(w) for w in workers))
+        return dict(zip(workers, results))
 
     # --- status ---
 
@@ -426,6 +463,7 @@ class RouterService:
             "policy_params": self.config.policy_params,
             "uptime_s": None if self.started_unix is None else round(time.time() - self.started_unix, 3),
             "worker_address": None if self._endpoint is None else self._endpoint.address,
+            "worker_link_encrypted": None if self._endpoint is None else self._endpoint.encrypted,
             "tokenizer": {"path": self.tokenizer.path, "loaded": self.tokenizer.loaded, "error": self.tokenizer.error},
             "length_predictor": None if self.predictor is None else getattr(self.predictor, "name", "custom"),
             "dispatcher": self._dispatcher_status(),

@@ -10,16 +10,23 @@ U+FFFD (a multi-byte character split across tokens). Each step costs O(window), 
 
 The Hugging Face tokenizer loads lazily in a thread: importing transformers and reading a
 tokenizer takes seconds, and the event loop must keep answering worker heartbeats meanwhile.
+For the same reason a request's prompt is tokenized (and its chat template rendered) on a small
+pool of threads with a time limit (`run`): a huge or hostile input costs that request a 400,
+never the other streams' latency.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 REPLACEMENT = "\ufffd"
+TOKENIZE_THREADS = 2  # requests tokenized at once; the event loop never waits on one
+T = TypeVar("T")
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded before the output, as SGLang does (leading spaces)
 
 
@@ -27,8 +34,17 @@ class TokenizerUnavailable(RuntimeError):
     """No tokenizer path is known yet, or it failed to load; the HTTP layer answers 503."""
 
 
+class TokenizeTimeout(TimeoutError):
+    """Tokenizing one request took longer than its limit; the HTTP layer answers 400."""
+
+
 def load_hf_tokenizer(path: str) -> Any:
     """AutoTokenizer from a local folder (the workers' model path); never downloads."""
+    if not os.path.exists(path):  # a worker's path, on another machine
+        raise FileNotFoundError(
+            f"{path} is not on the router's machine: start the router with --tokenizer-path "
+            "(a local folder with the model's tokenizer files)"
+        )
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path, local_files_only=True)
@@ -53,6 +69,18 @@ class RouterTokenizer:
         self._loader = loader
         self._lock = threading.Lock()
         self.error: str | None = None  # the last load failure, for /slo/status
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def run(self, work: Callable[[], T], timeout_s: float) -> T:
+        """`work` (tokenizing, templating) on the tokenizer's threads; TokenizeTimeout past
+        `timeout_s` (the thread finishes on its own, the request has its answer)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="router-tokenize")
+        future = asyncio.get_running_loop().run_in_executor(self._pool, work)
+        try:
+            return await asyncio.wait_for(future, timeout_s)
+        except asyncio.TimeoutError:
+            raise TokenizeTimeout(f"took longer than {timeout_s:g} s") from None
 
     @property
     def loaded(self) -> bool:

@@ -1,9 +1,20 @@
 """Thin asyncio ZMQ endpoints for the router (ROUTER socket, binds) and its workers (DEALER, connect).
 
-They only move validated `Message`s: framing, the loopback guard and socket hygiene (linger 0,
-so a dead peer never blocks shutdown) live here; membership and routing live elsewhere. A
-worker's ZMQ routing id is its worker_id, so the router can address a worker by name and a
-restarted worker takes over its old connection (ROUTER_HANDOVER).
+They only move validated `Message`s: framing, the loopback guard, encryption and socket hygiene
+(linger 0, so a dead peer never blocks shutdown) live here; membership and routing live
+elsewhere. A worker's ZMQ routing id is its worker_id unless it picks one (the worker agent
+picks a random, unannounced one, which the router's registry binds to its worker_id at
+registration); a reconnecting peer with the same routing id takes over its old connection
+(ROUTER_HANDOVER).
+
+Links that leave the machine are encrypted with CurveZMQ (pyzmq's libzmq ships it): the router
+holds a key pair, a worker knows the router's public key (both from files in the zmq.auth
+certificate format) and brings a key pair of its own or an ephemeral one. Who may join is decided
+above the transport (the router's worker credential); CURVE makes the link private and proves to
+the worker that it talks to the router holding the secret key.
+
+The router also notes the address each worker's connection comes from (`peer_host`): a worker
+bound to every interface advertises no address of its own, and is reached where it connects from.
 """
 
 from __future__ import annotations
@@ -11,8 +22,11 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 import zmq
 import zmq.asyncio
@@ -28,7 +42,7 @@ _E = TypeVar("_E", bound="_Endpoint")
 
 
 def check_loopback(address: str, allow_remote: bool = False) -> str:
-    """Refuse non-loopback addresses: the protocol has no encryption and only a hashed-key check."""
+    """Refuse non-loopback addresses unless allowed (the launchers allow them with CURVE keys only)."""
     if allow_remote or address.startswith(_LOCAL_TRANSPORTS):
         return address
     if not address.startswith("tcp://"):
@@ -45,6 +59,103 @@ def check_loopback(address: str, allow_remote: bool = False) -> str:
         if not loopback:
             raise ValueError(f"{address!r} is not a loopback address; pass allow_remote=True to expose it")
     return address
+
+
+def is_loopback(address: str) -> bool:
+    """Whether a ZMQ address stays on this machine (ipc, inproc, or tcp to a loopback host)."""
+    try:
+        check_loopback(address)
+    except ValueError:
+        return False
+    return True
+
+
+def local_address_towards(address: str) -> str | None:
+    """This machine's address on the route to a tcp:// ZMQ address (what a peer there sees it
+    connect from, NAT aside); None when it cannot be told (no route, not tcp)."""
+    import socket
+
+    if not address.startswith("tcp://"):
+        return None
+    host, _, port = address[len("tcp://") :].rpartition(":")
+    host = host.strip("[]")
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:  # no packet is sent
+            probe.connect((host, int(port)))
+            return str(probe.getsockname()[0])
+    except (OSError, ValueError):
+        return None
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def with_peer_host(http_url: str | None, peer_host: str | None) -> str | None:
+    """A worker's HTTP address as the router reaches it: a wildcard host (the worker bound every
+    interface and advertised no address) becomes the address its connection comes from."""
+    if not http_url or not peer_host:
+        return http_url
+    parts = urlsplit(http_url)
+    if (parts.hostname or "") not in WILDCARD_HOSTS:
+        return http_url
+    host = f"[{peer_host}]" if ":" in peer_host else peer_host
+    netloc = f"{host}:{parts.port}" if parts.port is not None else host
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """CurveZMQ keys (Z85 bytes). The router: its own pair. A worker: its pair and the router's
+    public key (`server_public`)."""
+
+    public: bytes
+    secret: bytes
+    server_public: bytes | None = None
+
+    @classmethod
+    def for_router(cls, secret_key_file: str | Path) -> CurveKeys:
+        public, secret = _load_certificate(secret_key_file)
+        if secret is None:
+            raise ValueError(f"{secret_key_file}: no secret key in it (the router needs its .key_secret file)")
+        return cls(public, secret)
+
+    @classmethod
+    def for_worker(cls, router_public_key_file: str | Path, secret_key_file: str | Path | None = None) -> CurveKeys:
+        """`secret_key_file` None: an ephemeral key pair (the link is encrypted all the same)."""
+        server_public, _ = _load_certificate(router_public_key_file)
+        if secret_key_file is None:
+            public, secret = zmq.curve_keypair()
+        else:
+            public, maybe_secret = _load_certificate(secret_key_file)
+            if maybe_secret is None:
+                raise ValueError(f"{secret_key_file}: no secret key in it (a .key_secret file)")
+            secret = maybe_secret
+        return cls(public, secret, server_public)
+
+
+def _load_certificate(path: str | Path) -> tuple[bytes, bytes | None]:
+    """zmq.auth's certificate files: `name.key` (public) or `name.key_secret` (both)."""
+    import zmq.auth
+
+    if not zmq.has("curve"):
+        raise ValueError("this libzmq has no CURVE support")
+    try:
+        public, secret = zmq.auth.load_certificate(str(path))
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"{path}: not a readable CURVE certificate ({exc})") from None
+    return public, secret
+
+
+def _apply_curve(sock: zmq.asyncio.Socket, keys: CurveKeys, server: bool) -> None:
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.secret)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.public)
+    if server:
+        sock.setsockopt(zmq.CURVE_SERVER, 1)
+    else:
+        if keys.server_public is None:
+            raise ValueError("a worker's CURVE keys need the router's public key")
+        sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
 
 
 def _socket(ctx: zmq.asyncio.Context, kind: int, address: str) -> zmq.asyncio.Socket:
@@ -97,37 +208,46 @@ class RouterEndpoint(_Endpoint):
         allow_remote: bool = False,
         ctx: zmq.asyncio.Context | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
+        curve: CurveKeys | None = None,
     ) -> None:
         check_loopback(bind_addr, allow_remote)
         sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.ROUTER, bind_addr)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone worker errors instead of vanishing
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reclaims its routing id
         try:
+            if curve is not None:
+                _apply_curve(sock, curve, server=True)
             sock.bind(bind_addr)
-        except zmq.ZMQError:
+        except (zmq.ZMQError, ValueError):
             sock.close(linger=0)
             raise
         super().__init__(sock, max_bytes)
         self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.encrypted = curve is not None
+        self._peers: dict[bytes, str] = {}  # identity -> the address its connection comes from
+
+    def peer_host(self, identity: bytes) -> str | None:
+        """Where the worker with this identity connects from (tcp only; None before a message)."""
+        return self._peers.get(identity)
 
     async def recv(self) -> tuple[bytes, Message]:
         """The next well-formed message; malformed frames are logged, counted and skipped."""
         while True:
-            frames = await self._sock.recv_multipart()
+            frames = await self._sock.recv_multipart(copy=False)
             if len(frames) != 2:
                 self.dropped += 1
-                logger.warning("dropping a %d-part message from %r (want 1 payload frame)", len(frames) - 1, frames[0])
+                logger.warning(
+                    "dropping a %d-part message from %r (want 1 payload frame)", len(frames) - 1, frames[0].bytes
+                )
                 continue
-            identity, payload = frames
+            identity, payload = frames[0].bytes, frames[1].bytes
+            peer = _peer_address(frames[1])
+            if peer is not None:
+                self._peers[identity] = peer
             msg = self._decode(payload, identity)
             if msg is None:
                 continue
-            worker_id = getattr(msg, "worker_id", None)
-            if worker_id is not None and worker_id.encode() != identity:
-                self.dropped += 1
-                logger.warning("dropping %s claiming worker_id %r from connection %r", msg.TYPE, worker_id, identity)
-                continue
-            return identity, msg
+            return identity, msg  # which connection may speak for which worker: the registry's call
 
     async def send(self, identity: bytes, msg: Message) -> bool:
         """False when no worker with that identity is connected (it died or never came)."""
@@ -138,6 +258,14 @@ class RouterEndpoint(_Endpoint):
                 return False
             raise
         return True
+
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    try:
+        peer = frame.get("Peer-Address")
+    except (zmq.ZMQError, KeyError, AttributeError):  # ipc/inproc have none
+        return None
+    return peer if isinstance(peer, str) and peer else None
 
 
 class WorkerEndpoint(_Endpoint):
@@ -151,22 +279,27 @@ class WorkerEndpoint(_Endpoint):
         allow_remote: bool = False,
         ctx: zmq.asyncio.Context | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
+        curve: CurveKeys | None = None,
+        identity: bytes | None = None,  # the routing id (default: the worker id; agents use a random one)
     ) -> None:
         check_loopback(connect_addr, allow_remote)
         check_worker_id(worker_id)
         sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.DEALER, connect_addr)
         try:
-            sock.setsockopt(zmq.ROUTING_ID, worker_id.encode())
+            if curve is not None:
+                _apply_curve(sock, curve, server=False)
+            sock.setsockopt(zmq.ROUTING_ID, identity or worker_id.encode())
             # Nothing queues for a router that is not there: heartbeats and reports are perishable,
             # and a restarted router must not receive a backlog of stale ones (send raises Again).
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDHWM, SEND_HWM)
             sock.connect(connect_addr)
-        except zmq.ZMQError:
+        except (zmq.ZMQError, ValueError):
             sock.close(linger=0)
             raise
         super().__init__(sock, max_bytes)
         self.worker_id = worker_id
+        self.encrypted = curve is not None
 
     async def send(self, msg: Message, wait_s: float = 1.0) -> None:
         """Raises zmq.Again when the router stays unreachable (or hopelessly behind) for `wait_s`."""

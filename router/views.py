@@ -34,6 +34,7 @@ class WorkerView:
     role: str = "mixed"  # "prefill" / "decode" in a PD pool (see protocol.Register.role)
     healthy: bool = True
     last_report_s: float = 0.0  # router clock time of the last report
+    queue_drain_s: float | None = None  # the worker's predicted time until its queue has all started
 
     @property
     def kv_free_tokens(self) -> int:

@@ -31,8 +31,11 @@ class SloServerConfig:
     emulate_profile: str | None = None  # pace every forward pass to this GPU+model profile
     emulate_name: str | None = None  # e.g. "h100/llama3-8b", for status and logs
     emulate_slowdown: float = 1.0  # emulated steps (and the policies' perf model) this many times longer
+    emulate_stand_in: bool = False  # emulated steps skip the tiny model's layers (scheduler/sglang_emulated_forward.py)
     speculation: dict[str, Any] | None = None  # SLO-adaptive speculation: {"candidates", "margin"}
     spec_draft_ratio: float | None = None  # draft step / target decode step (None: measured weights)
+    max_queued_tokens: int | None = None  # bound on the queued requests' prompt tokens (429 beyond)
+    drain_timeout_s: float = 30.0  # SIGTERM: how long requests in flight may finish before the exit
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from http import HTTPStatus
 from typing import Any
 
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
@@ -19,21 +18,30 @@ from sglang.srt.managers import scheduler as sglang_scheduler_module
 from sglang.srt.managers.io_struct import AbortReq
 from sglang.srt.managers.scheduler import NextBatchPlan
 
+from scheduler import sglang_emulated_forward as emulated_forward
 from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import order_waiting, split_dropped
+from scheduler.components.rank_sync import PassDecision, PassSync
+from scheduler.components.request_state import request_slo
+from scheduler.components.shedding import shed_finish_reason
 from scheduler.components.status import SchedulerStatus
-from scheduler.components.status_channel import StatusPublisher
+from scheduler.components.status_channel import StatusPublisher, dp_status_address
+from scheduler.components.step_timer import GpuStepTimer
 from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
 from scheduler.config import SloServerConfig
+from scheduler.core.admission import backlog, queue_is_full
 from scheduler.core.dynamic_chunking import ChunkStep
 from scheduler.core.plan_path import DECODE, MIXED, PREFILL, FinalPlan, settings_for
 from scheduler.core.types import EngineView
 from scheduler.sglang_preemption import retract_requests
 from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
+from wire import QUEUE_FULL
 
 logger = logging.getLogger("sglang_slo.scheduler")
+
+DRAIN_REFRESH_S = 0.1  # how often the published queue drain estimate is recomputed
 
 _BaseScheduler = sglang_scheduler_module.Scheduler
 
@@ -45,11 +53,66 @@ def _disagg_role(scheduler: Any) -> str:
     return value if value in (PREFILL, DECODE) else MIXED
 
 
+def _running_requests(scheduler: Any) -> int:
+    """Running requests, with the decodes a mixed step carries: SGLang moves them out of
+    running_batch into the batch it runs until the step's results are merged back."""
+    running, current = scheduler.running_batch, getattr(scheduler, "cur_batch_for_debug", None)
+    mixed = current is not None and current is not running and current.forward_mode.is_extend()
+    return len(running.reqs) + (len(current.decoding_reqs or ()) if mixed else 0)
+
+
 def _uncached_len(req: Any) -> int:
     """Tokens still to prefill: prompt (+ output, after a retraction) past the matched/cached
     prefix. For a waiting request the prefix is its last match (SGLang re-matches on admission)."""
     prefix = getattr(req, "prefix_indices", None)
     return len(req.origin_input_ids) + len(req.output_ids) - (len(prefix) if prefix is not None else 0)
+
+
+def _pass_sync(scheduler: Any) -> PassSync:
+    """The ranks that must agree each pass, as SGLang broadcasts their requests: its dp_tp group
+    (the attention-TP group under DP attention, else the TP group), then the attention-CP group;
+    the leader is the first rank of both."""
+    stages = []
+    for name in ("dp_tp_group", "attn_cp_group"):
+        group = getattr(scheduler, name, None)
+        if group is not None and group.world_size > 1:
+            stages.append((group, getattr(scheduler, name.replace("_group", "_cpu_group"))))
+    if not stages:
+        return PassSync()
+    from sglang.srt.utils import broadcast_pyobj
+
+    def broadcast(value: Any) -> Any:
+        for group, cpu_group in stages:
+            value = broadcast_pyobj([value], group.rank, cpu_group, src=group.ranks[0])[0]
+        return value
+
+    return PassSync(broadcast, leader=all(group.rank == group.ranks[0] for group, _ in stages))
+
+
+def _dp_index(scheduler: Any) -> int:
+    """This scheduler's data-parallel replica: the attention-DP rank under DP attention, else
+    SGLang's dp_rank (None without data parallelism)."""
+    ps = scheduler.ps
+    if getattr(scheduler, "enable_dp_attention", False):
+        return int(ps.attn_dp_rank or 0)
+    return int(ps.dp_rank or 0)
+
+
+def _cuda_step_timer(scheduler: Any) -> GpuStepTimer:
+    """CUDA events on the stream the forward runs on: SGLang's forward stream under overlap
+    scheduling (made to wait for the scheduling stream's inputs first, as run_batch does), else
+    the scheduling loop's current stream."""
+    import torch
+
+    def new_event() -> Any:
+        return torch.cuda.Event(enable_timing=True)
+
+    if scheduler.enable_overlap:
+        forward = scheduler.forward_stream
+        return GpuStepTimer(
+            new_event, lambda: forward, before_start=lambda: forward.wait_stream(torch.cuda.current_stream())
+        )
+    return GpuStepTimer(new_event, torch.cuda.current_stream)
 
 
 class SloSchedulerMixin:
@@ -62,10 +125,16 @@ class SloSchedulerMixin:
         # SGLang's init already calls some of these overrides: the components come first
         self.slo = slo_components if slo_components is not None else build_components(SloServerConfig.from_env())
         super().__init__(*args, **kwargs)
+        if self.slo.config.emulate_stand_in:  # emulated steps: logits only, the layers skipped
+            emulated_forward.install(self.tp_worker.model_runner)
         self._slo_bind_engine()
-        if self.slo.config.status_address and self.ps.tp_rank == 0 and self.ps.pp_rank == 0:
+        self.slo.sync = _pass_sync(self)
+        if self.slo.config.status_address and self.slo.sync.leader and self.ps.pp_rank == 0:
+            # one publisher per data-parallel replica (its leading rank), each on its own address
             self.slo_status = StatusPublisher(
-                self.slo.config.status_address, self.slo_status_snapshot, self.slo.config.status_interval_s
+                dp_status_address(self.slo.config.status_address, _dp_index(self)),
+                self.slo_status_snapshot,
+                self.slo.config.status_interval_s,
             )
         logger.info("SLO scheduler active: policy=%s", self.slo.config.policy)
 
@@ -85,13 +154,14 @@ class SloSchedulerMixin:
             # whole-finish step fits the buffers sized at start-up, and normal passes run at B.
             slo.start_dynamic_chunking(self.chunked_prefill_size, self.page_size)
             self.chunked_prefill_size = slo.chunk_budget
-        # With the overlap scheduler on a GPU, run_batch returns once the forward is launched:
-        # its wall time is not the iteration's, so it must not train the perf model.
-        slo.meter.timing_ok = not (self.enable_overlap and self.device != "cpu")
-        if not slo.meter.timing_ok and not slo.config.perf_profile:
+        # On a GPU run_batch returns once the forward is launched (with or without overlap
+        # scheduling): its wall time is not the pass's, CUDA events on the forward's stream are.
+        slo.meter.timing_ok = self.device == "cpu"
+        if str(self.device).startswith("cuda"):
+            slo.meter.gpu_timer = _cuda_step_timer(self)
+        elif not slo.meter.timing_ok and not slo.config.perf_profile:
             logger.warning(
-                "overlap scheduling on %s: forward passes cannot be timed here, so batch caps and chunk "
-                "sizes need --slo-perf-profile (or --disable-overlap-schedule)",
+                "forward passes on %s cannot be timed: batch caps and chunk sizes need --slo-perf-profile",
                 self.device,
             )
 
@@ -102,6 +172,58 @@ class SloSchedulerMixin:
         the client's own cap."""
         self.slo.states.lower_cap_to_hint(recv_req.rid, recv_req.sampling_params)
         return super().handle_generate_request(recv_req)
+
+    def _abort_on_queued_limit(self, recv_req: Any) -> bool:
+        """Changes: the waiting queue's bound counts requests (SGLang's --max-queued-requests)
+        and prompt tokens (--slo-max-queued-tokens), on co-located and PD workers alike, under
+        every policy; a full queue answers 429 `queue_full` with a Retry-After from the queue's
+        predicted drain (SGLang: 503, co-located only). Only the incoming request is refused:
+        nothing queued is shed for it, and a retracted request (it has output) always returns."""
+        if recv_req.output_ids:
+            return False
+        limits = self.max_queued_requests, self.slo.config.max_queued_tokens
+        if limits == (None, None):
+            return False
+        queued = self._slo_queued()
+        tokens = sum(len(r.origin_input_ids) for r in queued) if limits[1] is not None else 0
+        if not queue_is_full(len(queued), tokens, len(recv_req.origin_input_ids), *limits):
+            return False
+        slo, _ = request_slo(recv_req.rid, recv_req.sampling_params)
+        finished = shed_finish_reason(QUEUE_FULL, self._slo_queue_drain_s(), slo)
+        self.ipc_channels.send_to_tokenizer.send_output(AbortReq(finished_reason=finished, rid=recv_req.rid), recv_req)
+        self.slo.shed[QUEUE_FULL] += 1
+        self.slo.states.forget(recv_req.rid)
+        return True
+
+    def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> Any:
+        """Changes: PD workers bound their queues too (SGLang checks co-located queues only)."""
+        if _disagg_role(self) != MIXED and not is_retracted and self._abort_on_queued_limit(req):
+            return None
+        return super()._add_request_to_queue(req, is_retracted)
+
+    def _slo_queued(self) -> list[Any]:
+        """Every request accepted and not yet running: the waiting queue, plus a PD worker's
+        bootstrap (prefill) or pre-allocation and transfer (decode) queues."""
+        queued = list(self.waiting_queue)
+        for name in ("disagg_prefill_bootstrap_queue", "disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+            pending = getattr(self, name, None)
+            if pending is not None:
+                queued += getattr(pending, "queue", ())
+        return queued
+
+    def _slo_queue_drain_s(self) -> float | None:
+        """Seconds until every request queued now has started (a newcomer's wait), from the
+        perf model; computed at most once per pass."""
+        slo = self.slo
+        if slo.drain_step != slo.step:
+            try:
+                view = self._slo_view(self.running_batch)
+                slo.drain_s = backlog(view, slo.perf).drain_s
+            except Exception:  # an estimate must never take the engine down
+                logger.exception("queue drain estimate failed at step %d", slo.step)
+                slo.drain_s = None
+            slo.drain_step, slo.drain_at = slo.step, time.monotonic()
+        return slo.drain_s
 
     def init_output_streamer(self) -> None:
         """Changes: each output token is stamped with the time it leaves the scheduler."""
@@ -118,13 +240,15 @@ class SloSchedulerMixin:
         slo.step += 1
         slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
         slo.prefill_open = True
-        view = None
-        if self.waiting_queue:
-            view = self._slo_view(running_batch)
-            plan = slo.planner.plan(view, slo.meter.knob_model(self._slo_spec_steps(), slo.spec_alpha()))
-            if plan is not None:
-                self._slo_apply(plan, running_batch)
-        self._slo_update_speculation(running_batch, view)
+        decision = slo.sync.decide(lambda: self._slo_decide(running_batch), PassDecision())
+        if decision.plan is not None:
+            self._slo_apply(decision.plan, running_batch)
+        if decision.spec_steps is not None and slo.spec is not None:
+            slo.spec.current = decision.spec_steps  # the leading rank's choice (its own on that rank)
+        if self.waiting_queue and time.monotonic() - slo.drain_at > DRAIN_REFRESH_S:
+            self._slo_queue_drain_s()  # what /slo/status and the router's Retry-After read
+        elif not self.waiting_queue and slo.drain_s:
+            slo.drain_s = 0.0
         if slo.chunker is not None:
             return self._prefill_dynamic_chunk(running_batch)
         if not slo.prefill_open and running_batch.reqs:
@@ -140,13 +264,11 @@ class SloSchedulerMixin:
         slo = self.slo
         slo.step += 1  # SGLang's decode loop never calls get_new_batch_prefill
         cap = None
-        if self.waiting_queue:
-            view = self._slo_view(running_batch)
-            plan = slo.planner.plan(view, slo.meter.knob_model(self._slo_spec_steps(), slo.spec_alpha()))
-            if plan is not None:
-                order_waiting(self.waiting_queue, plan, slo.states)
-                slo.best_effort_waiting = len(plan.best_effort)
-                cap = plan.batch_cap
+        plan = slo.sync.decide(lambda: self._slo_plan(running_batch)[0], None)
+        if plan is not None:
+            order_waiting(self.waiting_queue, plan, slo.states)
+            slo.best_effort_waiting = len(plan.best_effort)
+            cap = plan.batch_cap
         slo.decode_cap = cap
         if cap is None or cap >= self.max_running_requests:
             return super().get_new_prebuilt_batch(running_batch)
@@ -180,21 +302,32 @@ class SloSchedulerMixin:
 
     # ---- SGLang's forward pass and its results -------------------------------------------------
     def run_batch(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
-        """Changes: each forward pass is timed for the online perf model, and under GPU emulation
-        paced to the emulated card's time for that batch."""
+        """Changes: each forward pass is timed for the online perf model (on a GPU by CUDA events,
+        read with its result), and under GPU emulation paced to the emulated card's time."""
         shape = batch_shape(batch)
         steps = self._slo_spec_steps() if shape is not None and shape[0] == 0 else 0
+        timer = self.slo.meter.gpu_timer
+        bracket = timer.start() if timer is not None and shape is not None else None
         started = time.perf_counter()
         result = super().run_batch(batch, *args, **kwargs)
+        if bracket is not None and timer is not None and shape is not None:
+            timer.stop(bracket, result, shape, steps)
+            if self.slo.meter.pacer is not None:  # an emulated card on a GPU: pace the finished pass
+                timer.wait(bracket)
         if shape is not None:
-            self.slo.meter.after_step(shape, steps, started)
+            self.slo.meter.after_step(shape, steps, started, key=id(result), follows_step=self.last_batch is not None)
         return result
 
     def process_batch_result(self, batch: Any, result: Any) -> Any:
-        """Changes: finished requests release their state and feed the length predictor's
-        accuracy and the compound programs' stage costs."""
+        """Changes: an emulated step's results are used once the emulated card has finished it, a
+        GPU pass's time is read (its results are on the host now); finished requests release
+        their state and feed the length predictor's accuracy and the compound programs' stage
+        costs."""
+        self.slo.meter.wait(id(result))
         out = super().process_batch_result(batch, result)
         slo = self.slo
+        if slo.meter.gpu_timer is not None:
+            slo.meter.learn_timed(slo.meter.gpu_timer.read(result))
         now = slo.clock.now()
         for req in batch.reqs:
             if req.finished():
@@ -240,6 +373,21 @@ class SloSchedulerMixin:
             logger.exception("SLO speculation failed at step %d", slo.step)
 
     # ---- plan -> SGLang ------------------------------------------------------------------------
+    def _slo_plan(self, running_batch: Any) -> tuple[FinalPlan | None, EngineView | None]:
+        """This pass's finished plan and the view it was made from (None, None: nothing waits)."""
+        if not self.waiting_queue:
+            return None, None
+        view = self._slo_view(running_batch)
+        knob_model = self.slo.meter.knob_model(self._slo_spec_steps(), self.slo.spec_alpha())
+        return self.slo.planner.plan(view, knob_model, self.slo.perf), view
+
+    def _slo_decide(self, running_batch: Any) -> PassDecision:
+        """The plan, and the speculation length for the next decode batches (the leading rank's
+        work under tensor parallelism; the others apply what it sends)."""
+        plan, view = self._slo_plan(running_batch)
+        self._slo_update_speculation(running_batch, view)
+        return PassDecision(plan, None if self.slo.spec is None else self.slo.spec.current)
+
     def _slo_view(self, running_batch: Any) -> EngineView:
         limits = EngineLimits(
             max_running_requests=self.max_running_requests,
@@ -257,7 +405,7 @@ class SloSchedulerMixin:
         if plan.drop:
             keep, dropped = split_dropped(self.waiting_queue, plan.drop)
             for req, reason in dropped:
-                self._slo_abort_waiting(req, reason)
+                self._slo_abort_waiting(req, reason, plan.waits.get(req.rid))
             self.waiting_queue[:] = keep
         order_waiting(self.waiting_queue, plan, slo.states)
         slo.best_effort_waiting = len(plan.best_effort)
@@ -266,13 +414,28 @@ class SloSchedulerMixin:
         slo.batch_cap = plan.batch_cap
         slo.prefill_open = plan.prefill
         if slo.startup_chunk:
-            self.chunked_prefill_size = plan.chunk_size or slo.startup_chunk
+            self.chunked_prefill_size = self._slo_sglang_chunk(plan.chunk_size, len(running_batch.reqs))
         if plan.batch_cap is not None and len(running_batch.reqs) < plan.batch_cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
 
-    def _slo_abort_waiting(self, req: Any, reason: str) -> None:
-        """End a queued request with a 503 and `reason` (what SGLang's abort of a queued request
-        frees: its hicache entry; on a PD prefill worker its metadata slot and KV sender)."""
+    def _slo_sglang_chunk(self, prefill_tokens: int | None, running: int) -> int:
+        """SGLang's chunked_prefill_size for a plan's prefill token budget. With mixed batching
+        SGLang charges the decodes riding in the step to the same budget (PrefillAdder's
+        rem_chunk_tokens = chunked_prefill_size - running decodes), so they are added back:
+        a budget smaller than the running batch left SGLang a negative chunk, and a request
+        with a negative extend length crashed the scheduler (torch.arange in compute_position).
+        Never above the start-up size, which SGLang sized its buffers on."""
+        startup = self.slo.startup_chunk
+        assert startup
+        if prefill_tokens is None:
+            return startup
+        riding = running if self.is_mixed_chunk else 0
+        return max(1, min(startup, prefill_tokens + riding))
+
+    def _slo_abort_waiting(self, req: Any, reason: str, wait_s: float | None = None) -> None:
+        """End a queued request with a 503, `reason` and its predicted wait (what SGLang's abort
+        of a queued request frees: its hicache entry; on a PD prefill worker its metadata slot
+        and KV sender)."""
         if self.enable_hicache_storage:
             self.tree_cache.release_aborted_request(req.rid)
         if _disagg_role(self) == PREFILL:
@@ -281,9 +444,11 @@ class SloSchedulerMixin:
             sender = getattr(req, "disagg_kv_sender", None)
             if pending and sender is not None and hasattr(sender, "abort"):
                 sender.abort()
-        finished = {"type": "abort", "status_code": HTTPStatus.SERVICE_UNAVAILABLE, "message": reason}
+        state = self.slo.states.get(req.rid)
+        finished = shed_finish_reason(reason, wait_s, None if state is None else state.slo)
         self.ipc_channels.send_to_tokenizer.send_output(AbortReq(finished_reason=finished, rid=req.rid), req)
         self.slo.dropped += 1
+        self.slo.shed[finished["reason"]] += 1
         self.slo.states.forget(req.rid)
         self.slo.views.forget(req.rid)
         logger.debug("dropped %s: %s", req.rid, reason)
@@ -296,14 +461,17 @@ class SloSchedulerMixin:
         so it does not cap the step)."""
         chunker = self.slo.chunker
         assert chunker is not None
-        step, target = ChunkStep(chunker.budget, True), None
-        try:
-            target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
-            if target is not None:
-                step = chunker.step(_uncached_len(target))
-        except Exception:  # never let the rule take the engine down: chunk at B
-            self.slo.planner.errors += 1
-            logger.exception("dynamic chunking failed at step %d", self.slo.step)
+        target = self.chunked_req if self.chunked_req is not None else next(iter(self.waiting_queue), None)
+
+        def choose() -> ChunkStep:
+            try:
+                return chunker.step(None if target is None else _uncached_len(target))
+            except Exception:  # never let the rule take the engine down: chunk at B
+                self.slo.planner.errors += 1
+                logger.exception("dynamic chunking failed at step %d", self.slo.step)
+                return ChunkStep(chunker.budget, True)
+
+        step = self.slo.sync.decide(choose, ChunkStep(chunker.budget, True))
         self.chunked_prefill_size, self.slo.solo_pass = step.chunk, not step.admit_others
         try:
             out = super().get_new_batch_prefill(running_batch)
@@ -334,13 +502,20 @@ class SloSchedulerMixin:
             return {**base, "slo_adaptive": False, "steps": self._slo_spec_steps()}
         return {**base, "slo_adaptive": True, **self.slo.spec.status()}
 
+    def _slo_running_requests(self) -> int:
+        """Running requests, with the decodes a mixed step carries: SGLang moves them out of
+        running_batch into the batch it runs until the step's results are merged back."""
+        running, current = self.running_batch, getattr(self, "cur_batch_for_debug", None)
+        mixed = current is not None and current is not running and current.forward_mode.is_extend()
+        return len(running.reqs) + (len(current.decoding_reqs or ()) if mixed else 0)
+
     def slo_status_snapshot(self) -> dict[str, Any]:
         slo = self.slo
         role = _disagg_role(self)
         return SchedulerStatus(
             policy=slo.config.policy,
             waiting=len(self.waiting_queue),
-            running=len(self.running_batch.reqs),
+            running=self._slo_running_requests(),
             max_running_requests=slo.max_running,
             disaggregation_mode=role if role != MIXED else "null",
             chunked_prefill_size=self.chunked_prefill_size,
@@ -365,8 +540,17 @@ class SloSchedulerMixin:
                 "stage_deadlines_matched": slo.compound.matched,
             },
             plan_errors=slo.planner.errors,
+            queue_drain_s=None if slo.drain_s is None else round(slo.drain_s, 4),
+            shed=dict(slo.shed),
+            max_queued_requests=self.max_queued_requests,
+            max_queued_tokens=slo.config.max_queued_tokens,
+            max_input_tokens=getattr(self, "max_req_input_len", None),
             preempted=slo.preempted,
-            emulation=slo.emulation_status(int(self.max_total_num_tokens)),
+            emulation=None
+            if slo.meter.pacer is None
+            else slo.emulation_status(
+                int(self.max_total_num_tokens), emulated_forward.is_installed(self.tp_worker.model_runner.model)
+            ),
             speculation=self._slo_speculation_status(),
             length_predictor=None
             if slo.lengths is None

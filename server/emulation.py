@@ -8,6 +8,7 @@ this module only turns the two flags into a profile and start-up flags, before S
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,11 +47,12 @@ def resolve(gpu: str, model: str = DEFAULT_MODEL) -> Emulation:
     return Emulation(name=name, profile=path, kv_token_capacity=capacity)
 
 
-def startup_flags(emulation: Emulation, has_flag: Callable[..., bool]) -> list[str]:
-    """SGLang flags the emulated card implies, for those the user did not set."""
+def startup_flags(emulation: Emulation, has_flag: Callable[..., bool], model: str = "tiny") -> list[str]:
+    """SGLang flags the emulated card implies, for those the user did not set; `model` is the
+    tiny model's alias (tiny-gpu on a GPU: a head size and dtype its attention backends take)."""
     extra: list[str] = []
     if not has_flag("--model-path", "--model"):
-        extra += ["--model-path", "tiny"]
+        extra += ["--model-path", model]
     if not has_flag("--max-total-tokens"):
         extra += ["--max-total-tokens", str(emulation.kv_token_capacity)]
     if not has_flag("--context-length"):
@@ -61,3 +63,24 @@ def startup_flags(emulation: Emulation, has_flag: Callable[..., bool]) -> list[s
     # 2 cores went from on-time to 84 % late steps).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return extra
+
+
+def is_tiny_model(model_path: str | None) -> bool:
+    """The tiny random-weight model, by alias or by its prepared folder."""
+    if model_path == "tiny":
+        return True
+    if not model_path:
+        return False
+    from server.models import TINY_MODEL_NAME, cache_dir
+
+    path = Path(model_path).resolve()
+    in_cache = path.parent == (cache_dir() / "models").resolve()
+    return in_cache and re.fullmatch(rf"{TINY_MODEL_NAME}-\d+", path.name) is not None
+
+
+def stand_in_applies(model_path: str | None, speculative: bool, full_forward: bool) -> bool:
+    """Whether emulated steps skip the model's layers (scheduler/sglang_emulated_forward.py):
+    for the tiny random model only (a real model's outputs matter), never under speculative
+    decoding (drafts are judged against the target's real tokens), and not when the user asks
+    for the tiny model's math (--emulate-full-forward: tokens that match a plain tiny server)."""
+    return is_tiny_model(model_path) and not speculative and not full_forward

@@ -107,7 +107,13 @@ def _tokenizer_corpus() -> list[str]:
     return lines
 
 
-def _build_tiny(out: Path, seed: int) -> None:
+# The tiny model's shape on CPU (head size 16, fp32: the torch-native backend takes any) and on a
+# GPU, whose attention kernels (FlashInfer, FA3, Triton) want a head size of 64 or more in 16 bits.
+TINY_SHAPE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY_GPU_SHAPE = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2}
+
+
+def _build_tiny(out: Path, seed: int, shape: dict[str, int] = TINY_SHAPE, dtype: str = "float32") -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
@@ -133,25 +139,30 @@ def _build_tiny(out: Path, seed: int) -> None:
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=tok.get_vocab_size(),
-        hidden_size=64,
-        intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=4096,
         bos_token_id=fast.bos_token_id,
         eos_token_id=fast.eos_token_id,
         pad_token_id=fast.pad_token_id,
         tie_word_embeddings=False,
-        torch_dtype="float32",
+        torch_dtype=dtype,
+        **shape,
     )
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config).to(getattr(torch, dtype))
     model.save_pretrained(out, safe_serialization=True)
 
 
 def ensure_tiny_model(seed: int = 0) -> Path:
     """A deterministic random-weight Llama for fast tests (a few seconds, no download)."""
     return _atomic_build(cache_dir() / "models" / f"{TINY_MODEL_NAME}-{seed}", lambda out: _build_tiny(out, seed))
+
+
+def ensure_tiny_gpu_model(seed: int = 0) -> Path:
+    """The tiny model in a head size (64) and dtype (bfloat16) GPU attention backends accept."""
+    return _atomic_build(
+        cache_dir() / "models" / f"{TINY_MODEL_NAME}-gpu-{seed}",
+        lambda out: _build_tiny(out, seed, TINY_GPU_SHAPE, "bfloat16"),
+    )
 
 
 TINY_DRAFT_NOISE = 0.08  # relative weight noise; α ≈ 0.79 against the tiny target (measured, greedy)

@@ -1,18 +1,23 @@
-"""Start a real server on 127.0.0.1 as a subprocess and always stop it by PID.
+"""Start a real server on 127.0.0.1 as a subprocess and always stop it by PID; and the child's
+side of that promise, `watch_parent`.
 
-Used by the integration tests and the benchmarks. The server runs in its own process group,
-so stopping the group also ends SGLang's scheduler and detokenizer children; any survivor
-found through psutil is killed too.
+Used by the launchers, the integration tests and the benchmarks. The server runs in its own
+process group, so stopping the group also ends SGLang's scheduler and detokenizer children; any
+survivor found through psutil is killed too. A process this module starts is told its parent's
+PID (`PARENT_PID_ENV`); launch_server and launch_router watch it and end their whole process
+tree once it is gone, however the parent ended (even SIGKILL), so nothing is left holding ports.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -23,6 +28,56 @@ import requests
 READY_TIMEOUT_S = float(os.environ.get("SGLANG_SLO_TEST_READY_TIMEOUT", "300"))
 PORT_RETRIES = 2  # a picked port can be taken (by any process's outgoing connection) before we bind
 PORT_TAKEN = "address already in use"
+PARENT_PID_ENV = "SGLANG_SLO_PARENT_PID"  # set by ServerProcess: the child ends when this process is gone
+PARENT_POLL_S = 0.5
+STOP_TIMEOUT_S = 20.0
+
+logger = logging.getLogger(__name__)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def kill_tree(pid: int, include_self: bool = True) -> None:
+    """SIGKILL `pid`'s descendants (and `pid`)."""
+    try:
+        proc = psutil.Process(pid)
+        family = proc.children(recursive=True) + ([proc] if include_self else [])
+    except psutil.NoSuchProcess:
+        return
+    for member in family:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+def watch_parent(
+    on_orphaned: Callable[[], None] | None = None, poll_s: float = PARENT_POLL_S
+) -> threading.Thread | None:
+    """When started by a launcher (PARENT_PID_ENV set), end this process and its children as
+    soon as the launcher is gone; None when there is no launcher to watch."""
+    raw = os.environ.get(PARENT_PID_ENV)
+    if not raw or not raw.isdigit():
+        return None
+    parent = int(raw)
+
+    def watch() -> None:
+        while _alive(parent):
+            time.sleep(poll_s)
+        logger.warning("launcher (pid %d) is gone: ending this process tree", parent)
+        if on_orphaned is not None:
+            on_orphaned()
+        kill_tree(os.getpid(), include_self=False)
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
 
 
 def free_port() -> int:
@@ -79,6 +134,7 @@ class ServerProcess:
         # nothing to dump; every stop paid it. An explicit setting still wins.
         env.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
         env.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
+        env[PARENT_PID_ENV] = str(os.getpid())
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module, *self.args],
@@ -132,7 +188,9 @@ class ServerProcess:
         text = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(line for line in text if "_pytree.py" not in line)[-8000:] if text else ""
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S, graceful: bool = False) -> None:
+        """SIGTERM, then SIGKILL after `timeout_s`. `graceful`: only the main process gets the
+        SIGTERM (a worker then drains: its scheduler must live on meanwhile), else its group."""
         if self.proc is None:
             return
         pid = self.proc.pid
@@ -141,11 +199,14 @@ class ServerProcess:
         except psutil.NoSuchProcess:
             family = []
         try:
-            os.killpg(pid, signal.SIGTERM)
+            if graceful:
+                os.kill(pid, signal.SIGTERM)
+            else:
+                os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
         try:
-            self.proc.wait(timeout=20)
+            self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             try:
                 os.killpg(pid, signal.SIGKILL)

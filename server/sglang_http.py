@@ -1,32 +1,41 @@
 """The HTTP-process adapter (the only server-side module that touches SGLang internals).
 
 It launches SGLang's own HTTP server with three swaps through SGLang's fork hooks: our
-TokenizerManager subclass (SLO reports), our scheduler process (the policy core), and our ASGI
-middleware on SGLang's app (SLO parsing, status, metrics). Every SGLang route keeps working.
+TokenizerManager subclass (SLO reports, shed answers, delta streams for the router's agent),
+our scheduler process (the policy core), and our ASGI middleware on SGLang's app (SLO parsing,
+status, metrics, draining). Every SGLang route keeps working.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import fastapi
 from sglang.srt.entrypoints import http_server
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-from scheduler.components.status_channel import StatusSubscriber, remove_ipc_file
+from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
 from scheduler.config import SloServerConfig
+from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo_wire import read_injected
 from scheduler.reporting.metrics import SloMetrics
 from scheduler.reporting.reports import SloReportBook
+from server import request_context
+from server.delta_stream import DeltaStream
+from server.draining import Drain, install_drain_handler
+from server.process import kill_tree
 from server.scheduler_process import run_slo_scheduler_process
 from server.slo_middleware import SloMiddleware
 
 _BOOK = SloReportBook(SloMetrics())
+_MANAGERS: list[TokenizerManager] = []  # the process's tokenizer manager, once SGLang built it
 
 
 def _first_custom_params(obj: Any) -> dict[str, Any] | None:
@@ -45,12 +54,35 @@ def _rids(obj: Any) -> list[str]:
 
 
 class SloTokenizerManager(TokenizerManager):
-    """Scores every finished request against its SLO and puts the report in meta_info."""
+    """Scores every finished request against its SLO and puts the report in meta_info; notes a
+    shed for the HTTP edge's answer; streams the router's agent deltas, not cumulative output."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        _MANAGERS.append(self)
+
+    async def _handle_abort_finish_reason(self, out: dict, state: Any, is_stream: bool) -> Any:
+        """Changes: a request the scheduler shed is noted for the HTTP edge, which answers it with
+        the shed's status, Retry-After and reason; SGLang raises only for 503s, so a 429 (a full
+        queue) is raised here for non-streaming requests."""
+        shed = shed_from(out.get("meta_info", {}).get("finish_reason"))
+        ctx = request_context.current()
+        if shed is not None and ctx is not None:
+            ctx.shed = shed
+        handled = await super()._handle_abort_finish_reason(out, state, is_stream)
+        if shed is not None and not is_stream:
+            raise fastapi.HTTPException(status_code=shed.status, detail=shed.message, headers=shed.headers())
+        return handled
 
     async def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[Any]:
         _check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
         injected = read_injected(_first_custom_params(obj))
         started: set[str] = set()
+        ctx = request_context.current()
+        # The router's agent reads each chunk's new tokens only: SGLang's default stream repeats
+        # every token so far in every chunk, O(N^2) bytes over a long answer.
+        agent_stream = ctx is not None and ctx.from_agent and bool(getattr(obj, "stream", False))
+        delta = DeltaStream() if agent_stream and not self.incremental_streaming_output else None
 
         def track(rid: str) -> None:
             if injected is not None and rid not in started:
@@ -64,7 +96,7 @@ class SloTokenizerManager(TokenizerManager):
                     if meta is not None and meta.get("id") is not None:
                         track(meta["id"])
                         _BOOK.on_output(meta)
-                yield out
+                yield out if delta is None or not isinstance(out, dict) else delta.next(out)
         except BaseException:
             for rid in _rids(obj):
                 track(rid)
@@ -97,6 +129,14 @@ class RouterMembership:
     worker_gpu: str  # the GPU kind it reports (heterogeneity-aware routing)
     router_allow_remote: bool = False  # connect to a router off this machine
     worker_tier_ms: float | None = None  # the TPOT tier it asks to start in (PolyServe pools)
+    advertise_host: str | None = None  # where the router reaches it (None: where it connects from)
+    router_curve_public_key: str | None = None  # the router's CURVE public key file: an encrypted link
+    worker_curve_secret_key: str | None = None  # its own CURVE key pair file (None: ephemeral)
+    worker_secret: bytes | None = None  # the router's worker credential (router/worker_auth.py)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 def _join_router(
@@ -105,18 +145,29 @@ def _join_router(
     membership: RouterMembership,
     agent_token: str | None,
     engine: Callable[[], dict[str, Any]],
+    drain: Drain,
+    pre_exit: list[Callable[[], None]],
 ) -> None:
     """Start the agent that links this server to its router (it waits until the server is up)."""
+    from router.transport import CurveKeys
     from server.worker_agent import AgentConfig, start_agent_thread
 
-    host = "127.0.0.1" if server_args.host in ("0.0.0.0", "::", "") else server_args.host
+    wildcard = server_args.host in ("0.0.0.0", "::", "")
+    local = "127.0.0.1" if wildcard else server_args.host  # the agent's own calls stay on this machine
+    # a wildcard tells the router to reach the worker where its connection comes from
+    advertised = membership.advertise_host or ("0.0.0.0" if wildcard else server_args.host)
+    curve = None
+    if membership.router_curve_public_key:
+        curve = CurveKeys.for_worker(membership.router_curve_public_key, membership.worker_curve_secret_key)
     mode = server_args.disaggregation_mode  # "null" when co-located
     agent = AgentConfig(
         router_address=membership.router_address,
         worker_id=membership.worker_id,
         gpu=membership.worker_gpu,
         model=str(server_args.model_path),
-        http_url=f"http://{host}:{server_args.port}",
+        http_url=_url(local, server_args.port),
+        advertised_url=_url(advertised, server_args.port),
+        curve=curve,
         api_key=server_args.api_key,
         agent_token=agent_token,
         allow_remote=membership.router_allow_remote,
@@ -124,15 +175,18 @@ def _join_router(
         bootstrap_port=server_args.disaggregation_bootstrap_port if mode == "prefill" else None,
         tier_ms=membership.worker_tier_ms,
         time_scale=config.emulate_slowdown if config.emulate_profile else 1.0,
+        worker_secret=membership.worker_secret,
     )
-    start_agent_thread(agent, engine)
+    handle = start_agent_thread(agent, engine, drain)
+    pre_exit.append(handle.hand_back)
 
 
 def launch(server_args: Any, config: SloServerConfig, membership: RouterMembership | None = None) -> None:
     """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
     config.to_env()  # inherited by the spawned scheduler process
-    atexit.register(remove_ipc_file, config.status_address)
-    subscriber = StatusSubscriber(config.status_address)
+    subscriber = ReplicaStatus(config.status_address, int(getattr(server_args, "dp_size", 1) or 1))
+    for address in subscriber.addresses:
+        atexit.register(remove_ipc_file, address)
     started = time.time()
 
     def status() -> dict[str, Any]:
@@ -146,14 +200,36 @@ def launch(server_args: Any, config: SloServerConfig, membership: RouterMembersh
             "queue": {"waiting": engine.get("waiting"), "running": engine.get("running")},
             "attainment": _BOOK.metrics.attainment(),
             "tiers": _BOOK.metrics.tiers(),
+            "draining": drain.active,
         }
 
     agent_token = secrets.token_hex(16) if membership is not None else None
+    drain = Drain()
+    pre_exit: list[Callable[[], None]] = []
+
+    def in_flight() -> int:
+        return sum(len(tm.rid_to_state) for tm in _MANAGERS)
+
+    def exit_now() -> None:
+        for hook in pre_exit:  # the agent hands what is left back to the router
+            hook()
+        kill_tree(os.getpid(), include_self=False)  # SGLang's scheduler and detokenizer
+        os._exit(0)
+
+    def on_started() -> None:  # after uvicorn installed its own handlers: ours must win
+        install_drain_handler(drain, in_flight, config.drain_timeout_s, exit_now)
+
     http_server.app.add_middleware(
-        SloMiddleware, book=_BOOK, default_slo=config.default_spec(), status=status, agent_token=agent_token
+        SloMiddleware,
+        book=_BOOK,
+        default_slo=config.default_spec(),
+        status=status,
+        agent_token=agent_token,
+        drain=drain,
+        on_started=on_started,
     )
     if membership is not None:
-        _join_router(server_args, config, membership, agent_token, lambda: dict(subscriber.latest))
+        _join_router(server_args, config, membership, agent_token, lambda: dict(subscriber.latest), drain, pre_exit)
     http_server.launch_server(
         server_args,
         init_tokenizer_manager_func=init_slo_tokenizer_manager,

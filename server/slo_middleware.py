@@ -1,29 +1,53 @@
 """HTTP edge of SLO serving, as plain ASGI middleware in front of SGLang's app.
 
-In: parses and validates the SLO (400 naming the field), stamps the arrival time and injects
-both into SGLang's custom_params. Out: adds the `slo` report block to OpenAI responses (native
-responses get it in meta_info from the tokenizer manager), serves GET /slo/status, and appends
-the SLO counters to GET /metrics.
+In, on every route that generates (POST and PUT /generate, /vertex_generate, the OpenAI routes
+and SageMaker's /invocations): parses and validates the SLO (400 naming the field), strips the
+internal keys a client must not set (`slo_*` in custom_params: the arrival stamp and the
+scheduler's own fields) unless the router's agent sent the request, stamps the arrival time and
+injects both into SGLang's custom_params. Out: adds the `slo` report block to OpenAI responses
+(native responses get it in meta_info from the tokenizer manager), answers a request the
+scheduler shed with the shed's status (429/503), Retry-After and reason, serves GET /slo/status,
+and appends the SLO counters to GET /metrics. While draining (graceful shutdown) it answers new
+generation requests 503 `draining` and /health 503.
+
+The benchmark-only true-length hint (`slo_oracle_output_len`) is kept from any client: it also
+ends the request at that length, so a hint that flatters a request only cuts its own answer.
 """
 
 from __future__ import annotations
 
 import hmac
 import math
+import os
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
 
+from scheduler.core.admission import retry_after_s
+from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai
 from scheduler.reporting.reports import SloReportBook
+from server import request_context
+from server.draining import Drain
+from server.engine_metrics import engine_exposition
 from server.spec_metrics import speculation_exposition
-from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER
+from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, DRAINING, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM
 
+NATIVE, OPENAI, VERTEX = "native", "openai", "vertex"
+# Every route that generates, by how its body carries sampling parameters.
+GENERATE_ROUTES: dict[tuple[str, str], str] = {
+    ("POST", "/generate"): NATIVE,
+    ("PUT", "/generate"): NATIVE,
+    ("POST", "/v1/completions"): OPENAI,
+    ("POST", "/v1/chat/completions"): OPENAI,
+    ("POST", "/invocations"): OPENAI,  # SageMaker: SGLang's chat completions
+    ("POST", os.environ.get("AIP_PREDICT_ROUTE", "/vertex_generate")): VERTEX,
+}
 NATIVE_PATHS = frozenset({"/generate"})
-OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+OPENAI_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/invocations"})
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # The router's worker agent forwards the client's arrival time, so the worker's deadlines count
 # from when the client asked, not from when the request reached this worker (or resumed here).
@@ -94,6 +118,40 @@ def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[
     return kept + [(b"content-length", str(length).encode())]
 
 
+async def _respond_shed(send: Send, shed: Shed) -> None:
+    body = orjson.dumps(shed.body())
+    await send(
+        {
+            "type": "http.response.start",
+            "status": shed.status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                *((k.encode(), v.encode()) for k, v in shed.headers().items()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def strip_internal(params: Any) -> None:
+    """Remove the internal keys a client set in custom_params (the oracle hint stays)."""
+    custom = params.get("custom_params") if isinstance(params, dict) else None
+    if isinstance(custom, dict):
+        for key in [k for k in custom if isinstance(k, str) and k.startswith(INTERNAL_PARAM_PREFIX)]:
+            if key != ORACLE_HINT_PARAM:
+                del custom[key]
+
+
+def _strip_body(body: dict[str, Any], kind: str) -> None:
+    if kind == OPENAI:
+        strip_internal(body)
+        return
+    params = body.get("sampling_params")
+    for p in params if isinstance(params, list) else [params]:
+        strip_internal(p)
+
+
 class SloMiddleware:
     def __init__(
         self,
@@ -102,14 +160,24 @@ class SloMiddleware:
         default_slo: SloSpec | None,
         status: Callable[[], dict[str, Any]],
         agent_token: str | None = None,
+        drain: Drain | None = None,
+        on_started: Callable[[], None] | None = None,
     ) -> None:
         self.app = app
         self.book = book
         self.default_slo = default_slo
         self.status = status
         self.agent_token = agent_token
+        self.drain = drain if drain is not None else Drain()
+        self.on_started = on_started  # once the server is up (signal handlers installed by then)
+
+    @property
+    def draining(self) -> bool:
+        return self.drain.active
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan" and self.on_started is not None:
+            return await self.app(scope, receive, self._lifespan_send(send))
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         path, method = scope["path"], scope["method"]
@@ -117,11 +185,32 @@ class SloMiddleware:
             return await _respond(send, 200, orjson.dumps(self.status()))
         if method == "GET" and path == "/metrics":
             return await self._metrics(scope, receive, send)
-        if method == "POST" and (path in NATIVE_PATHS or path in OPENAI_PATHS):
-            return await self._generate(scope, receive, send, native=path in NATIVE_PATHS)
+        kind = GENERATE_ROUTES.get((method, path))
+        if kind is not None:
+            if self.draining:
+                return await _respond_shed(send, self._draining_shed())
+            return await self._generate(scope, receive, send, kind)
+        if self.draining and method == "GET" and path in ("/health", "/health_generate"):
+            return await _respond_shed(send, self._draining_shed())  # load balancers stop sending
         return await self.app(scope, receive, send)
 
-    async def _generate(self, scope: Scope, receive: Receive, send: Send, native: bool) -> None:
+    def _lifespan_send(self, send: Send) -> Send:
+        async def wrapped(message: dict[str, Any]) -> None:
+            await send(message)
+            if message["type"] == "lifespan.startup.complete" and self.on_started is not None:
+                started, self.on_started = self.on_started, None
+                started()
+
+        return wrapped
+
+    def _draining_shed(self) -> Shed:
+        """Come back once the work still queued here has drained (what the scheduler predicts)."""
+        engine = self.status().get("engine") or {}
+        wait = engine.get("queue_drain_s")
+        wait = float(wait) if isinstance(wait, (int, float)) and not isinstance(wait, bool) else None
+        return Shed(DRAINING, retry_after_s(wait), None if wait is None else round(1000.0 * wait, 3))
+
+    async def _generate(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
         arrival = time.time()
         try:
             raw = await _read_body(receive)
@@ -134,20 +223,59 @@ class SloMiddleware:
         if not isinstance(body, dict):  # not ours to judge: SGLang answers malformed bodies
             return await self.app(scope, _replay(raw, receive), send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        arrival = self._forwarded_arrival(headers, arrival)
+        ctx = request_context.begin()
+        ctx.from_agent = self._from_agent(headers)
+        arrival = self._forwarded_arrival(headers, arrival) if ctx.from_agent else arrival
+        target: Any = body
+        if kind == VERTEX:  # {"instances": [...], "parameters": {GenerateReqInput fields}}
+            target = body.get("parameters")
+            if target is None:
+                target = body["parameters"] = {}
+            if not isinstance(target, dict):
+                return await _respond(send, 400, error_body("parameters", "must be an object"))
         try:
-            spec = extract_slo(body, headers, self.default_slo, native=native)
-            (inject_native if native else inject_openai)(body, spec, arrival)
+            if not ctx.from_agent:
+                _strip_body(target, kind)
+            spec = extract_slo(target, headers, self.default_slo, native=kind != OPENAI)
+            (inject_openai if kind == OPENAI else inject_native)(target, spec, arrival)
         except SloValidationError as e:
-            return await _respond(send, 400, error_body(e.field, e.message))
+            field = f"parameters.{e.field}" if kind == VERTEX and not e.field.startswith("x-slo") else e.field
+            return await _respond(send, 400, error_body(field, e.message))
         new_raw = orjson.dumps(body)
         scope = {**scope, "headers": _with_length(list(scope.get("headers", [])), len(new_raw))}
-        await self.app(scope, _replay(new_raw, receive), send if native else self._openai_send(send))
+        out = self._openai_send(send) if kind == OPENAI else send
+        await self.app(scope, _replay(new_raw, receive), self._shed_send(out, ctx))
+
+    def _shed_send(self, send: Send, ctx: request_context.RequestContext) -> Send:
+        """Answers a request the scheduler shed before anything was sent with the shed's status,
+        Retry-After and body, streamed or not: a stream's headers wait for its first chunk (as
+        a client sees them with its first token anyway). A stream shed after it started keeps
+        its abort finish reason, which carries the same reason."""
+        state: dict[str, Any] = {"start": None, "replaced": False, "started": False}
+
+        async def wrapped(message: dict[str, Any]) -> None:
+            if state["replaced"]:
+                return  # the inner app's own answer: already replaced
+            if message["type"] == "http.response.start" and not state["started"]:
+                state["start"] = message
+                return
+            if message["type"] == "http.response.body" and state["start"] is not None and not state["started"]:
+                if ctx.shed is not None:
+                    state["replaced"] = True
+                    return await _respond_shed(send, ctx.shed)
+                state["started"] = True
+                await send(state["start"])
+            await send(message)
+
+        return wrapped
+
+    def _from_agent(self, headers: dict[str, str]) -> bool:
+        token = headers.get(AGENT_TOKEN_HEADER)
+        return self.agent_token is not None and token is not None and hmac.compare_digest(token, self.agent_token)
 
     def _forwarded_arrival(self, headers: dict[str, str], arrival: float) -> float:
         """The router's arrival time when its agent sent the request, else this server's."""
-        token = headers.get(AGENT_TOKEN_HEADER)
-        if self.agent_token is None or token is None or not hmac.compare_digest(token, self.agent_token):
+        if not self._from_agent(headers):
             return arrival
         try:
             forwarded = float(headers.get(ARRIVAL_HEADER, ""))
@@ -228,7 +356,8 @@ class SloMiddleware:
 
         plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
         await self.app({**scope, "headers": plain}, receive, capture)  # uncompressed, so we can append
-        ours = self.book.metrics.exposition() + speculation_exposition(self.status().get("engine") or {})
+        engine = self.status().get("engine") or {}
+        ours = self.book.metrics.exposition() + speculation_exposition(engine) + engine_exposition(engine)
         if captured["status"] == 200:
             body = b"".join(captured["body"]).rstrip(b"\n") + b"\n" + ours
         else:

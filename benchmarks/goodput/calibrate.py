@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import statistics
+from dataclasses import replace
 
 from benchmarks.goodput.loadgen import LoadGenerator, LoadOptions, PromptFor
 from benchmarks.goodput.mixes import Calibration
@@ -30,8 +31,9 @@ def calibration_requests(prompt_lens: tuple[int, ...], output_tokens: int, reps:
 async def _measure(url: str, prompt_for: PromptFor, opts: LoadOptions, planned: list[PlannedRequest]) -> Calibration:
     ttft: dict[int, list[float]] = {}
     gaps: list[float] = []
-    for p in planned:  # sequentially: zero load
-        (rec,) = await LoadGenerator(url, prompt_for, opts).run([p])
+    for i, p in enumerate(planned):  # sequentially: zero load
+        # a fresh prompt every time: a repeated one would hit the radix cache and skip its prefill
+        (rec,) = await LoadGenerator(url, prompt_for, replace(opts, seed=opts.seed + 7919 * (i + 1))).run([p])
         if rec.finish_s is None or len(rec.token_s) < 2 or rec.send_s is None:
             raise RuntimeError(f"calibration request {rec.key} failed: {rec.error or 'too few tokens'}")
         ttft.setdefault(p.req.prompt_tokens, []).append(1000.0 * (rec.token_s[0] - rec.send_s))

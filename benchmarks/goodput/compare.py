@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import random
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
+from benchmarks.emulation_validity import MAX_LATE_SHARE, emulation_counters, pacing_delta, verdict
 from benchmarks.goodput.calibrate import calibrate
 from benchmarks.goodput.capacity import search_capacity
 from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
@@ -116,18 +119,28 @@ class Progress:
             self.bar.close()
 
 
+def offered_window(planned: list[PlannedRequest]) -> float | None:
+    """Seconds from the first to the last planned arrival: goodput is per offered second, the
+    same divisor for every target, so a policy is not charged for a longer drain (None when the
+    whole workload arrives at once: then the makespan divides)."""
+    arrivals = [p.req.arrival_s for p in planned]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return span if span > 0 else None
+
+
 def run_once(
     target: Target, planned: list[PlannedRequest], prompt_for: PromptFor, args: argparse.Namespace, rate: float | None
 ) -> dict[str, Any]:
     ours = target.ours
     opts = load_options(args, ours)
+    pacing_before = emulation_counters(target.url) if ours else None  # an emulated worker's counters
     bar = Progress(len(planned), f"{target.label} @ {rate}/s", args.quiet)
     started = time.monotonic()
     try:
         records = asyncio.run(LoadGenerator(target.url, prompt_for, opts, on_done=bar.tick).run(planned))
     finally:
         bar.close()
-    metrics = score(records)
+    metrics = score(records, duration_s=offered_window(planned))
     status = None
     if ours:
         try:
@@ -140,6 +153,8 @@ def run_once(
         "wall_s": round(time.monotonic() - started, 2),
         "slo_status": status,
     }
+    if pacing_before is not None:  # did the emulated card keep its pace in this run?
+        config["pacing"] = {target.label: pacing_delta(pacing_before, emulation_counters(target.url))}
     return {
         "label": target.label,
         "rate": rate,
@@ -163,6 +178,9 @@ def describe(run: dict[str, Any]) -> str:
         f"goodput {m.goodput_rps or 0:.2f} req/s, {m.throughput_tok_s or 0:.1f} tok/s, "
         f"lost {m.lost}, cut {m.cut}, never sent {m.never_sent}"
     )
+    pacing = verdict(run["config"].get("pacing"))
+    if pacing["valid"] is False:
+        line += f"\n   INVALID: emulated steps late on {', '.join(pacing['late_workers'])} (> {MAX_LATE_SHARE:.0%})"
     return line + (f"\n   INCONSISTENT: {bad}" if bad else "")
 
 
@@ -211,6 +229,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--client-max-tokens", type=int, default=1024, help="the max_new_tokens a client sends")
     r.add_argument("--duration", type=float, help="send nothing later than this many s into a run")
     r.add_argument("--drain-timeout", type=float, default=120.0, help="s after the last arrival before cutting")
+    r.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="targets served side by side, each getting the same arrivals at the same time (default 1; "
+        "only where the host keeps every emulated card's pace: runs with late steps are marked INVALID)",
+    )
     r.add_argument("--capacity", action="store_true", help="binary-search the highest rate at --target attainment")
     r.add_argument("--target", type=float, default=0.9, help="attainment for --capacity (default 0.9)")
     r.add_argument("--capacity-probes", type=int, default=5)
@@ -225,6 +250,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if "=" not in item:
             p.error(f"--url takes LABEL=URL, got {item!r}")
     return args
+
+
+def _groups(targets: list[Target], size: int) -> list[list[Target]]:
+    """Targets run side by side, `size` at a time (each its own server on this machine)."""
+    size = max(1, size)
+    return [targets[i : i + size] for i in range(0, len(targets), size)]
 
 
 def targets_of(args: argparse.Namespace) -> list[Target]:
@@ -266,24 +297,32 @@ def main(argv: list[str] | None = None) -> int:
     args.control = uniform_length_control(args.length_control, targets)
     print(f"length control: {args.control.value}", flush=True)
     try:
-        for target in targets:
-            print(f"== {target.label}", flush=True)
-            with target:
+        for group in _groups(targets, args.parallel):
+            with contextlib.ExitStack() as stack:
+                for target in group:
+                    print(f"== {target.label}", flush=True)
+                    stack.enter_context(target)
                 if scale is None:
+                    first = group[0]
                     if args.calibration_from is not None:
                         calibration = earlier_calibration(args.calibration_from)
                     elif not args.no_calibration:
-                        calibration = calibrate(target.url, prompt_for, load_options(args, target.ours))
-                        print(f"   calibrated on {target.label}: {calibration}", flush=True)
+                        calibration = calibrate(first.url, prompt_for, load_options(args, first.ours))
+                        print(f"   calibrated on {first.label}: {calibration}", flush=True)
                     scale = Scale.from_option(args.slo_scale, calibration)
                     header["calibration"] = None if calibration is None else asdict(calibration)
                 if args.capacity:
-                    capacities[target.label] = capacity_of(target, spec, scale, prompt_for, args, runs)
-                else:
-                    for rate in args.rate_list:
-                        runs.append(run_once(target, plan(spec, rate, scale), prompt_for, args, rate))
-                        print(describe(runs[-1]), flush=True)
-                        write_results(args.out, [header_run(r, header) for r in runs])
+                    for target in group:
+                        capacities[target.label] = capacity_of(target, spec, scale, prompt_for, args, runs)
+                    continue
+                for rate in args.rate_list:
+                    planned = plan(spec, rate, scale)
+                    with ThreadPoolExecutor(max_workers=len(group)) as pool:  # the same arrivals at once
+                        done = list(pool.map(lambda t, pl=planned, r=rate: run_once(t, pl, prompt_for, args, r), group))
+                    for run in done:
+                        runs.append(run)
+                        print(describe(run), flush=True)
+                    write_results(args.out, [header_run(r, header) for r in runs])
     finally:
         stop_all()
     baseline = runs[0]["label"] if runs else None

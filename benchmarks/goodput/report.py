@@ -32,6 +32,7 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks.emulation_validity import invalid_note, late_cell
 from benchmarks.goodput.metrics import RunMetrics
 from benchmarks.goodput.records import RequestRecord
 
@@ -119,6 +120,9 @@ def markdown_table(runs: Sequence[dict[str, Any]], baseline_label: str | None = 
     """One row per run; "goodput ×" and "DSLO ×" divide by the baseline label's run at the same
     rate (default baseline: the first run's label)."""
     head = ["label", "rate", *(name for name, _ in COLUMNS), "goodput ×", "DSLO ×"]
+    emulated = any((run.get("config") or {}).get("pacing") for run in runs)
+    if emulated:  # every run on emulated workers shows whether the emulation kept pace
+        head.append("late steps (worst worker)")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for run in runs:
         m = _metrics(run)
@@ -129,8 +133,11 @@ def markdown_table(runs: Sequence[dict[str, Any]], baseline_label: str | None = 
             _ratio(m.get("goodput_rps"), bm.get("goodput_rps")),
             _ratio(m.get("dslo_tok_s"), bm.get("dslo_tok_s")),
         ]
+        if emulated:
+            cells.append(late_cell((run.get("config") or {}).get("pacing")))
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    note = invalid_note(list(runs))
+    return "\n".join(lines) + (f"\n\n{note}" if note else "")
 
 
 def _rate_key(run: dict[str, Any]) -> float:

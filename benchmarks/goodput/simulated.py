@@ -206,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     summary = []
     for (rate, name), runs in sorted(rows.items()):
         base = rows.get((rate, "fcfs"))
-        ratio = [(m.goodput_rps or 0) / (b.goodput_rps or 1e-9) for m, b in zip(runs, base or runs, strict=False)]
+        ratio = [
+            (m.goodput_rps or 0.0) / b.goodput_rps
+            for m, b in zip(runs, base or runs, strict=False)
+            if b.goodput_rps  # a baseline that attained nothing has no ratio
+        ] or [float("nan")]
         summary.append(
             {
                 "rate": rate,

@@ -16,6 +16,8 @@ Contract:
 - `migrations(running, workers, now)` returns (rid, target worker) moves; the router calls it
   once per tick and executes the moves (token-ID re-prefill on the target), then calls
   `on_routed` for each. The default is no migration.
+- `forget_worker(worker_id)` drops per-worker state once a worker is gone for good, so a pool
+  that churns does not grow the policy.
 """
 
 from __future__ import annotations
@@ -78,3 +80,6 @@ class RoutingPolicy(ABC):
     ) -> list[tuple[str, str]]:
         """(rid, target worker) moves to make now; default: none."""
         return []
+
+    def forget_worker(self, worker_id: str) -> None:  # noqa: B027 - optional hook
+        """The worker is gone for good (dead past the router's TTL): drop what is kept about it."""

@@ -35,6 +35,9 @@ class CacheAwarePolicy(RoutingPolicy):
         self.balance_rel = params.balance_rel_threshold
         self.table = PrefixTable(params.max_blocks_per_worker)
 
+    def forget_worker(self, worker_id: str) -> None:
+        self.table.forget(worker_id)
+
     def overloaded(self, load: int, min_load: int) -> bool:
         """Both gaps must be exceeded, so small clusters at low load still follow the cache."""
         return load - min_load > self.balance_abs and load > self.balance_rel * min_load

@@ -73,6 +73,10 @@ class GoodServePolicy(RoutingPolicy):
         self._q: dict[str, float] = {}  # Alg. 1 line 5: the policy's own smoothed q_g
         self._checks = 0
 
+    def forget_worker(self, worker_id: str) -> None:
+        self.table.forget(worker_id)
+        self._q.pop(worker_id, None)
+
     # -- estimates ---------------------------------------------------------------------------
 
     def queue_delay(self, w: WorkerView) -> float:

@@ -227,6 +227,12 @@ class PolyServePolicy(RoutingPolicy):
     def on_finished(self, rid: str, worker_id: str) -> None:
         self._unplace(rid)
 
+    def forget_worker(self, worker_id: str) -> None:
+        for rid in list(self._resident.get(worker_id, ())):
+            self._unplace(rid)
+        for table in (self._tier, self._resident, self._tiers_on, self._idle_since):
+            table.pop(worker_id, None)
+
     def _refresh(self, alive: Sequence[WorkerView], now: float) -> bool:
         """Forget residents of empty instances, track how long each has been pending, release the
         ones pending and empty for `release_after_s`; True when any was released."""

@@ -4,6 +4,7 @@ scheduler initialises (SGLang's init already calls some of the adapter's overrid
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from scheduler.components.meter import EngineMeter
 from scheduler.components.pd_chunking import PrefillChunker
 from scheduler.components.planner import PassPlanner
+from scheduler.components.rank_sync import PassSync
 from scheduler.components.request_state import RequestStates
 from scheduler.components.views import ViewBuilder
 from scheduler.config import SloServerConfig
@@ -46,6 +48,7 @@ class SloComponents:
     knobs_on: bool  # fcfs stays stock SGLang: no batch cap, no chunk
     spec: SloSpeculation | None = None  # set when the draft worker is built
     chunker: PrefillChunker | None = None  # PD prefill workers under an SLO policy
+    sync: PassSync = field(default_factory=PassSync)  # TP ranks: the leader's decisions on every rank
     # what the engine started with (set once SGLang's init is done)
     startup_chunk: int | None = None
     chunk_budget: int | None = None
@@ -62,6 +65,11 @@ class SloComponents:
     prefill_deferred: int = 0  # passes the plan turned into decode passes
     preempted: int = 0
     best_effort_waiting: int = 0
+    shed: Counter[str] = field(default_factory=Counter)  # public shed reason -> requests
+    # the queue's predicted drain (a newcomer's wait), recomputed at most once per pass
+    drain_s: float | None = None
+    drain_step: int = -1
+    drain_at: float = float("-inf")  # time.monotonic() of the last estimate
 
     def start_dynamic_chunking(self, startup_chunk: int, page_size: int) -> None:
         self.chunker = PrefillChunker(startup_chunk, page_size)
@@ -87,7 +95,7 @@ class SloComponents:
             self.states.keep_only(live)
             self.views.keep_only(live)
 
-    def emulation_status(self, kv_token_capacity: int) -> dict[str, Any] | None:
+    def emulation_status(self, kv_token_capacity: int, stand_in_forward: bool) -> dict[str, Any] | None:
         pacer = self.meter.pacer
         if pacer is None:
             return None
@@ -95,6 +103,7 @@ class SloComponents:
             "gpu_model": self.config.emulate_name,
             "slowdown": self.config.emulate_slowdown,
             "kv_token_capacity": kv_token_capacity,
+            "stand_in_forward": stand_in_forward,
             **pacer.report().to_dict(),
         }
 

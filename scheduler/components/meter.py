@@ -10,8 +10,10 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Hashable
 from typing import Any
 
+from scheduler.components.step_timer import GpuStepTimer, TimedStep
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer
 from scheduler.core.plan_path import KnobModel
@@ -47,8 +49,9 @@ def batch_shape(batch: Any) -> tuple[int, int, int] | None:
 
 
 class EngineMeter:
-    """`timing_ok` False (overlap scheduling on a GPU, where a pass's wall time is its launch):
-    passes are not timed and the perf model keeps its prior."""
+    """`timing_ok`: a pass's wall time around `run_batch` is its time (CPU, where the forward
+    runs synchronously). On a GPU it is the launch only: `gpu_timer` times the pass with CUDA
+    events instead, read when its result has been processed (`learn_timed`)."""
 
     def __init__(
         self, perf: OnlinePerfModel, pacer: Pacer | None, timing_ok: bool, emulated_card: str | None = None
@@ -59,6 +62,7 @@ class EngineMeter:
         self.emulated_card = emulated_card
         self.spec_cost_ratio = 0.0  # draft step / target decode step, for pacing and timing
         self._distortion_logged = -math.inf
+        self.gpu_timer: GpuStepTimer | None = None
 
     def knob_model(self, spec_steps: int, alpha: float | None) -> KnobModel | None:
         """What the default knobs are sized with this pass: None until the perf model is trusted;
@@ -72,29 +76,57 @@ class EngineMeter:
             )
         return KnobModel(self.perf)
 
-    def after_step(self, shape: tuple[int, int, int], spec_steps: int, started: float) -> None:
-        """Pace (emulation) and learn from the pass that began at `started` (perf_counter)."""
+    def after_step(
+        self,
+        shape: tuple[int, int, int],
+        spec_steps: int,
+        started: float,
+        key: Hashable | None = None,
+        follows_step: bool = False,
+    ) -> None:
+        """Pace (emulation) and learn from the pass that began at `started` (perf_counter).
+        Emulated: the step goes on the card's timeline under `key`; its results are waited for
+        (`wait(key)`) before they are used. `follows_step`: the engine ran a step just before."""
         prefill, decodes, kv = shape
         spec_tokens = decodes * spec_steps  # a speculative decode verifies s drafts per request
         if self.pacer is not None:  # emulated GPU: the step lasts what the profile says
             drafts = SpecCost(self.pacer.model, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
-            measured = self.pacer.finish(started, self.pacer.target_s(*shape, spec_tokens) + drafts)
+            target = self.pacer.target_s(*shape, spec_tokens) + drafts
+            if key is None:
+                measured = self.pacer.finish(started, target, follows_step)
+            else:
+                measured = self.pacer.launch(key, started, target, follows_step)
             self._log_distortion()
         elif self.timing_ok:
             measured = time.perf_counter() - started
         else:
             return
-        # the target's model learns target work only: the drafts' share is the draft cost's
+        self.learn(shape, spec_steps, measured)
+
+    def learn_timed(self, timed: TimedStep | None) -> None:
+        """A pass the GPU timer measured; under emulation the paced time was learned instead."""
+        if timed is not None and self.pacer is None:
+            self.learn(timed.shape, timed.spec_steps, timed.seconds)
+
+    def learn(self, shape: tuple[int, int, int], spec_steps: int, measured: float) -> None:
+        """The target's model learns target work only: the drafts' share is the draft cost's."""
+        prefill, decodes, kv = shape
         drafts = SpecCost(self.perf, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
-        self.perf.observe(prefill, decodes, kv, spec_tokens, max(measured - drafts, 1e-6))
+        self.perf.observe(prefill, decodes, kv, decodes * spec_steps, max(measured - drafts, 1e-6))
+
+    def wait(self, key: Hashable) -> None:
+        """Block until the emulated card has finished the step launched under `key` (a no-op on
+        a real engine, or for a step not launched)."""
+        if self.pacer is not None:
+            self.pacer.wait(key)
 
     def _log_distortion(self) -> None:
         """Warn (at most every 30 s) when the host cannot keep up with the emulated GPU."""
-        assert self.pacer is not None
-        report = self.pacer.report()
-        now = time.monotonic()
-        if report.steps >= 100 and report.late_share > 0.05 and now - self._distortion_logged > 30:
-            self._distortion_logged = now
+        pacer, now = self.pacer, time.monotonic()
+        assert pacer is not None
+        if pacer.steps >= 100 and pacer.late > 0.05 * pacer.steps and now - self._distortion_logged > 30:
+            self._distortion_logged = now  # the full report (it sorts the error window) only then
+            report = pacer.report()
             logger.warning(
                 "emulation of %s distorted: %.1f%% of %d steps late by %.2f ms on average (host too slow)",
                 self.emulated_card,
@@ -106,9 +138,18 @@ class EngineMeter:
     def prefill_ms_per_token(self) -> float:
         return round(1000 * self.perf.step_time(PREFILL_PROBE_TOKENS, 0, 0) / PREFILL_PROBE_TOKENS, 6)
 
+    def timing(self) -> str:
+        """What the perf model learns from: paced (emulated card), cuda_events, wall, or none."""
+        if self.pacer is not None:
+            return "paced"
+        if self.gpu_timer is not None:
+            return "cuda_events"
+        return "wall" if self.timing_ok else "none"
+
     def perf_status(self) -> dict[str, Any]:
         return {
             "ready": self.perf.ready,
+            "timing": self.timing(),
             "observed_iterations": self.perf.observed,
             "recent_rel_error": self.perf.recent_error(),
             "predicted_decode_ms": {str(n): round(1000 * self.perf.step_time(0, n, 128 * n), 3) for n in (1, 8, 32)},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan
-from scheduler.core.types import EngineView, Policy
+from scheduler.core.types import EngineView, PerfModel, Policy
 
 logger = logging.getLogger("sglang_slo.scheduler")
 
@@ -19,9 +19,11 @@ class PassPlanner:
         self.settings = settings
         self.errors = 0
 
-    def plan(self, view: EngineView, knob_model: KnobModel | None) -> FinalPlan | None:
+    def plan(
+        self, view: EngineView, knob_model: KnobModel | None, wait_model: PerfModel | None = None
+    ) -> FinalPlan | None:
         try:
-            return finalize_plan(view, self.policy.plan(view), self.settings, knob_model)
+            return finalize_plan(view, self.policy.plan(view), self.settings, knob_model, wait_model)
         except Exception:
             self.errors += 1
             logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)

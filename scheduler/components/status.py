@@ -37,6 +37,11 @@ class SchedulerStatus:
     emulation: dict[str, Any] | None
     speculation: dict[str, Any] | None
     length_predictor: dict[str, Any] | None
+    queue_drain_s: float | None = None  # predicted seconds until everything queued now has started
+    shed: dict[str, int] = field(default_factory=dict)  # requests shed, by public reason
+    max_queued_requests: int | None = None
+    max_queued_tokens: int | None = None
+    max_input_tokens: int | None = None  # the longest prompt the model takes (the router checks it)
     time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,5 +1,8 @@
 """Scheduler -> HTTP process status over ZMQ: the scheduler publishes a JSON snapshot every
-few hundred ms; the HTTP process keeps the latest one for /slo/status and /metrics."""
+few hundred ms; the HTTP process keeps the latest one for /slo/status and /metrics.
+
+Under data parallelism each replica's leading scheduler publishes on its own address (replica 0
+on the base address) and the HTTP process merges the replicas into one engine status."""
 
 from __future__ import annotations
 
@@ -16,6 +19,40 @@ import zmq
 
 def default_address(port: int) -> str:
     return f"ipc://{tempfile.gettempdir()}/sglang-slo-status-{port}-{os.getpid()}.ipc"
+
+
+def dp_status_address(base: str, dp_index: int) -> str:
+    """Replica `dp_index`'s address: two replicas binding one address would fail to start."""
+    return base if dp_index == 0 else f"{base}.dp{dp_index}"
+
+
+# Counts a data-parallel engine has as the sum of its replicas'; every other field is replica 0's
+# (the replicas run the same policy and model, each at its own pace).
+ADDITIVE_FIELDS = (
+    "waiting",
+    "running",
+    "max_running_requests",
+    "kv_capacity_tokens",
+    "kv_used_tokens",
+    "dropped_in_queue",
+    "prefill_deferred",
+    "preempted",
+    "best_effort_waiting",
+    "plan_errors",
+)
+
+
+def merge_replicas(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
+    """One engine status from the replicas' latest snapshots (those heard from so far)."""
+    heard = [s for s in snapshots if s]
+    if len(snapshots) <= 1 or not heard:
+        return dict(heard[0]) if heard else {}
+    merged = dict(heard[0])
+    for name in ADDITIVE_FIELDS:
+        values = [s.get(name) for s in heard]
+        merged[name] = sum(values) if all(isinstance(v, int) for v in values) else None  # None: unknown
+    merged["data_parallel"] = {"replicas": len(snapshots), "reporting": len(heard)}
+    return merged
 
 
 def remove_ipc_file(address: str) -> None:
@@ -71,3 +108,15 @@ class StatusSubscriber:
                 self.received_at = time.time()
             except Exception:  # noqa: BLE001
                 time.sleep(0.1)
+
+
+class ReplicaStatus:
+    """The latest status of every data-parallel replica, merged (`latest`)."""
+
+    def __init__(self, base: str, replicas: int = 1) -> None:
+        self.addresses = [dp_status_address(base, i) for i in range(max(1, replicas))]
+        self._subscribers = [StatusSubscriber(address) for address in self.addresses]
+
+    @property
+    def latest(self) -> dict[str, Any]:
+        return merge_replicas([s.latest for s in self._subscribers])

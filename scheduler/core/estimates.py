@@ -518,6 +518,26 @@ def remaining_prefill(a: ReqArrays) -> np.ndarray:
     return np.where(a.running, running_part, waiting_part)
 
 
+def lost_causes(a: ReqArrays, sp: Speeds, now: float) -> np.ndarray:
+    """Waiting requests (the first a.n_waiting) that will miss their SLO whatever is done now:
+    even served alone from now at full speed, a latency request's next token cannot come by its
+    due time, or a deadline/compound request's prefill cannot end by its deadline. Both are
+    lower bounds on the time needed (no queue, no output beyond the first token), so a request
+    marked here is lost under any schedule; the papers stop spending capacity on such work
+    (Tempo's and JITServe's deferral, SLOs-Serve's best-effort tier)."""
+    nw = a.n_waiting
+    if nw == 0:
+        return np.zeros(0, dtype=bool)
+    earliest = now + sp.prefill_time(remaining_prefill(a)[:nw])
+    cls = a.cls[:nw]
+    ttft = a.ttft_s[:nw]
+    lat = (cls == LATENCY) & np.isfinite(ttft)
+    due = token_dues(a.arrival[:nw], np.nan_to_num(ttft, nan=0.0), a.tpot_s[:nw], a.generated[:nw])
+    deadline = a.deadline[:nw]
+    has_dl = ((cls == DEADLINE) | (cls == COMPOUND)) & np.isfinite(deadline)
+    return (lat & (earliest > due)) | (has_dl & (earliest > np.nan_to_num(deadline, nan=np.inf)))
+
+
 def remaining_work(a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray]:
     """(remaining prefill seconds, remaining total seconds) at full speed, upper-bound length.
     The iteration that finishes a prefill also emits a token, hence one decode step less."""

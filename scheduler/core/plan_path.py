@@ -4,8 +4,11 @@ A policy decides what it cares about (order, admission, its own knobs, preemptio
 a step's decision is the same for every policy and lives here, so the SGLang adapter and the
 simulator apply exactly the same plan and differ only in the engine underneath:
 
-- `max_queue_ms` expiries are dropped with `slo_queue_timeout`, under every policy (it is the
-  request's own admission limit, not a policy's choice);
+- `max_queue_ms` expiries are dropped with `slo_queue_timeout`, and requests that ask to be
+  rejected when their SLO is out of reach (`on_infeasible: reject`) with `slo_infeasible` once
+  the admission check says they will certainly miss it, under every policy (both are the
+  request's own admission terms, not a policy's choice); each drop carries its predicted wait,
+  what its Retry-After is computed from;
 - the batch cap, prefill chunk and prefill gate a plan leaves open come from the performance
   model (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
   when one is trusted, in both batching modes;
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
@@ -63,6 +67,7 @@ class FinalPlan:
     order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after (others ignored)
     best_effort: frozenset[str] = frozenset()  # waiting rids in the best-effort tier (run last)
     drop: dict[str, str] = field(default_factory=dict)  # waiting rid -> reason
+    waits: dict[str, float] = field(default_factory=dict)  # dropped rid -> predicted seconds until it would start
     preempt: tuple[str, ...] = ()  # running rids to retract this pass
     batch_cap: int | None = None  # running-batch cap for this pass
     chunk_size: int | None = None  # prefill token budget for this pass (None: the start-up size)
@@ -70,16 +75,30 @@ class FinalPlan:
 
 
 def finalize_plan(
-    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None = None
+    view: EngineView,
+    plan: StepPlan,
+    settings: PlanSettings,
+    knob_model: KnobModel | None = None,
+    wait_model: PerfModel | None = None,
 ) -> FinalPlan:
-    """`plan` completed with what every policy gets; `knob_model` None: no trusted model yet."""
+    """`plan` completed with what every policy gets; `knob_model` None: no trusted model yet.
+    `wait_model` predicts the drops' waits (any estimate beats none there; default: the
+    knob model's)."""
     waiting = {r.rid for r in view.waiting}
     running = {r.rid for r in view.running}
     drop: dict[str, str] = {}
+    waits: dict[str, float] = {}
     if settings.role != DECODE:  # a PD decode request already holds transferred KV
         drop = {rid: reason for rid, reason in plan.drop.items() if rid in waiting}
         for rid in expired_in_queue(view.waiting, view.now):
             drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
+        trusted = None if knob_model is None else knob_model.perf
+        for rid in certainly_late(view, trusted, plan.order, plan.best_effort):
+            drop.setdefault(rid, SLO_INFEASIBLE_REASON)
+        model = wait_model if wait_model is not None else trusted
+        if drop and model is not None:
+            starts = backlog(view, model, plan.order, plan.best_effort).start_of(view)
+            waits = {rid: starts[rid] for rid in drop}
     kept = waiting - drop.keys() if drop else waiting
     order = None if plan.order is None else tuple(rid for rid in plan.order if rid not in drop)
     preempt: tuple[str, ...] = ()
@@ -90,6 +109,7 @@ def finalize_plan(
         order=order,
         best_effort=frozenset(plan.best_effort & kept),
         drop=drop,
+        waits=waits,
         preempt=preempt,
         batch_cap=cap,
         chunk_size=chunk,

@@ -30,8 +30,13 @@ FIELDS = (
     "stage",
     "weight",
     "max_queue_ms",
+    "on_infeasible",
 )
 MAX_ID_LEN = 256
+# What happens to a request the policy core predicts will certainly miss its SLO: it runs in the
+# best-effort tier (the default), or it is answered at once with HTTP 503 `slo_infeasible`.
+BEST_EFFORT_WHEN_INFEASIBLE, REJECT_WHEN_INFEASIBLE = "best_effort", "reject"
+ON_INFEASIBLE = (BEST_EFFORT_WHEN_INFEASIBLE, REJECT_WHEN_INFEASIBLE)
 
 
 class SloValidationError(ValueError):
@@ -53,12 +58,17 @@ class SloSpec:
     stage: int | str | None = None
     weight: float = 1.0
     max_queue_ms: float | None = None
+    on_infeasible: str = BEST_EFFORT_WHEN_INFEASIBLE
     # Fields the client set explicitly (the rest came from inference or server defaults).
     explicit: frozenset[str] = field(default_factory=frozenset, compare=False)
 
     @property
     def is_best_effort(self) -> bool:
         return self.slo_class is SloClass.BEST_EFFORT
+
+    @property
+    def rejects_when_infeasible(self) -> bool:
+        return self.on_infeasible == REJECT_WHEN_INFEASIBLE
 
     def token_due_s(self, index: int) -> float | None:
         """Seconds after arrival by which output token `index` (0 = first) is due (DSLO)."""
@@ -73,6 +83,8 @@ class SloSpec:
             value = getattr(self, name)
             if value is not None:
                 out[name] = value
+        if self.on_infeasible != BEST_EFFORT_WHEN_INFEASIBLE:
+            out["on_infeasible"] = self.on_infeasible
         return out
 
 
@@ -139,6 +151,14 @@ def parse_slo(spec: Any, prefix: str = "slo.") -> SloSpec:
         if program_id is None:
             raise SloValidationError(f"{prefix}stage", "needs program_id: a stage belongs to a program")
 
+    on_infeasible = spec.get("on_infeasible")
+    if on_infeasible is None:
+        on_infeasible = BEST_EFFORT_WHEN_INFEASIBLE
+    elif on_infeasible not in ON_INFEASIBLE:
+        raise SloValidationError(
+            f"{prefix}on_infeasible", f"must be one of {', '.join(ON_INFEASIBLE)}, got {on_infeasible!r}"
+        )
+
     _check_combination(slo_class, ttft, tpot, deadline, program_id, prefix)
     return SloSpec(
         ttft_ms=ttft,
@@ -149,6 +169,7 @@ def parse_slo(spec: Any, prefix: str = "slo.") -> SloSpec:
         stage=stage,
         weight=1.0 if weight is None else weight,
         max_queue_ms=max_queue,
+        on_infeasible=on_infeasible,
         explicit=frozenset(k for k, v in spec.items() if v is not None),
     )
 

@@ -58,6 +58,7 @@ class PdPool:
 
 def _worker(worker_port: int, worker_id: str, mode: str, slowdown: str) -> ServerProcess:
     flags = ["--disaggregation-mode", mode, "--emulate-gpu", "h100", "--emulate-slowdown", slowdown]
+    flags.append("--emulate-full-forward")  # the tiny model's own tokens: the pair is compared with a tiny server
     if mode == "prefill":  # B = 1024: LONG_PROMPT (1500) is one whole-finish step, not two chunks
         flags += ["--disaggregation-bootstrap-port", str(free_port()), "--chunked-prefill-size", "1024"]
     return ServerProcess(

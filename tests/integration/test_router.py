@@ -25,7 +25,7 @@ from router.policies import ROUTING_POLICIES
 from server.process import ServerProcess, free_port
 
 JOIN_TIMEOUT_S = 60.0
-API_KEY = "router-test-key"  # the router and every worker enforce it; workers present its hash
+API_KEY = "router-test-key"  # enforced by the router and every worker; with no worker secret it stands in as theirs
 HTTP = requests.Session()
 HTTP.headers["Authorization"] = f"Bearer {API_KEY}"
 PROMPT = [5 + (i * 7) % 500 for i in range(40)]  # ids inside the tiny model's 512-token vocabulary

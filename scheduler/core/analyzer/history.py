@@ -3,14 +3,16 @@
 It is the yardstick the learned predictors must beat, and a cold-start fallback when no trained
 artifact is loaded. It keeps a bounded window of recent output lengths per app (and globally)
 and answers their mean or a quantile; once a request has generated g tokens it conditions on
-past answers longer than g, which gives a cheap refinement of the same kind the QRF does.
+past answers longer than g, which gives a cheap refinement of the same kind the QRF does. The
+apps it remembers are bounded too (least recently seen forgotten first): every fresh program_id
+is an app, and a server lives through millions of them.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -25,10 +27,12 @@ class HistoryParams:
     min_count: int = 20  # an app's answers needed before its own history is used
     default: float = 256.0
     min_global: int = 1  # answers fewer than this: `default` (a cold start's first answers are the short ones)
+    max_apps: int = 10_000  # apps remembered (least recently seen forgotten first)
 
     def __post_init__(self) -> None:
         ok = self.quantile is None or 0.0 < self.quantile < 1.0
         require(ok, "quantile", "must be in (0, 1) or None for the mean", self.quantile)
+        require(self.max_apps >= 1, "max_apps", "must be >= 1", self.max_apps)
 
 
 def linear_quantile(ordered: Sequence[float], q: float, start: int = 0) -> float:
@@ -70,6 +74,16 @@ class _Window:
         return iter(self.recent)
 
 
+def _as_window(values: object, size: int) -> _Window:
+    """A window from a pickled one, or from the plain deque artifacts held before windows sorted."""
+    if isinstance(values, _Window):
+        return values
+    window = _Window(size)
+    for v in values:  # type: ignore[attr-defined]
+        window.add(int(v))
+    return window
+
+
 class HistoryPredictor(LengthPredictor):
     name = "history"
 
@@ -79,8 +93,17 @@ class HistoryPredictor(LengthPredictor):
         self.min_count = params.min_count
         self.default = params.default
         self.min_global = params.min_global
-        self._per_app: dict[str, _Window] = {}
+        self.max_apps = params.max_apps
+        self._per_app: OrderedDict[str, _Window] = OrderedDict()
         self._global = _Window(params.window)
+
+    def __setstate__(self, state: dict) -> None:
+        """Artifacts pickled before the app bound existed load with one."""
+        state.setdefault("max_apps", HistoryParams.max_apps)
+        window = state.get("window", HistoryParams.window)
+        state["_per_app"] = OrderedDict((app, _as_window(v, window)) for app, v in state.get("_per_app", {}).items())
+        state["_global"] = _as_window(state.get("_global", ()), window)
+        self.__dict__.update(state)
 
     def observe(self, app_id: str | None, output_len: int) -> None:
         """Record one finished request (online: the adapter calls this on completion)."""
@@ -89,6 +112,10 @@ class HistoryPredictor(LengthPredictor):
             window = self._per_app.get(app_id)
             if window is None:
                 window = self._per_app[app_id] = _Window(self.window)
+                while len(self._per_app) > self.max_apps:
+                    self._per_app.popitem(last=False)
+            else:
+                self._per_app.move_to_end(app_id)
             window.add(int(output_len))
 
     def fit(self, samples: Sequence[LengthSample]) -> HistoryPredictor:

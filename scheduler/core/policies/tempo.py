@@ -33,6 +33,7 @@ from scheduler.core.estimates import (
     fairness_blend,
     group_reduce,
     lexsort_fast,
+    lost_causes,
     preemption_pays,
     quantum_boundary,
     remaining_work,
@@ -65,6 +66,7 @@ class TempoParams:
     preempt: bool = True
     preempt_margin: float = 0.0
     default_output_len: float = DEFAULT_OUTPUT_LEN
+    defer_lost: bool = True  # waiting work that can no longer meet its SLO runs after the rest
 
     def __post_init__(self) -> None:
         require(0.0 <= self.reserve_share <= 1.0, "reserve_share", "must be in [0, 1]", self.reserve_share)
@@ -86,6 +88,7 @@ class TempoPolicy:
         self.preempt = params.preempt
         self.preempt_margin = params.preempt_margin
         self.default_output_len = params.default_output_len
+        self.defer_lost = params.defer_lost
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------
@@ -144,15 +147,20 @@ class TempoPolicy:
         is_be_w = a.cls[:nw] == BEST_EFFORT
         be_w = w_idx[is_be_w]
         be_w = be_w[lexsort_fast((a.arrival[be_w],))]  # FCFS (stable)
-        slo_w = w_idx[~is_be_w]
+        lost = lost_causes(a, sp, view.now) & ~is_be_w if self.defer_lost else np.zeros(nw, dtype=bool)
+        slo_w = w_idx[~is_be_w & ~lost]
         slo_w = slo_w[lexsort_fast((a.arrival[slo_w], -prio[slo_w]))]  # densest first
+        lost_w = w_idx[lost]
+        lost_w = lost_w[lexsort_fast((a.arrival[lost_w], -prio[lost_w]))]
 
         batch = view.max_running_requests
         be_running = int(np.count_nonzero(a.cls[nw:] == BEST_EFFORT))
         reserve = reserved_slots(view.step, self.quantum_steps, self.reserve_share, batch)
         k_be = min(len(be_w), max(0, reserve - be_running))
-        order_idx = np.concatenate([be_w[:k_be], slo_w, be_w[k_be:]]).astype(np.int64)
-        plan = StepPlan(order=a.rids_at(order_idx))
+        # Work that can still meet its SLO first; lost causes run after it, in the best-effort
+        # tier (deferred, not dropped: their degraded gain is still worth leftover capacity).
+        order_idx = np.concatenate([be_w[:k_be], slo_w, lost_w, be_w[k_be:]]).astype(np.int64)
+        plan = StepPlan(order=a.rids_at(order_idx), best_effort=set(a.rids_at(lost_w)))
 
         if self.preempt and view.running and nw and quantum_boundary(view.step, self.quantum_steps):
             free = max(0, batch - len(view.running))

@@ -160,7 +160,7 @@ def test_a_row_shows_client_metrics_router_counters_pacing_and_the_lead() -> Non
     cells = row_cells(runs[1], runs)
     assert cells[:5] == ["goodserve", "3.00", "0.500", "10", "1.500"]
     assert cells[6] == "812"  # TTFT p90 ms
-    assert cells[9:] == ["4", "1", "0", "2.1%", "2.5 / -", "1.50"]
+    assert cells[9:] == ["4", "1", "0", "2.1% INVALID", "2.5 / -", "1.50"]  # a40-2 ran over 2 % late
     table = routing_table(runs)
     assert table.count("\n") == 3 and "goodput × best other" in table
     report = mix_report("goodserve", runs)

@@ -18,3 +18,21 @@ def test_min_global_withholds_a_guess_until_enough_answers() -> None:
     one = HistoryPredictor()
     one.observe(None, 7)
     assert one.predict() == 7.0
+
+
+def test_the_apps_remembered_are_bounded_least_recent_first():
+    import pickle
+
+    h = HistoryPredictor(HistoryParams(min_count=1, max_apps=3))
+    for app in ("a", "b", "c"):
+        h.observe(app, 10)
+    h.observe("a", 10)  # seen again: now the most recent
+    h.observe("d", 99)  # a fourth app: "b", the least recent, goes
+    assert list(h._per_app) == ["c", "a", "d"]
+    assert h.predict(app_id="d") == 99
+    old = HistoryPredictor(HistoryParams(min_count=1))
+    del old.__dict__["max_apps"]
+    old._per_app = dict(old._per_app)  # as pickled before the bound existed
+    revived = pickle.loads(pickle.dumps(old))
+    revived.observe("x", 5)
+    assert revived.max_apps == HistoryParams.max_apps

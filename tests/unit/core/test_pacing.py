@@ -23,8 +23,10 @@ class TickingClock:
         self.t += s
 
     def work(self, s: float) -> float:
-        """A step that began `s` seconds ago."""
-        return self.t - s
+        """A step whose CPU work takes `s` seconds from now: returns when it began."""
+        started = self.t
+        self.t += s
+        return started
 
 
 def _pacer(clock: TickingClock) -> Pacer:
@@ -54,6 +56,7 @@ def test_a_step_the_cpu_overran_is_reported_not_hidden() -> None:
     report = pacer.report()
     assert report.steps == 4 and report.late_steps == 1 and report.late_share == 0.25
     assert report.mean_overrun_ms == pytest.approx(5.0, abs=0.1)
+    assert report.mean_overrun_share == pytest.approx(0.005 / target, rel=0.05)
     assert report.p95_abs_error == pytest.approx(0.005 / target, rel=0.05)
 
 
@@ -82,3 +85,47 @@ def test_a_step_without_a_target_is_counted_as_unpaced() -> None:
     pacer.finish(clock.work(0.003), 0.0)
     report = pacer.report()
     assert report.steps == 0 and report.unpaced_steps == 1 and report.late_steps == 0
+
+
+def test_the_host_works_while_the_card_runs_and_results_wait_for_the_card() -> None:
+    """SGLang's overlap loop: step 2 is built while step 1 is on the card, step 1's results are
+    used while step 2 is; each step still lasts its target, back to back, none late."""
+    clock = TickingClock()
+    pacer = _pacer(clock)
+    target = pacer.target_s(0, 16, 16_000)
+    first = pacer.launch("one", clock.work(0.002), target, follows_step=False)
+    card_free = clock.t - 0.002 + target
+    assert pacer.launch("two", clock.work(0.002), target, follows_step=True) == pytest.approx(target)
+    pacer.wait("one")
+    assert clock.t == pytest.approx(card_free, abs=1e-4)  # step 1's results, as the card finished it
+    pacer.wait("two")
+    assert clock.t == pytest.approx(card_free + target, abs=1e-4)  # step 2 ran right after it
+    report = pacer.report()
+    assert first == pytest.approx(target) and report.late_steps == 0 and report.host_gap_share == 0.0
+
+
+def test_host_time_the_card_could_not_hide_is_reported_outside_the_steps() -> None:
+    clock = TickingClock()
+    pacer = _pacer(clock)
+    target = pacer.target_s(0, 16, 16_000)
+    pacer.finish(clock.work(0.001), target)
+    clock.sleep(target)  # the host took a whole step's time before launching the next
+    pacer.finish(clock.work(0.001), target, follows_step=True)
+    report = pacer.report()
+    assert report.late_steps == 0  # the step itself kept its time
+    assert report.host_gap_share == pytest.approx(0.5, abs=0.01)
+    clock.sleep(10.0)
+    pacer.launch("after idle", clock.work(0.001), target, follows_step=False)  # idle time is no gap
+    assert pacer.report().host_gap_share == pytest.approx(0.5, abs=0.01)
+
+
+def test_the_card_runs_at_most_one_step_ahead_of_its_results() -> None:
+    clock = TickingClock()
+    pacer = _pacer(clock)
+    target = pacer.target_s(0, 1, 500)
+    began = clock.t
+    for key in range(3):  # a loop that never waits: the third launch waits for the first step
+        pacer.launch(key, clock.work(0.0), target, follows_step=True)
+    assert clock.t == pytest.approx(began + target, abs=1e-4)
+    pacer.wait(2)
+    assert clock.t == pytest.approx(began + 3 * target, abs=1e-4)

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from launch_cluster import ClusterConfigError, load_cluster, load_cluster_spec, parse_cluster, parse_cluster_spec
-from server.emulation import available, resolve, startup_flags
+from server.emulation import available, is_tiny_model, resolve, stand_in_applies, startup_flags
+from server.models import TINY_MODEL_NAME, cache_dir
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -30,6 +31,17 @@ def test_startup_flags_fill_only_what_the_user_left_out() -> None:
     flags = startup_flags(emu, lambda *names: any(n in given for n in names))
     assert flags[:2] == ["--model-path", "tiny"]
     assert "--max-total-tokens" not in flags and "--context-length" in flags
+
+
+def test_only_the_tiny_model_without_speculation_skips_its_layers() -> None:
+    tiny_folder = str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0")
+    assert is_tiny_model("tiny") and is_tiny_model(tiny_folder)
+    assert not is_tiny_model(str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0-draft0.08"))
+    assert not is_tiny_model("/models/Llama-3-8B") and not is_tiny_model(None)
+    assert stand_in_applies(tiny_folder, speculative=False, full_forward=False)
+    assert not stand_in_applies(tiny_folder, speculative=True, full_forward=False)  # drafts judged on real tokens
+    assert not stand_in_applies("tiny", speculative=False, full_forward=True)
+    assert not stand_in_applies("/models/Llama-3-8B", speculative=False, full_forward=False)  # a real model
 
 
 def test_the_example_cluster_file_parses() -> None:

@@ -1,8 +1,10 @@
 """The life of a worker agent stand-in on a real zmq.asyncio DEALER socket, shared by the router tests.
 
-A fake worker registers, heartbeats every `heartbeat_s` (unless `stalled`), registers again when the
-router says REGISTER_AGAIN, records every Ack, Submit and Abort, and streams each Submit in a task of
-its own; subclasses say what it registers with (`register_message`) and how it streams (`_stream`).
+A fake worker registers (proving a worker secret when given one, as the real agent does),
+heartbeats every `heartbeat_s` (unless `stalled`), registers again when the router says
+REGISTER_AGAIN, records every Ack, Submit and Abort, answers Fetches (`on_fetch`) and streams each
+Submit in a task of its own; subclasses say what it registers with (`register_message`) and how
+it streams (`_stream`).
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from collections.abc import Awaitable, Callable
 
 import zmq.asyncio
 
-from router.protocol import Abort, Ack, Heartbeat, Register, Submit
+from router.protocol import Abort, Ack, Challenge, Fetch, FetchReply, Heartbeat, Register, Submit
 from router.transport import WorkerEndpoint
+from router.worker_auth import AuthError, WorkerAuth
 from wire import REGISTER_AGAIN
 
 
@@ -30,12 +33,16 @@ class FakeWorkerBase:
         delay_s: float,
         heartbeat_s: float,
         error_status: int | None,
+        secret: bytes | None = None,
+        identity: bytes | None = None,
     ) -> None:
         self.worker_id = worker_id
+        self.auth = WorkerAuth(secret)
+        self.auth_dropped = 0
         self.delay_s = delay_s
         self.heartbeat_s = heartbeat_s
         self.error_status = error_status
-        self.endpoint = WorkerEndpoint(address, worker_id, ctx=ctx)
+        self.endpoint = WorkerEndpoint(address, worker_id, ctx=ctx, identity=identity)
         self.submits: list[Submit] = []
         self.aborts: list[str] = []
         self.acks: list[Ack] = []
@@ -67,7 +74,12 @@ class FakeWorkerBase:
         raise NotImplementedError
 
     async def _register(self) -> None:
-        await self.endpoint.send(self.register_message())
+        await self.endpoint.send(self.auth.hello(self.register_message()))
+
+    def on_fetch(self, fetch: Fetch) -> FetchReply:
+        return FetchReply(
+            worker_id=self.worker_id, fetch_id=fetch.fetch_id, status=404, content_type="text/plain", body="no"
+        )
 
     async def _heartbeat(self) -> None:
         seq = 0
@@ -79,10 +91,20 @@ class FakeWorkerBase:
 
     async def _receive(self) -> None:
         while True:
-            msg = await self.endpoint.recv()
-            if isinstance(msg, Ack):
+            try:
+                msg = self.auth.open(await self.endpoint.recv())
+            except AuthError:
+                self.auth_dropped += 1
+                continue
+            if isinstance(msg, Challenge):
+                answer = self.auth.answer(msg, self.register_message())
+                if answer is not None:
+                    await self.endpoint.send(answer)
+            elif isinstance(msg, Fetch):
+                await self.endpoint.send(self.on_fetch(msg))
+            elif isinstance(msg, Ack):
                 self.acks.append(msg)
-                if msg.accepted:
+                if msg.accepted and self.auth.accept(msg):
                     self.registered.set()
                 elif msg.reason == REGISTER_AGAIN:
                     await self._register()

@@ -21,7 +21,7 @@ import orjson
 import zmq.asyncio
 
 from router.http_api import create_app
-from router.protocol import Register, RequestError, Submit, TokenChunk, hash_api_key
+from router.protocol import Fetch, FetchReply, Register, RequestError, Submit, TokenChunk
 from router.service import RouterConfig, RouterService
 from router.tokenizer import RouterTokenizer, load_hf_tokenizer
 from tests.unit.router._fake_worker import FakeWorkerBase
@@ -64,19 +64,24 @@ class ScriptedWorker(FakeWorkerBase):
         chunk: int = 2,
         delay_s: float = 0.01,
         heartbeat_s: float = 0.2,
-        api_key: str | None = None,
+        secret: bytes | None = None,
+        http: FakeWorkerHttp | None = None,  # its own HTTP server, for Fetches
         error_status: int | None = None,  # answer every Submit with this RequestError
         error_after: int | None = None,  # ... after streaming this many chunks
         stop: Any = None,  # finish as SGLang's "stop" with this `matched` after the script
         meta: dict[str, Any] | None = None,  # extra final meta_info keys
+        max_input_tokens: int | None = None,  # the longest prompt its model takes
     ) -> None:
-        super().__init__(ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status)
+        super().__init__(
+            ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status, secret=secret
+        )
+        self.http = http
         self.script = list(script if script is not None else script_ids())
         self.chunk = chunk
-        self.api_key = api_key
         self.error_after = error_after
         self.stop_matched = stop
         self.meta = meta or {}
+        self.max_input_tokens = max_input_tokens
 
     def register_message(self) -> Register:
         return Register(
@@ -86,8 +91,20 @@ class ScriptedWorker(FakeWorkerBase):
             kv_capacity_tokens=4096,
             max_running=8,
             http_url=f"http://{self.worker_id}.test",
-            api_key_hash=hash_api_key(self.api_key) if self.api_key else None,
             incarnation="1",
+            max_input_tokens=self.max_input_tokens,
+        )
+
+    def on_fetch(self, fetch: Fetch) -> FetchReply:
+        if self.http is None:
+            return super().on_fetch(fetch)
+        resp = self.http.handler(httpx.Request(fetch.method, f"http://{self.worker_id}.test{fetch.path}"))
+        return FetchReply(
+            worker_id=self.worker_id,
+            fetch_id=fetch.fetch_id,
+            status=resp.status_code,
+            content_type=resp.headers.get("content-type", "text/plain"),
+            body=resp.text,
         )
 
     async def _stream(self, submit: Submit) -> None:
@@ -150,7 +167,7 @@ class ScriptedWorker(FakeWorkerBase):
 
 
 class FakeWorkerHttp:
-    """The workers' own HTTP servers, as an httpx MockTransport."""
+    """The workers' own HTTP servers (what each answers a Fetch with)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
@@ -184,6 +201,8 @@ class Harness:
 
     async def add_worker(self, ctx: zmq.asyncio.Context, worker_id: str, **kw: Any) -> ScriptedWorker:
         wait = kw.pop("wait", True)
+        kw.setdefault("http", self.http)
+        kw.setdefault("secret", self.service.config.worker_secret)
         worker = ScriptedWorker(ctx, self.service.worker_address, worker_id, **kw)
         self.workers.append(worker)
         await worker.start(wait=wait)
@@ -212,7 +231,6 @@ async def router(
         config,
         ctx=ctx,
         tokenizer=tokenizer if tokenizer is not None else RouterTokenizer(tiny_path(), tokenizer=tiny_hf()),
-        http_client=httpx.AsyncClient(transport=httpx.MockTransport(http.handler)),
     )
     await service.start()
     app = create_app(service, lifespan=False)

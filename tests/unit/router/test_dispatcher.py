@@ -60,8 +60,11 @@ class FakeWorker(FakeWorkerBase):
         ignore_abort: bool = False,
         resend_head: int = 0,  # on resume, wrongly resend this many delivered tokens in the first chunk
         count_resumed: bool = True,  # False: break the convention, count only the new tokens
+        secret: bytes | None = None,  # the worker secret it proves (router/worker_auth.py)
     ) -> None:
-        super().__init__(ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status)
+        super().__init__(
+            ctx, address, worker_id, delay_s=delay_s, heartbeat_s=heartbeat_s, error_status=error_status, secret=secret
+        )
         self.base = base
         self.die_after = die_after
         self.ignore_abort = ignore_abort

@@ -11,9 +11,11 @@ from typing import Any
 import httpx
 import openai
 import orjson
+import pytest
 import zmq.asyncio
 
 from router.requests import DEFAULT_MAX_NEW_TOKENS
+from router.tokenizer import RouterTokenizer
 from tests.unit.router._fake_worker import until
 from tests.unit.router._router_harness import (
     SCRIPT_TEXT,
@@ -22,6 +24,7 @@ from tests.unit.router._router_harness import (
     script_ids,
     sse_events,
     tiny_hf,
+    tiny_path,
 )
 
 PROMPT = "The router says"
@@ -386,9 +389,12 @@ def test_openai_bad_requests_name_the_field(ctx: zmq.asyncio.Context) -> None:
 # --- operations ---
 
 
+WORKER_SECRET = b"the workers' own secret, not the client key"
+
+
 def test_api_key_guards_every_route_but_health(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
-        async with router(ctx, [{"api_key": "sekret"}], api_key="sekret") as h:
+        async with router(ctx, [{}], api_key="sekret", worker_secret=WORKER_SECRET) as h:
             bare = httpx.AsyncClient(transport=httpx.ASGITransport(h.app), base_url="http://router")
             for path in ("/generate", "/slo/status", "/metrics", "/get_model_info"):
                 resp = await (bare.post(path, json={"input_ids": [1]}) if path == "/generate" else bare.get(path))
@@ -400,9 +406,12 @@ def test_api_key_guards_every_route_but_health(ctx: zmq.asyncio.Context) -> None
             out = await _openai(h).completions.create(model="m", prompt="a", max_tokens=64)
             assert out.choices[0].text == SCRIPT_TEXT
             await bare.aclose()
-            intruder = await h.add_worker(ctx, "w9", api_key="guess", wait=False)  # workers present the key's hash
+            intruder = await h.add_worker(ctx, "w9", secret=b"a guess, sixteen+ bytes", wait=False)
             await until(lambda: bool(intruder.acks))
             assert intruder.acks[0].accepted is False and "w9" not in h.service.registry.worker_ids()
+            keyless = await h.add_worker(ctx, "w8", secret=None, wait=False)  # the client key is no credential
+            await asyncio.sleep(0.3)
+            assert not keyless.registered.is_set() and "w8" not in h.service.registry.worker_ids()
 
     run(go)
 
@@ -473,5 +482,88 @@ def test_worker_info_routes_proxy_a_healthy_worker(ctx: zmq.asyncio.Context) -> 
             h.http.flush_status["w1"] = 400
             resp = await h.client.post("/flush_cache")
             assert resp.status_code == 500 and resp.json()["workers"]["w0"] == "ok"
+
+    run(go)
+
+
+def test_internal_keys_a_client_sets_never_reach_a_worker(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with router(ctx) as h:
+            custom = {"slo_arrival": 1.0, "slo_token_ts": [0], "slo_oracle_output_len": 3, "x": 1}
+            resp = await h.client.post(
+                "/generate", json={"input_ids": [5], "sampling_params": {"custom_params": custom}}
+            )
+            assert resp.status_code == 200
+            sent = h.workers[0].submits[0].sampling_params["custom_params"]
+            assert sent == {"slo_oracle_output_len": 3, "x": 1}
+
+    run(go)
+
+
+def test_a_prompt_longer_than_every_workers_model_is_refused_at_the_router(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with router(ctx, [{"max_input_tokens": 8}, {"max_input_tokens": 10}]) as h:
+            ok = await h.client.post("/generate", json={"input_ids": [5] * 10})
+            assert ok.status_code == 200
+            resp = await h.client.post("/generate", json={"input_ids": [5] * 11})
+            assert resp.status_code == 400 and resp.json()["error"]["param"] == "input_ids"
+            assert "context" in resp.json()["error"]["message"]
+
+    run(go)
+
+
+def test_chat_template_kwargs_are_allow_listed(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with router(ctx) as h:
+            chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+            ok = await h.client.post(
+                "/v1/chat/completions", json={**chat, "chat_template_kwargs": {"enable_thinking": False}}
+            )
+            assert ok.status_code == 200, ok.text
+            for kwargs, param in (
+                ({"add_generation_prompt": False}, "chat_template_kwargs.add_generation_prompt"),
+                ({"enable_thinking": {"nested": 1}}, "chat_template_kwargs.enable_thinking"),
+                ({"thinking": "x" * 65}, "chat_template_kwargs.thinking"),
+                ([1], "chat_template_kwargs"),
+            ):
+                resp = await h.client.post("/v1/chat/completions", json={**chat, "chat_template_kwargs": kwargs})
+                assert resp.status_code == 400 and resp.json()["error"]["param"] == param, resp.text
+            assert h.workers[0].submits and len(h.workers[0].submits) == 1
+
+    run(go)
+
+
+def test_a_slow_tokenization_is_a_400_and_the_loop_stays_free(
+    ctx: zmq.asyncio.Context, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time as _time
+
+    from router import requests as router_requests
+
+    class Slow:
+        def __init__(self, hf: Any) -> None:
+            self.hf = hf
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.hf, name)
+
+        def encode(self, text: str, **kw: Any) -> Any:
+            if "slow" in text:
+                _time.sleep(1.0)
+            return self.hf.encode(text, **kw)
+
+    monkeypatch.setattr(router_requests, "TOKENIZE_TIMEOUT_S", 0.2)
+
+    async def go() -> None:
+        async with router(ctx, tokenizer=RouterTokenizer(tiny_path(), tokenizer=Slow(tiny_hf()))) as h:
+            started = asyncio.get_running_loop().time()
+            slow, fast = await asyncio.gather(
+                h.client.post("/generate", json={"text": "slow text"}),
+                h.client.post("/generate", json={"input_ids": [5]}),
+            )
+            assert slow.status_code == 400 and slow.json()["error"]["param"] == "text"
+            assert "longer than" in slow.json()["error"]["message"]
+            assert fast.status_code == 200
+            assert asyncio.get_running_loop().time() - started < 1.0  # nobody waited for the slow one
 
     run(go)

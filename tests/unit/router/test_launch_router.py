@@ -5,6 +5,7 @@ starting the service."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import httpx
 import pytest
@@ -56,7 +57,8 @@ def test_policy_params_are_json_and_validated() -> None:
 def test_bad_flags_stop_with_a_message() -> None:
     with pytest.raises(SystemExit, match="not a loopback"):
         _config("--worker-bind", "tcp://10.0.0.1:5000")
-    assert _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers").allow_remote_workers
+    with pytest.raises(SystemExit, match="encrypted: give --curve-secret-key"):
+        _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers")
     with pytest.raises(SystemExit, match="--dead-after-s"):
         _config("--dead-after-s", "0")
     with pytest.raises(SystemExit, match="one of them"):
@@ -153,3 +155,55 @@ def test_history_quantile_predictor_bounds_lengths_and_bad_specs_name_the_flag()
     assert 85 <= service.route_request(call).predicted_output_tokens <= 95  # the 90th percentile, not the mean
     with pytest.raises(SystemExit, match="^--length-predictor history:2"):
         launch_router.build_service(RouterConfig(routing_policy="goodserve", length_predictor="history:2"))
+
+
+def test_overload_and_trust_flags(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.delenv("SGLANG_SLO_WORKER_SECRET", raising=False)
+    cfg = _config()
+    assert cfg.max_queued_requests is None and cfg.request_timeout_s == 600.0 and cfg.worker_secret is None
+    assert cfg.stall_after_s == 30.0 and cfg.forget_after_s == 600.0
+    cfg = _config("--max-queued-requests", "8", "--request-timeout-s", "0", "--stall-after-s", "5")
+    assert cfg.max_queued_requests == 8 and cfg.request_timeout_s is None and cfg.stall_after_s == 5.0
+    secret = tmp_path / "secret"
+    secret.write_text("a worker secret from a file\n")
+    assert _config("--worker-secret-file", str(secret)).worker_secret == b"a worker secret from a file"
+    assert _config("--api-key", "k").worker_secret is not None  # the legacy stand-in, with a warning
+    for argv, flag in (
+        (["--worker-secret", "short"], "--worker-secret"),
+        (["--max-queued-requests", "0"], "--max-queued-requests"),
+        (["--request-timeout-s", "-1"], "--request-timeout-s"),
+        (["--forget-after-s", "0"], "--forget-after-s"),
+    ):
+        with pytest.raises(SystemExit, match=flag):
+            _config(*argv)
+
+
+def test_remote_workers_need_the_routers_curve_keys(tmp_path: Path) -> None:
+    import zmq.auth
+
+    zmq.auth.create_certificates(str(tmp_path), "router")
+    secret = str(tmp_path / "router.key_secret")
+    cfg = _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers", "--curve-secret-key", secret)
+    assert cfg.allow_remote_workers and cfg.curve_secret_key == secret
+    assert _config("--curve-secret-key", secret).curve_secret_key == secret  # loopback may encrypt too
+    with pytest.raises(SystemExit, match="--curve-secret-key: .*no secret key"):
+        _config("--curve-secret-key", str(tmp_path / "router.key"))
+
+
+def test_a_tokenizer_path_must_exist_on_the_routers_machine(tmp_path: Path) -> None:
+    assert _config("--tokenizer-path", str(tmp_path)).tokenizer_path == str(tmp_path)
+    with pytest.raises(SystemExit, match="--tokenizer-path: no such"):
+        _config("--tokenizer-path", str(tmp_path / "nope"))
+
+
+def test_a_workers_model_path_missing_here_asks_for_tokenizer_path() -> None:
+    import asyncio
+
+    from router.tokenizer import RouterTokenizer, TokenizerUnavailable
+
+    tokenizer = RouterTokenizer()  # the default loader, on a worker's path that is not here
+    with pytest.raises(
+        TokenizerUnavailable, match="not on the router's machine: start the router with --tokenizer-path"
+    ):
+        asyncio.run(tokenizer.ensure("/models/on/the/worker/llama"))
+    assert "--tokenizer-path" in (tokenizer.error or "")

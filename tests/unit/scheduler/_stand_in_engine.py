@@ -107,6 +107,9 @@ class StandInEngine:
         self.disaggregation_mode = mode
         self.chunked_prefill_size = startup_chunk
         self.max_running_requests = 64
+        self.max_queued_requests: int | None = None
+        self.disagg_prefill_bootstrap_queue = SimpleNamespace(queue=[]) if mode == DisaggregationMode.PREFILL else None
+        self.disagg_decode_prealloc_queue = SimpleNamespace(queue=[]) if mode == DisaggregationMode.DECODE else None
         self.max_prefill_tokens = 512  # below the chunk: it must not cap a whole-finish step
         self.max_total_num_tokens = 10**6
         self.page_size = 1
@@ -120,6 +123,7 @@ class StandInEngine:
         self.waiting_queue: list[Any] = []
         self.running_batch = SimpleNamespace(reqs=[], batch_is_full=False)
         self.chunked_req: Any = None
+        self.last_batch: Any = None
         self.seen_passes: list[tuple[int | None, int]] = []
         self.handled: list[Any] = []
         self.sent: list[Any] = []
@@ -130,6 +134,24 @@ class StandInEngine:
 
     def handle_generate_request(self, recv_req: Any) -> None:
         self.handled.append(recv_req)
+
+    def _abort_on_queued_limit(self, recv_req: Any) -> bool:
+        """SGLang 0.5.17: 503 once the waiting queue holds max_queued_requests."""
+        if self.max_queued_requests is None or len(self.waiting_queue) + 1 <= self.max_queued_requests:
+            return False
+        self.sent.append(SimpleNamespace(rid=recv_req.rid, finished_reason={"type": "abort", "status_code": 503}))
+        return True
+
+    def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> None:
+        """SGLang 0.5.17: the queue bound on co-located workers only; PD workers queue elsewhere first."""
+        if self.disaggregation_mode == DisaggregationMode.NULL:
+            if self._abort_on_queued_limit(req):
+                return
+            self.waiting_queue.append(req)
+        elif self.disaggregation_mode == DisaggregationMode.PREFILL:
+            self.disagg_prefill_bootstrap_queue.queue.append(req)
+        else:
+            self.disagg_decode_prealloc_queue.queue.append(req)
 
     def get_num_allocatable_reqs(self, running_bs: int) -> int:
         return POOL - running_bs

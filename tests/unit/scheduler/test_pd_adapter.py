@@ -243,3 +243,15 @@ def test_a_pass_with_no_room_for_prefill_decodes_and_prefill_resumes_with_slack(
         r.output_ids = [1] * 6  # five more tokens out early: 150 ms banked, prefill fits again
     plan = s.get_new_batch_prefill(s.running_batch)
     assert [r.rid for r in plan.batch_to_run.reqs] == ["w"]
+
+
+def test_a_mixed_steps_chunk_covers_the_decodes_sglang_charges_to_it() -> None:
+    # SGLang's PrefillAdder budgets chunked_prefill_size minus the running decodes in a mixed
+    # step: a small prefill budget must not leave it a negative chunk.
+    s = slo_scheduler(DisaggregationMode.NULL, startup_chunk=2 * B, mixed=True, perf=PERF)
+    s.running_batch = SimpleNamespace(reqs=[_decoding(f"r{i}", tpot_ms=15) for i in range(40)], batch_is_full=False)
+    s.slo.clock.set(1.0)
+    s.waiting_queue = [_Req("w", 100, ttft_ms=600, tpot_ms=15)]
+    s.get_new_batch_prefill(s.running_batch)
+    assert s.chunked_prefill_size - len(s.running_batch.reqs) >= 1  # was 16 - 40: negative
+    assert s.chunked_prefill_size <= 2 * B

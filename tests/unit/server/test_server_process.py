@@ -1,10 +1,16 @@
-"""ServerProcess starts a server again on a fresh port when its port was taken before it bound."""
+"""ServerProcess starts a server again on a fresh port when its port was taken before it bound,
+and what it starts never outlives the process that started it."""
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import requests
 
 from server.process import ServerProcess
@@ -25,3 +31,22 @@ def test_a_taken_port_is_replaced_by_a_free_one() -> None:
         finally:
             server.stop()
     assert server.proc is None
+
+
+def test_a_child_never_outlives_its_launcher_even_a_sigkilled_one() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "tests.unit.server._orphan_parent"], cwd=ROOT, env=env, stdout=subprocess.PIPE
+    )
+    try:
+        assert launcher.stdout is not None
+        child = psutil.Process(int(launcher.stdout.readline()))
+        family = [child, *child.children(recursive=True)]
+        assert len(family) == 2 and all(p.is_running() for p in family)
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(5)
+        gone, alive = psutil.wait_procs(family, timeout=5)
+        assert not alive, f"outlived the launcher: {alive}"
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()

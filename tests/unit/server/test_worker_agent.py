@@ -1,77 +1,163 @@
-"""The worker agent's load estimates: what GoodServe's q_g, p_g, d_g and PolyServe's iteration wait
-are computed from, before they reach the router."""
+"""The worker agent's promises without a router or a server: one final message per request
+however its run ends (none when the router withdrew it), a drain handing requests back as
+`draining`, heartbeats that carry the engine's progress, load reports that list the requests
+held, and the local stream read as deltas with sheds recognised."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
-from server.worker_agent import LoadEstimator, prefill_s_per_token, queued_s
+from router.protocol import Heartbeat, LoadReport, RequestError, Submit, TokenChunk
+from server.agent_stream import parse_error_body, parse_line
+from server.draining import Drain
+from server.worker_agent import AgentConfig, WorkerAgent
+
+CONFIG = AgentConfig(router_address="tcp://127.0.0.1:1", worker_id="w0", gpu="cpu", model="m", http_url="http://x")
+ENGINE = {"steps": 41, "waiting": 2, "running": 1, "queue_drain_s": 1.5, "kv_capacity_tokens": 100}
 
 
-class Clock:
+class Recorder:
     def __init__(self) -> None:
-        self.t = 0.0
+        self.sent: list[Any] = []
 
-    def __call__(self) -> float:
-        return self.t
-
-
-def engine(**kw: object) -> dict:
-    return {"waiting": 0, "running": 0, "perf_model": {"predicted_decode_ms": {"1": 20.0}}, **kw}
+    async def send(self, msg: Any) -> None:
+        self.sent.append(msg)
 
 
-def test_queue_delay_is_ttft_minus_the_prompts_prefill_time_and_decays_when_idle() -> None:
-    est = LoadEstimator(Clock())
-    est.first_token(waited_s=1.5, prompt_tokens=1000, prefill_s_per_token=0.001)  # 1 s prefill: 0.5 s queued
-    busy = est.report_fields(engine(waiting=3))
-    assert busy["queue_delay_s"] == pytest.approx(0.5)
-    assert busy["queue_len"] == 3
-    idle = [est.report_fields(engine(waiting=0))["queue_delay_s"] for _ in range(3)]
-    assert idle == pytest.approx([0.25, 0.125, 0.0625])  # an old burst does not scare traffic away forever
-    est.first_token(waited_s=0.1, prompt_tokens=1000, prefill_s_per_token=0.001)  # faster than the model: 0
-    assert est.queue_delay.value is not None and est.queue_delay.value < 0.0625
+def _agent(drain: Drain | None = None) -> tuple[WorkerAgent, Recorder]:
+    agent = WorkerAgent(CONFIG, lambda: dict(ENGINE), drain)
+    endpoint = Recorder()
+    agent._endpoint = endpoint  # type: ignore[assignment]
+    return agent, endpoint
 
 
-def test_decode_time_per_token_falls_back_to_the_perf_model_until_measured() -> None:
-    est = LoadEstimator(Clock())
-    assert est.report_fields(engine())["decode_s_per_token"] == pytest.approx(0.020)
-    est.decoded(gap_s=0.09, tokens=3)
-    assert est.report_fields(engine())["decode_s_per_token"] == pytest.approx(0.030)
-    est.decoded(gap_s=0.05, tokens=0)  # a chunk without tokens says nothing about speed
-    assert est.report_fields(engine())["decode_s_per_token"] == pytest.approx(0.030)
+def _submit(rid: str = "r1") -> Submit:
+    return Submit(rid=rid, input_ids=[1, 2], sampling_params={"max_new_tokens": 2})
 
 
-def test_iteration_time_comes_from_the_schedulers_step_counter() -> None:
-    est = LoadEstimator(Clock())
-    est.report_fields(engine(steps=100, time=10.0))
-    fields = est.report_fields(engine(steps=150, time=11.0))
-    assert fields["iteration_s"] == pytest.approx(0.02)
-    again = est.report_fields(engine(steps=150, time=12.0))  # idle: no new steps, keep the estimate
-    assert again["iteration_s"] == pytest.approx(0.02)
+def _serve_with(agent: WorkerAgent, stream: Any, rid: str = "r1") -> asyncio.Task[None]:
+    agent._stream = stream  # type: ignore[method-assign]
+    agent._start(_submit(rid))
+    return agent._tasks[rid]
 
 
-def test_tokens_per_minute_is_a_sliding_window() -> None:
-    clock = Clock()
-    est = LoadEstimator(clock)
-    est.served(100)
-    clock.t = 30.0
-    est.served(50)
-    assert est.report_fields(engine())["tokens_per_minute"] == 150
-    clock.t = 61.0
-    assert est.report_fields(engine())["tokens_per_minute"] == 50
+def test_a_crash_in_a_run_still_sends_a_final_error() -> None:
+    async def go() -> None:
+        agent, endpoint = _agent()
+
+        async def broken(submit: Submit) -> Any:
+            raise KeyError("a bug in the agent")
+
+        await asyncio.gather(_serve_with(agent, broken), return_exceptions=True)
+        (final,) = endpoint.sent
+        assert isinstance(final, RequestError) and final.status == 502 and "KeyError" in final.message
+        assert agent._tasks == {}
+
+    asyncio.run(go())
 
 
-def test_prefill_cost_is_read_from_the_scheduler_snapshot() -> None:
-    assert prefill_s_per_token({"prefill_ms_per_token": 0.25}) == pytest.approx(0.00025)
-    assert prefill_s_per_token({}) == 0.0
-    assert prefill_s_per_token({"prefill_ms_per_token": "x"}) == 0.0
+def test_the_final_chunk_is_sent_once() -> None:
+    async def go() -> None:
+        agent, endpoint = _agent()
+
+        async def ok(submit: Submit) -> Any:
+            return TokenChunk(rid=submit.rid, worker_id="w0", token_ids=[7], completion_tokens=1, finish_reason="stop")
+
+        await _serve_with(agent, ok)
+        assert [type(m) for m in endpoint.sent] == [TokenChunk]
+
+    asyncio.run(go())
 
 
-def test_requests_still_waiting_raise_the_queue_delay_at_once() -> None:
-    """A growing queue shows up before its first request starts, not a queueing delay later."""
-    est = LoadEstimator(Clock())
-    est.first_token(waited_s=0.2, prompt_tokens=0, prefill_s_per_token=0.0)
-    assert est.report_fields(engine(waiting=4), still_waiting=[3.0, 5.0])["queue_delay_s"] == pytest.approx(4.0)
-    assert est.report_fields(engine(waiting=0), still_waiting=[0.1])["queue_delay_s"] == pytest.approx(0.2)
-    assert est.queue_delay.value == pytest.approx(0.2)  # no idle decay while something still waits
-    assert queued_s(2.0, 1000, 0.001) == pytest.approx(1.0) and queued_s(0.5, 1000, 0.001) == 0.0
+@pytest.mark.parametrize("draining", [False, True])
+def test_a_withdrawn_request_is_silent_and_a_drained_one_is_handed_back(draining: bool) -> None:
+    async def go() -> None:
+        drain = Drain()
+        agent, endpoint = _agent(drain)
+
+        async def forever(submit: Submit) -> Any:
+            await asyncio.sleep(3600)
+
+        task = _serve_with(agent, forever)
+        await asyncio.sleep(0)
+        if draining:
+            drain.start()
+            await agent.hand_back()
+            (final,) = endpoint.sent
+            assert isinstance(final, RequestError) and final.status == 503
+            assert final.shed is not None and final.shed["reason"] == "draining" and final.shed["retry_after_s"] == 2
+        else:
+            agent._cancel("r1")  # the router's Abort
+            await asyncio.gather(task, return_exceptions=True)
+            assert endpoint.sent == []
+
+    asyncio.run(go())
+
+
+def test_a_replaced_run_owes_nothing_and_the_new_one_answers() -> None:
+    async def go() -> None:
+        agent, endpoint = _agent()
+        started = asyncio.Event()
+
+        async def slow(submit: Submit) -> Any:
+            started.set()
+            await asyncio.sleep(3600)
+
+        first = _serve_with(agent, slow)
+        await started.wait()
+
+        async def ok(submit: Submit) -> Any:
+            return TokenChunk(rid=submit.rid, worker_id="w0", token_ids=[], completion_tokens=0, finish_reason="stop")
+
+        second = _serve_with(agent, ok)  # the router placed it here again
+        await asyncio.gather(first, second, return_exceptions=True)
+        assert [type(m) for m in endpoint.sent] == [TokenChunk]
+
+    asyncio.run(go())
+
+
+def test_heartbeats_carry_progress_and_reports_the_requests_held() -> None:
+    async def go() -> None:
+        drain = Drain()
+        agent, _ = _agent(drain)
+
+        async def forever(submit: Submit) -> Any:
+            await asyncio.sleep(3600)
+
+        tasks = [_serve_with(agent, forever, rid) for rid in ("a", "b")]
+        beat = agent._heartbeat()
+        assert isinstance(beat, Heartbeat) and beat.engine_steps == 41 and beat.busy and not beat.draining
+        drain.start()
+        report = agent._report()
+        assert isinstance(report, LoadReport) and set(report.inflight or ()) == {"a", "b"}
+        assert report.queue_drain_s == 1.5 and report.draining
+        for rid in ("a", "b"):
+            agent._cancel(rid)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    asyncio.run(go())
+
+
+def test_stream_lines_are_deltas_and_sheds_are_recognised() -> None:
+    assert parse_line(b"data: [DONE]") is None and parse_line(b": keep-alive") is None
+    chunk = parse_line(b'data: {"output_ids": [4, 5], "meta_info": {"finish_reason": null}}')
+    assert chunk is not None and chunk.token_ids == [4, 5] and chunk.finish is None
+    done = parse_line(b'data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "length", "length": 2}}}')
+    assert done is not None and done.finish == "length"
+    shed = parse_line(
+        b'data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort", "status_code": 429,'
+        b' "reason": "queue_full", "retry_after_s": 4}}}'
+    )
+    assert shed is not None and shed.error_status == 429 and shed.shed is not None and shed.shed.retry_after_s == 4
+    plain_abort = parse_line(b'data: {"output_ids": [], "meta_info": {"finish_reason": {"type": "abort"}}}')
+    assert plain_abort is not None and plain_abort.error_status == 503 and plain_abort.shed is None
+    error = parse_line(b'data: {"error": {"message": "bad", "code": 400}}')
+    assert error is not None and error.error_status == 400
+    body = b'{"error": {"reason": "draining", "retry_after_s": 3, "code": 503, "message": "m"}}'
+    answer = parse_error_body(503, body)
+    assert answer.shed is not None and answer.shed.reason == "draining" and answer.error_status == 503
+    with pytest.raises(ValueError):
+        parse_line(b"data: [1, 2]")

@@ -1,0 +1,101 @@
+"""Tensor and data parallelism on SGLang's CPU engine with the tiny model. launch_server gives
+each TP rank its own core (SGLANG_CPU_OMP_THREADS_BIND "0|1" on a 2-core machine; SGLang refuses
+more ranks than NUMA nodes without it).
+
+- TP=2 under tempo and slos, two running slots and a concurrent mixed-SLO workload (tempo with a
+  preemption point every 4 steps): every request's tokens equal a TP=1 server's (greedy), and the
+  ranks stay in step: the leading rank's plan is applied verbatim by the other (a rank that
+  dropped, ordered or preempted differently would hang the forward's collectives or diverge).
+- TP=2 with preemption for certain (LAS, test_preemption's scenario): the preempted requests
+  resume token-identical to an un-preempted run.
+- DP=2: two replicas, each publishing its scheduler status on its own address (one address for
+  both made the second replica fail to start), merged into one engine status.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from server.process import ServerProcess
+from tests.integration import test_preemption as preemption
+
+PROMPTS = [[5 + (i * 11 + j * 3) % 500 for i in range(12 + 6 * j)] for j in range(8)]
+SLOS = [
+    {"ttft_ms": 20_000, "tpot_ms": 500},
+    {"ttft_ms": 60_000, "tpot_ms": 2_000},
+    {"deadline_ms": 120_000},
+    {"class": "best_effort"},
+]
+NEW_TOKENS = 32
+
+
+def _generate(url: str, ids: list[int], slo: dict | None = None, n: int = NEW_TOKENS) -> list[int]:
+    body: dict = {"input_ids": ids, "sampling_params": {"max_new_tokens": n, "temperature": 0, "ignore_eos": True}}
+    if slo is not None:
+        body["slo"] = slo
+    resp = requests.post(url + "/generate", json=body, timeout=600)
+    assert resp.status_code == 200, resp.text
+    out = resp.json()
+    assert out["meta_info"]["completion_tokens"] == n
+    return out["output_ids"]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_server: ServerProcess) -> dict[int, list[int]]:
+    """TP=1 tokens of every prompt, one at a time (no contention)."""
+    return {i: _generate(tiny_server.url, ids) for i, ids in enumerate(PROMPTS)}
+
+
+@pytest.fixture(scope="module", params=["tempo", "slos"])
+def tp2(request: pytest.FixtureRequest) -> Iterator[tuple[str, ServerProcess]]:
+    policy = request.param
+    extra = ["--slo-quanta", "4"] if policy == "tempo" else []
+    with ServerProcess(
+        "--model-path", "tiny", "--tp-size", "2", "--slo-policy", policy, "--max-running-requests", "2", *extra,
+        name=f"tp2-{policy}",
+    ) as server:  # fmt: skip
+        yield policy, server
+
+
+def test_tp2_serves_the_tokens_of_tp1_under_contention(
+    tp2: tuple[str, ServerProcess], reference: dict[int, list[int]]
+) -> None:
+    policy, server = tp2
+    with ThreadPoolExecutor(len(PROMPTS)) as pool:
+        futures = {i: pool.submit(_generate, server.url, ids, SLOS[i % len(SLOS)]) for i, ids in enumerate(PROMPTS)}
+        outputs = {i: f.result(timeout=600) for i, f in futures.items()}
+    for i, ids in outputs.items():
+        assert ids == reference[i], f"{policy}, TP=2: prompt {i} diverged from TP=1"
+    engine = server.status_when(lambda s: s["engine"].get("running") == 0 and s["engine"].get("steps", 0) > 0)["engine"]
+    assert engine["plan_errors"] == 0 and engine["running"] == 0 and engine["waiting"] == 0
+    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def las_tp2() -> Iterator[ServerProcess]:
+    with ServerProcess(
+        "--model-path", "tiny", "--tp-size", "2", "--slo-policy", "las",
+        "--slo-policy-param", f"level_thresholds=[{preemption.LEVEL}]", "--slo-policy-param", "quantum_steps=1",
+        "--slo-policy-param", "starvation_s=null", "--max-running-requests", "2", name="tp2-las",
+    ) as server:  # fmt: skip
+        yield server
+
+
+def test_tp2_preempted_requests_resume_token_identical(las_tp2: ServerProcess) -> None:
+    preemption.test_preempted_request_resumes_token_identical(las_tp2)
+
+
+def test_dp2_replicas_publish_apart_and_are_merged(tiny_server: ServerProcess) -> None:
+    with ServerProcess("--model-path", "tiny", "--dp-size", "2", "--slo-policy", "edf", name="dp2") as server:
+        status = server.status_when(lambda s: (s["engine"].get("data_parallel") or {}).get("reporting") == 2, 30)
+        engine = status["engine"]
+        assert engine["data_parallel"] == {"replicas": 2, "reporting": 2}
+        single = tiny_server.status_when(lambda s: bool(s["engine"]))["engine"]["kv_capacity_tokens"]
+        assert engine["kv_capacity_tokens"] == 2 * single  # both replicas' caches, each its own
+        with ThreadPoolExecutor(4) as pool:
+            outs = list(pool.map(lambda ids: _generate(server.url, ids, n=8), PROMPTS[:4]))
+        assert all(len(ids) == 8 for ids in outs)
