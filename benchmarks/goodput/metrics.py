@@ -45,6 +45,9 @@ class Scored:
     outcome: SloOutcome
     gain: float
     potential: float
+    output_tokens: int = 0  # what the totals need of the record's token times, kept so a
+    tpot_s: float | None = None  # long simulation can score each request as it ends and drop them
+    last_token_s: float | None = None
 
     @property
     def is_slo(self) -> bool:
@@ -74,7 +77,10 @@ def score_record(record: RequestRecord, alpha: float = 1.0) -> Scored:
     outcome = evaluate(spec, arrival, tokens, finish, finished=record.finished, deadline_abs=deadline_abs)
     gain = outcome_gain(outcome, record.prompt_tokens, alpha=alpha, token_times=tokens, arrival=arrival, ttlt_s=ttlt)
     full = max(record.target_output_tokens, len(tokens))
-    return Scored(record, outcome, gain, base_gain(record.prompt_tokens, full, spec.weight))
+    n = record.output_tokens
+    tpot = (record.token_s[-1] - record.token_s[0]) / (n - 1) if record.sent and n > 1 else None
+    last = record.token_s[-1] if record.token_s else None
+    return Scored(record, outcome, gain, base_gain(record.prompt_tokens, full, spec.weight), n, tpot, last)
 
 
 @dataclass
@@ -146,6 +152,19 @@ def makespan(records: Iterable[RequestRecord]) -> float | None:
     return span if span > 0 else None
 
 
+def makespan_scored(scored: Iterable[Scored]) -> float | None:
+    """`makespan` of the scored records (their token times may have been dropped)."""
+    sent = [s for s in scored if s.record.sent]
+    if not sent:
+        return None
+    start = min(s.record.send_s for s in sent)  # type: ignore[type-var]
+    ends = [s.record.finish_s for s in sent if s.record.finish_s is not None] or [
+        s.last_token_s for s in sent if s.last_token_s is not None
+    ]
+    span = max(ends, default=start) - start  # type: ignore[type-var]
+    return span if span > 0 else None
+
+
 def _rate(value: float, duration_s: float | None) -> float | None:
     return value / duration_s if duration_s else None
 
@@ -159,16 +178,21 @@ def _attainment_by(groups: Iterable[tuple[str, bool]]) -> dict[str, float]:
 
 def score(records: Sequence[RequestRecord], duration_s: float | None = None, alpha: float = 1.0) -> RunMetrics:
     """All metrics of one run; `duration_s` overrides the makespan as the per-second divisor."""
-    scored = [score_record(r, alpha) for r in records]
-    duration = duration_s if duration_s is not None else makespan(records)
+    return score_all([score_record(r, alpha) for r in records], duration_s, alpha)
+
+
+def score_all(scored: Sequence[Scored], duration_s: float | None = None, alpha: float = 1.0) -> RunMetrics:
+    """`score` of records already scored one by one (`score_record`), with the same `alpha`."""
+    records = [s.record for s in scored]
+    duration = duration_s if duration_s is not None else makespan_scored(scored)
     outcomes = [s.outcome for s in scored]
     summary = summarize(outcomes, [r.prompt_tokens for r in records], alpha=alpha, duration_s=duration)
     slo = [s for s in scored if s.is_slo]
-    output_tokens = sum(r.output_tokens for r in records)
+    output_tokens = sum(s.output_tokens for s in scored)
     finished = [r for r in records if r.finished]
     gain = sum(s.gain for s in scored)
     potential = sum(s.potential for s in scored)
-    tpots = [(r.token_s[-1] - r.token_s[0]) / (r.output_tokens - 1) for r in records if r.sent and r.output_tokens > 1]
+    tpots = [s.tpot_s for s in scored if s.tpot_s is not None]
     return RunMetrics(
         requests=len(records),
         slo_requests=len(slo),

@@ -56,7 +56,7 @@ class Card:
         )
 
 
-def sim_requests(planned: Sequence[PlannedRequest]) -> list[SimRequest]:
+def sim_requests(planned: Sequence[PlannedRequest], client_max_tokens: int = CLIENT_MAX_TOKENS) -> list[SimRequest]:
     """What the load generator would send, as simulator requests (the true length hidden)."""
     starts: dict[str, float] = {}
     for p in planned:
@@ -73,7 +73,7 @@ def sim_requests(planned: Sequence[PlannedRequest]) -> list[SimRequest]:
                 arrival=r.arrival_s,
                 prompt_len=r.prompt_tokens,
                 output_len=r.output_tokens,
-                max_new_tokens=max(CLIENT_MAX_TOKENS, r.output_tokens),
+                max_new_tokens=max(client_max_tokens, r.output_tokens),
                 program_arrival=starts.get(r.program_id) if slo.program_id is not None and r.program_id else None,
                 parents=tuple(r.parents),
                 think_s=r.think_s,
@@ -82,10 +82,10 @@ def sim_requests(planned: Sequence[PlannedRequest]) -> list[SimRequest]:
     return out
 
 
-def to_record(p: PlannedRequest, rec: SimRecord | None, program_starts: dict[str, float]) -> RequestRecord:
-    """A simulated request as the load generator would have recorded it."""
+def unsent_record(p: PlannedRequest, program_starts: dict[str, float]) -> RequestRecord:
+    """The load generator's record of a planned request before anything was sent."""
     r = p.req
-    record = RequestRecord(
+    return RequestRecord(
         key=r.rid,
         cls=p.cls,
         slo=p.slo,
@@ -96,6 +96,11 @@ def to_record(p: PlannedRequest, rec: SimRecord | None, program_starts: dict[str
         program_start_s=program_starts.get(r.program_id) if r.program_id else None,
         program_deadline_s=None if p.program_deadline_ms is None else p.program_deadline_ms / 1000.0,
     )
+
+
+def to_record(p: PlannedRequest, rec: SimRecord | None, program_starts: dict[str, float]) -> RequestRecord:
+    """A simulated request as the load generator would have recorded it."""
+    record = unsent_record(p, program_starts)
     if rec is None or (not rec.token_times and rec.finish_time is None and rec.drop_reason is None):
         return record  # never arrived (a parent failed, or the run ended first)
     record.send_s = rec.req.arrival

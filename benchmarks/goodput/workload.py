@@ -38,6 +38,7 @@ class WorkloadSpec:
     max_output: int = 256
     mix: str = "tempo"
     seed: int = 0
+    cycle: bool = False  # a window with fewer than `units` units repeats (fresh rids) until it has them
 
     def __post_init__(self) -> None:
         if self.arrivals not in ("trace", "poisson"):
@@ -80,7 +81,36 @@ def base_requests(spec: WorkloadSpec) -> list[TraceRequest]:
     reqs = limit(reqs, spec.units)
     if not reqs:
         raise ValueError(f"trace {spec.trace!r} has no request in the chosen window")
+    if spec.cycle:
+        reqs = _cycled(reqs, spec.units)
     return [_shaped(r, spec) for r in reqs]
+
+
+def _cycled(requests: list[TraceRequest], units: int) -> list[TraceRequest]:
+    """The window repeated back to back until it holds `units` units: copy k gets rids and
+    program ids suffixed `~k` and arrivals shifted by k spans (one mean gap past the last)."""
+    n = len(_unit_starts(requests))
+    if n >= units:
+        return requests
+    starts = _unit_starts(requests)
+    span = starts[-1] - starts[0] + (starts[-1] - starts[0]) / max(n - 1, 1)
+    out = list(requests)
+    for k in range(1, -(-units // n)):
+
+        def tag(x: str, k: int = k) -> str:
+            return f"{x}~{k}"
+
+        out += [
+            replace(
+                r,
+                rid=tag(r.rid),
+                program_id=None if r.program_id is None else tag(r.program_id),
+                parents=tuple(tag(p) for p in r.parents),
+                arrival_s=r.arrival_s + k * span,
+            )
+            for r in requests
+        ]
+    return limit(out, units)
 
 
 def natural_rate(requests: list[TraceRequest]) -> float | None:

@@ -10,11 +10,11 @@ is an app, and a server lives through millions of them.
 
 from __future__ import annotations
 
+import bisect
+import math
 from collections import OrderedDict, deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-
-import numpy as np
 
 from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
 from scheduler.core.registry import require
@@ -35,6 +35,55 @@ class HistoryParams:
         require(self.max_apps >= 1, "max_apps", "must be >= 1", self.max_apps)
 
 
+def linear_quantile(ordered: Sequence[float], q: float, start: int = 0) -> float:
+    """numpy.quantile(ordered[start:], q) (its default "linear" method), bit for bit, on values
+    already sorted: the same virtual index, neighbours and lerp numpy computes, without the
+    array round trip that dominated a router decision."""
+    n = len(ordered) - start
+    virtual = (n - 1) * q  # numpy's virtual index for "linear"
+    if virtual >= n - 1:
+        return float(ordered[-1])
+    if virtual < 0:
+        return float(ordered[start])
+    below = math.floor(virtual)
+    gamma = virtual - below
+    a, b = float(ordered[start + below]), float(ordered[start + below + 1])
+    diff = b - a
+    return b - diff * (1 - gamma) if gamma >= 0.5 else a + diff * gamma
+
+
+class _Window:
+    """The last `size` answers, in arrival order (to forget the oldest) and sorted (to answer)."""
+
+    def __init__(self, size: int) -> None:
+        self.recent: deque[int] = deque()
+        self.ordered: list[int] = []
+        self.size = size
+
+    def add(self, value: int) -> None:
+        if len(self.recent) >= self.size:
+            old = self.recent.popleft()
+            del self.ordered[bisect.bisect_left(self.ordered, old)]
+        self.recent.append(value)
+        bisect.insort(self.ordered, value)
+
+    def __len__(self) -> int:
+        return len(self.recent)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.recent)
+
+
+def _as_window(values: object, size: int) -> _Window:
+    """A window from a pickled one, or from the plain deque artifacts held before windows sorted."""
+    if isinstance(values, _Window):
+        return values
+    window = _Window(size)
+    for v in values:  # type: ignore[attr-defined]
+        window.add(int(v))
+    return window
+
+
 class HistoryPredictor(LengthPredictor):
     name = "history"
 
@@ -45,37 +94,40 @@ class HistoryPredictor(LengthPredictor):
         self.default = params.default
         self.min_global = params.min_global
         self.max_apps = params.max_apps
-        self._per_app: OrderedDict[str, deque[int]] = OrderedDict()
-        self._global: deque[int] = deque(maxlen=params.window)
+        self._per_app: OrderedDict[str, _Window] = OrderedDict()
+        self._global = _Window(params.window)
 
     def __setstate__(self, state: dict) -> None:
         """Artifacts pickled before the app bound existed load with one."""
         state.setdefault("max_apps", HistoryParams.max_apps)
-        state["_per_app"] = OrderedDict(state.get("_per_app", {}))
+        window = state.get("window", HistoryParams.window)
+        state["_per_app"] = OrderedDict((app, _as_window(v, window)) for app, v in state.get("_per_app", {}).items())
+        state["_global"] = _as_window(state.get("_global", ()), window)
         self.__dict__.update(state)
 
     def observe(self, app_id: str | None, output_len: int) -> None:
         """Record one finished request (online: the adapter calls this on completion)."""
-        self._global.append(int(output_len))
+        self._global.add(int(output_len))
         if app_id:
-            pool = self._per_app.get(app_id)
-            if pool is None:
-                pool = self._per_app[app_id] = deque(maxlen=self.window)
+            window = self._per_app.get(app_id)
+            if window is None:
+                window = self._per_app[app_id] = _Window(self.window)
                 while len(self._per_app) > self.max_apps:
                     self._per_app.popitem(last=False)
             else:
                 self._per_app.move_to_end(app_id)
-            pool.append(int(output_len))
+            window.add(int(output_len))
 
     def fit(self, samples: Sequence[LengthSample]) -> HistoryPredictor:
         for s in samples:
             self.observe(s.app_id, s.output_len)
         return self
 
-    def _stat(self, values: np.ndarray) -> float:
+    def _stat(self, ordered: list[int], start: int) -> float:
+        """Mean or quantile of ordered[start:] (numpy's values, computed on the sorted window)."""
         if self.quantile is None:
-            return float(values.mean())
-        return float(np.quantile(values, self.quantile))
+            return float(sum(ordered[start:])) / (len(ordered) - start)
+        return linear_quantile(ordered, self.quantile, start)
 
     def predict(
         self,
@@ -85,9 +137,12 @@ class HistoryPredictor(LengthPredictor):
         generated: int = 0,
         generated_text: str = "",
     ) -> float:
-        for pool in (self._per_app.get(app_id or "", ()), self._global):
-            values = np.fromiter(pool, dtype=float)
-            values = values[values > generated]
-            if len(values) >= self.min_count or (pool is self._global and len(values) >= max(1, self.min_global)):
-                return floor_at_generated(self._stat(values), generated)
+        app = self._per_app.get(app_id or "")
+        for pool in (app, self._global):
+            if pool is None:
+                continue
+            start = bisect.bisect_right(pool.ordered, generated)  # answers longer than what is out
+            count = len(pool.ordered) - start
+            if count >= self.min_count or (pool is self._global and count >= max(1, self.min_global)):
+                return floor_at_generated(self._stat(pool.ordered, start), generated)
         return floor_at_generated(self.default, generated)

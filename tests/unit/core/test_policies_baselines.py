@@ -218,10 +218,12 @@ def test_sim_token_timing_and_resume_after_preemption_keeps_tokens():
             from scheduler.core.types import StepPlan
 
             if view.step == 3 and view.running:
-                return StepPlan(preempt=[view.running[0].rid])
+                return StepPlan(preempt=[view.running[0].rid], order=[view.running[0].rid])
             return StepPlan()
 
-    reqs = [SimRequest("x", SloSpec(), 0.0, 8, output_len=6)]
+    # The engine plans only while a request waits (as the adapter does): "y" keeps the queue
+    # non-empty behind the one batch slot, and the plan resumes "x" ahead of it.
+    reqs = [SimRequest("x", SloSpec(), 0.0, 8, output_len=6), SimRequest("y", SloSpec(), 0.001, 8, output_len=1)]
     res = Simulator(PreemptOnce(), constant_model(TAU), EngineConfig(max_running_requests=1)).run(reqs)
     rec = res.records["x"]
     assert len(rec.token_times) == 6 and rec.preemptions == 1

@@ -1,0 +1,73 @@
+"""Speculative decoding on a simulated engine: an acceptance model and the length in force.
+
+Acceptance (SLOs-Serve App. D): each drafted token is accepted with probability α, independently,
+until the first rejection, so a verify of s drafts yields min(G, s) accepted, G geometric. The
+true α is the draft's quality on the workload (a parameter: SLOs-Serve's OPT-125m/OPT-7B pair and
+EAGLE heads on Llama-3-8B sit around 0.6-0.8); the engine never sees it, only the verify results.
+
+Lengths, as the server runs them (scheduler/sglang_scheduler.py): `fixed:S` drafts S tokens in
+every decode (SGLang's own speculation, knobs sized as without it); `slo` is the SLO-adaptive
+controller itself (speculative/controller.py), fed every verify's accepted counts and asked
+every pass, with knobs sized on the speculative cost at its length (EngineMeter.knob_model).
+Every step costs the target's verify pass plus `draft_ratio` x its decode pass per draft step
+(speculative/cost.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from scheduler.core.plan_path import KnobModel
+from scheduler.core.slos_serve.spec_length import acceptance
+from scheduler.core.types import EngineView, PerfModel
+from speculative.controller import SloSpeculation
+from speculative.cost import SpecCost
+
+SLO_CANDIDATES = (0, 1, 2, 3, 4)
+
+
+class SimSpeculation:
+    """The `scheduler.core.sim_engine.Speculation` hook of one engine."""
+
+    def __init__(self, mode: str, alpha: float, draft_ratio: float, seed: int = 0, mixed: bool = False) -> None:
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"acceptance alpha must be in [0, 1), got {alpha}")
+        self.alpha = alpha
+        self.draft_ratio = draft_ratio
+        self.rng = np.random.default_rng(seed)
+        self.controller: SloSpeculation | None = None
+        self.fixed = 0
+        if mode == "slo" or mode.startswith("slo:"):
+            top = int(mode.partition(":")[2] or SLO_CANDIDATES[-1])
+            self.controller = SloSpeculation(range(top + 1), draft_ratio, initial=top, mixed_batches=mixed)
+        elif mode.startswith("fixed:"):
+            self.fixed = int(mode.partition(":")[2])
+        else:
+            raise ValueError(f"speculation mode {mode!r}: expected fixed:S, slo or slo:S")
+
+    def steps(self) -> int:
+        return self.controller.current if self.controller is not None else self.fixed
+
+    def knob_model(self, plan_perf: PerfModel) -> KnobModel:
+        steps = self.steps()
+        if self.controller is None or steps <= 0:
+            return KnobModel(plan_perf)
+        alpha = self.controller.acceptance.alpha
+        return KnobModel(SpecCost(plan_perf, self.draft_ratio).at_steps(steps), acceptance(steps, alpha))
+
+    def step_time(self, pace: PerfModel, prefill_tokens: int, decodes: int, kv_tokens: int, steps: int) -> float:
+        if steps <= 0 or decodes <= 0:
+            return pace.step_time(prefill_tokens, decodes, kv_tokens)
+        return SpecCost(pace, self.draft_ratio).step_time(prefill_tokens, decodes, kv_tokens, decodes * steps, steps)
+
+    def accept(self, decodes: int, steps: int) -> Sequence[int]:
+        drawn = np.minimum(self.rng.geometric(1.0 - self.alpha, size=decodes) - 1, steps).tolist()
+        if self.controller is not None:
+            self.controller.on_verify_complete(drawn, decodes)
+        return drawn
+
+    def update(self, view: EngineView, plan_perf: PerfModel) -> None:
+        if self.controller is not None:
+            self.controller.update(view, plan_perf)

@@ -1,0 +1,96 @@
+"""The steppable engine under both simulators: when it plans, what it emits, what leaves it."""
+
+from __future__ import annotations
+
+from scheduler.core.perf_model import constant_model
+from scheduler.core.plan_path import DECODE, PREFILL, settings_for
+from scheduler.core.policies import make_policy
+from scheduler.core.sim_engine import PREFILLED, EngineConfig, SimEngine, SimRequest
+from scheduler.core.slo import SloSpec
+from scheduler.core.types import EngineView, StepPlan
+
+TAU = 0.01
+
+
+class CountingPolicy:
+    name = "counting"
+    slo_levers = False
+
+    def __init__(self) -> None:
+        self.views: list[EngineView] = []
+
+    def plan(self, view: EngineView) -> StepPlan:
+        self.views.append(view)
+        return StepPlan()
+
+
+def engine(policy: object, role: str = "mixed", **cfg: int) -> SimEngine:
+    config = EngineConfig(max_running_requests=cfg.get("batch", 4), chunk_size=cfg.get("chunk", 64))
+    return SimEngine(policy, constant_model(TAU), config, settings_for(policy, role=role))  # type: ignore[arg-type]
+
+
+def run(e: SimEngine, t: float = 0.0) -> float:
+    while True:
+        end = e.begin_step(t)
+        if end is None:
+            return t
+        e.end_step()
+        t = end
+
+
+def test_a_pass_is_planned_only_while_a_request_waits() -> None:
+    policy = CountingPolicy()
+    e = engine(policy)
+    e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=10))
+    run(e)
+    assert e.steps == 10 and len(policy.views) == 1  # admitted at the first pass, never asked again
+
+
+def test_tokens_come_one_per_decode_step_after_the_prefill() -> None:
+    e = engine(CountingPolicy(), chunk=4)
+    e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=10, output_len=3))
+    end = e.begin_step(0.0)
+    outcomes = []
+    while end is not None:
+        outcomes.append(e.end_step())
+        end = e.begin_step(end)
+    finished = [f for o in outcomes for f in o.finished]
+    assert len(finished) == 1 and finished[0].reason is None
+    # 10 prompt tokens in chunks of 4: steps 1-3 prefill (the third emits the first token), 4-5 decode
+    assert finished[0].token_times == [3 * TAU, 4 * TAU, 5 * TAU]
+    assert [o.first_tokens for o in outcomes][2][0][0].rid == "a"
+    assert e.kv_used == 0 and len(e) == 0
+
+
+def test_a_request_removed_mid_step_leaves_at_its_end_with_the_tokens_it_had() -> None:
+    e = engine(CountingPolicy())
+    e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=50))
+    t = 0.0
+    for _ in range(5):
+        t = e.begin_step(t) or t
+        e.end_step()
+    e.begin_step(t)
+    taken = e.remove("a")
+    assert taken is not None and len(taken[1]) == 5
+    outcome = e.end_step()
+    assert outcome.finished == [] and len(e) == 0 and e.kv_used == 0 and e.n_decoding == 0
+
+
+def test_a_pd_prefill_engine_hands_off_after_the_first_token() -> None:
+    e = engine(make_policy("fcfs"), role=PREFILL, chunk=128)
+    e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=100, output_len=20))
+    e.begin_step(0.0)
+    outcome = e.end_step()
+    (f,) = outcome.finished
+    assert f.reason == PREFILLED and f.token_times == [TAU] and e.kv_used == 0
+
+
+def test_a_pd_decode_engine_admits_with_the_kv_and_streams_the_first_token_at_once() -> None:
+    e = engine(make_policy("fcfs"), role=DECODE)
+    e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=100, output_len=3, generated=1))
+    end = e.begin_step(0.0)
+    first = e.end_step()
+    assert first.first_tokens[0][1] == 0.0 and e.kv_used == 102  # prompt + first token + this step's
+    e.begin_step(end or 0.0)
+    (f,) = e.end_step().finished
+    assert f.token_times == [0.0, TAU, 2 * TAU]
