@@ -489,10 +489,14 @@ class Dispatcher:
     async def _flush_aborts(self, flight: _Flight) -> None:
         stale, flight.stale = flight.stale, []
         for worker_id in stale:
-            # A hung worker's socket still takes it (ZMQ queues it): it aborts its copy when it
-            # wakes; one that is gone is reconciled (`orphans_aborted`) when it registers again.
-            if await self._send(worker_id, Abort(rid=flight.route.rid)):
-                self.counters["stale_aborts_sent"] += 1
+            await self._abort_stale(worker_id, flight.route.rid)
+
+    async def _abort_stale(self, worker_id: str, rid: str) -> None:
+        """Abort a copy the router moved away from. A hung worker's socket still takes it (ZMQ
+        queues it), so it stops the copy the moment it wakes; a worker that is gone is
+        reconciled (`orphans_aborted`) when it registers again."""
+        if await self._send(worker_id, Abort(rid=rid)):
+            self.counters["stale_aborts_sent"] += 1
 
     def _policy_views(
         self, now: float, route: RouteRequest | None, exclude: set[str] | frozenset[str] = frozenset()
@@ -841,7 +845,7 @@ class Dispatcher:
                     self.registry.untrack(rid)
                     continue
                 self._release(flight)
-                self._spawn(self._send(worker_id, Abort(rid=rid)))  # if it wakes up, it should stop
+                self._spawn(self._abort_stale(worker_id, rid))  # if it wakes up, it should stop
                 await self._resubmit(flight, worker_id, f"worker {worker_id} {why}")
             for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
                 await self._prefill_failed(flight, 502, f"prefill worker {worker_id} {why}")

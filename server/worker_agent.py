@@ -213,7 +213,10 @@ class WorkerAgent:
             await self._send(answer)
         elif isinstance(msg, Ack):
             self._on_ack(msg)
-            if msg.reason == REGISTER_AGAIN:  # it lost us (a stall, or it restarted)
+            if msg.reason == REGISTER_AGAIN and time.monotonic() - self._register_sent >= REGISTER_RETRY_S:
+                # It lost us (a stall, or it restarted). Every message sent before it knew
+                # draws this answer; one Register at a time, since each new one replaces the
+                # challenge the last one is about to answer (and both were refused).
                 await self._register()
         elif isinstance(msg, Submit):
             self._start(msg)

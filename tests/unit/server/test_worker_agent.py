@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from router.protocol import Heartbeat, LoadReport, RequestError, Submit, TokenChunk
+from router.protocol import Ack, Heartbeat, LoadReport, Register, RequestError, Submit, TokenChunk
 from server.agent_stream import parse_error_body, parse_line
 from server.draining import Drain
 from server.worker_agent import AgentConfig, WorkerAgent
+from wire import REGISTER_AGAIN
 
 CONFIG = AgentConfig(router_address="tcp://127.0.0.1:1", worker_id="w0", gpu="cpu", model="m", http_url="http://x")
 ENGINE = {"steps": 41, "waiting": 2, "running": 1, "queue_drain_s": 1.5, "kv_capacity_tokens": 100}
@@ -161,3 +162,18 @@ def test_stream_lines_are_deltas_and_sheds_are_recognised() -> None:
     assert answer.shed is not None and answer.shed.reason == "draining" and answer.error_status == 503
     with pytest.raises(ValueError):
         parse_line(b"data: [1, 2]")
+
+
+def test_a_burst_of_register_again_answers_sends_one_register() -> None:
+    """A worker that wakes from a stall hears REGISTER_AGAIN once per message it had queued; a
+    Register per answer made each new challenge replace the one being answered, and the router
+    refused them all (a thawed worker stayed out for 5 s)."""
+
+    async def go() -> None:
+        agent, endpoint = _agent()
+        for _ in range(3):
+            await agent._on_message(Ack(accepted=False, reason=REGISTER_AGAIN))
+        registers = [m for m in endpoint.sent if isinstance(m, Register)]
+        assert len(registers) == 1 and not agent._refused
+
+    asyncio.run(go())
