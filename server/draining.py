@@ -8,6 +8,7 @@ it holds finish within a timeout, then exits; a second SIGTERM (or the timeout) 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import signal
 import threading
@@ -57,10 +58,16 @@ def drain_then_exit(
 
 
 def install_drain_handler(
-    drain: Drain, busy: Callable[[], int], timeout_s: float, exit_now: Callable[[], None]
+    drain: Drain,
+    busy: Callable[[], int],
+    timeout_s: float,
+    exit_now: Callable[[], None],
+    loop: asyncio.AbstractEventLoop | None = None,
 ) -> Callable[[int, Any], None]:
     """SIGTERM starts a drain in a thread, which calls `exit_now` (end the process tree) when
-    it is over; a second SIGTERM calls it at once. Returns the handler it installed."""
+    it is over; a second SIGTERM calls it at once. Returns the handler it installed. With a
+    `loop`, the handler is that loop's (replacing one registered there, as SGLang's tokenizer
+    manager registers its own: a plain signal handler would run beside it, not instead)."""
 
     def on_term(signum: int, frame: Any) -> None:
         if not drain.start():
@@ -72,5 +79,8 @@ def install_drain_handler(
             target=drain_then_exit, args=(drain, busy, timeout_s, exit_now), name="slo-drain", daemon=True
         ).start()
 
-    signal.signal(signal.SIGTERM, on_term)
+    if loop is None:
+        signal.signal(signal.SIGTERM, on_term)
+    else:
+        loop.add_signal_handler(signal.SIGTERM, on_term, signal.SIGTERM, None)
     return on_term

@@ -8,9 +8,11 @@ status, metrics, draining). Every SGLang route keeps working.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, fields
@@ -37,6 +39,7 @@ from server.slo_middleware import SloMiddleware
 
 _BOOK = SloReportBook(SloMetrics())
 _MANAGERS: list[TokenizerManager] = []  # the process's tokenizer manager, once SGLang built it
+_DRAIN_ON_TERM: list[Callable[[], None]] = []  # installs the drain handler on the running loop
 
 
 def _first_custom_params(obj: Any) -> dict[str, Any] | None:
@@ -61,6 +64,16 @@ class SloTokenizerManager(TokenizerManager):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _MANAGERS.append(self)
+
+    def auto_create_handle_loop(self) -> None:
+        """Change: SGLang registers its own SIGTERM handler on the event loop when the loop is
+        first needed, often by the warm-up request after start-up; the drain handler, installed
+        at start-up, must win (else SIGTERM waits for requests without ever saying draining)."""
+        fresh = self.event_loop is None
+        super().auto_create_handle_loop()
+        if fresh and threading.current_thread() is threading.main_thread():
+            for install in _DRAIN_ON_TERM:
+                install()
 
     async def _handle_abort_finish_reason(self, out: dict, state: Any, is_stream: bool) -> Any:
         """Changes: a request the scheduler shed is noted for the HTTP edge, which answers it with
@@ -218,7 +231,9 @@ def launch(server_args: Any, config: SloServerConfig, membership: RouterMembersh
         os._exit(0)
 
     def on_started() -> None:  # after uvicorn installed its own handlers: ours must win
-        install_drain_handler(drain, in_flight, config.drain_timeout_s, exit_now)
+        loop = asyncio.get_running_loop()
+        _DRAIN_ON_TERM[:] = [lambda: install_drain_handler(drain, in_flight, config.drain_timeout_s, exit_now, loop)]
+        _DRAIN_ON_TERM[0]()
 
     http_server.app.add_middleware(
         SloMiddleware,

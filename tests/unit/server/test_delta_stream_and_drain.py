@@ -80,3 +80,33 @@ def test_sigterm_drains_and_a_second_one_exits_at_once() -> None:
         assert exits == ["exit", "exit"]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_on_a_loop_the_drain_handler_replaces_the_one_registered_there() -> None:
+    """SGLang's tokenizer manager registers its own SIGTERM handler on the event loop (at the
+    first request, often after start-up); ours, installed on the loop, runs instead of it."""
+    import asyncio
+    import os
+    import signal
+    import threading
+
+    async def go() -> tuple[list[str], bool]:
+        loop = asyncio.get_running_loop()
+        theirs: list[str] = []
+        loop.add_signal_handler(signal.SIGTERM, lambda: theirs.append("sglang"))
+        drain, done = Drain(), threading.Event()
+        install_drain_handler(drain, lambda: 0, 5.0, done.set, loop)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100):
+            if drain.active:
+                break
+            await asyncio.sleep(0.01)
+        loop.remove_signal_handler(signal.SIGTERM)
+        return theirs, drain.active and done.wait(5.0)
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        theirs, drained = asyncio.run(go())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert drained and theirs == []
