@@ -225,7 +225,7 @@ def test_an_abusive_chat_request_is_refused_quickly_while_a_stream_flows(pool: P
 
 
 def test_a_router_crash_and_restart_answers_its_streams_and_aborts_what_workers_still_hold(pool: Pool) -> None:
-    stream = Stream(pool.router.url, "restart-1", 2000)
+    stream = Stream(pool.router.url, "restart-1", 4000)  # with the 40-token prompt: the tiny model's context
     owner = _owner(pool, "restart-1")
     pool.wait(lambda: len(stream.times) >= 3, timeout=30, what="tokens flowing")
     pool.router.stop(0.0)  # a crash: no chance to tell the workers anything
@@ -233,15 +233,14 @@ def test_a_router_crash_and_restart_answers_its_streams_and_aborts_what_workers_
     assert not stream.is_alive() and stream.error is not None  # answered, not left hanging
     pool.router.start()
     pool.wait(lambda: set(WORKERS) <= pool.healthy(), what="workers rejoined the new router")
-    pool.wait(lambda: pool.status()["dispatcher"]["orphans_aborted"] >= 1, timeout=30, what="orphan aborted")
     worker = pool.workers[owner]
-    pool.wait(
-        lambda: (
-            requests.get(worker.url + "/slo/status", headers=HTTP.headers, timeout=10).json()["engine"]["running"] == 0
-        ),
-        timeout=30,
-        what="worker idle",
-    )
+
+    def running() -> int:
+        return requests.get(worker.url + "/slo/status", headers=HTTP.headers, timeout=10).json()["engine"]["running"]
+
+    if running() > 0:  # a slow host's restart can outlast the orphan; while it lives, it is aborted
+        pool.wait(lambda: pool.status()["dispatcher"]["orphans_aborted"] >= 1, timeout=30, what="orphan aborted")
+    pool.wait(lambda: running() == 0, timeout=30, what="worker idle")
 
 
 def test_a_draining_worker_finishes_its_stream_takes_nothing_new_and_exits(pool: Pool) -> None:

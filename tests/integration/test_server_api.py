@@ -160,7 +160,8 @@ def test_status_and_metrics_count_outcomes(tiny_server: ServerProcess) -> None:
     latency_before = before["attainment"].get("latency", {}).get("total", 0)
     for _ in range(2):
         assert _generate(tiny_server, slo={"ttft_ms": 5000}).status_code == 200
-    status = requests.get(tiny_server.url + "/slo/status", timeout=10).json()
+    # The scheduler publishes its part periodically: wait for a snapshot taken after the answers.
+    status = tiny_server.status_when(lambda s: s["queue"]["waiting"] == 0, timeout=30)
     assert status["policy"] == "edf"
     assert status["attainment"]["latency"]["total"] == latency_before + 2
     assert status["queue"]["waiting"] == 0

@@ -35,7 +35,10 @@ def _generate(url: str, ids: list[int], n: int, slo: dict | None = None) -> dict
 
 
 def _speculation(server: ServerProcess) -> dict:
-    return requests.get(server.url + "/slo/status", timeout=5).json()["engine"]["speculation"]
+    """The scheduler's speculation status once it has counted a verify (it publishes its part
+    periodically, so a snapshot taken right after the answers may predate them)."""
+    status = server.status_when(lambda s: (s["engine"].get("speculation") or {}).get("verifies", 0) > 0, timeout=30)
+    return status["engine"]["speculation"]
 
 
 @pytest.fixture(scope="module")
