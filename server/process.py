@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -80,7 +81,33 @@ def watch_parent(
     return thread
 
 
+LOWEST_PORT = 10_000  # below: ports people run other services on
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(v) for v in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32_768, 60_999  # Linux's default
+
+
 def free_port() -> int:
+    """A free port outside the kernel's ephemeral range. A client that keeps reconnecting to a
+    port in that range while nobody listens there (ZMQ does, to a restarting router) can be
+    handed that very port as its own local one and connect to itself (TCP simultaneous open),
+    holding it: the server coming back then finds it taken ("Address already in use")."""
+    low, _ = _ephemeral_range()
+    if low - 1 > LOWEST_PORT:
+        rng = random.Random()
+        for _ in range(200):
+            port = rng.randint(LOWEST_PORT, low - 1)
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -50,3 +50,12 @@ def test_a_child_never_outlives_its_launcher_even_a_sigkilled_one() -> None:
     finally:
         if launcher.poll() is None:
             launcher.kill()
+
+
+def test_free_ports_lie_outside_the_ephemeral_range() -> None:
+    """A reconnecting client is never handed one of them as its own local port (TCP self-connect)."""
+    from server.process import _ephemeral_range, free_port
+
+    low, high = _ephemeral_range()
+    ports = {free_port() for _ in range(20)}
+    assert all(not low <= p <= high for p in ports), ports
