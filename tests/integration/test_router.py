@@ -268,7 +268,9 @@ def test_killing_a_worker_mid_stream_loses_no_request(round_robin: ServerProcess
         assert len(ids) == n == meta["completion_tokens"]
         assert counts == sorted(counts) and len(set(counts)) == len(counts)
     moved = [meta["workers"] for _, meta, _ in results if victim_id in meta["workers"]]
-    assert moved and all(w[0] == victim_id and len(w) == 2 for w in moved), moved
+    # Each moved off the victim once and never back; on a slow host one may move again (a
+    # migration or a stalled new owner), still whole: the token checks above hold either way.
+    assert moved and all(w[0] == victim_id and victim_id not in w[1:] and len(w) >= 2 for w in moved), moved
     after = dispatcher_status(router)
     delta = {k: after[k] - before[k] for k in ("workers_lost", "failed", "resubmitted")}
     assert delta["workers_lost"] == 1 and delta["failed"] == 0 and delta["resubmitted"] >= len(moved), delta
