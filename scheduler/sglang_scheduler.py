@@ -374,8 +374,10 @@ class SloSchedulerMixin:
 
     # ---- plan -> SGLang ------------------------------------------------------------------------
     def _slo_plan(self, running_batch: Any) -> tuple[FinalPlan | None, EngineView | None]:
-        """This pass's finished plan and the view it was made from (None, None: nothing waits)."""
-        if not self.waiting_queue:
+        """This pass's finished plan and the view it was made from (None, None: nothing waits).
+        A chunked prefill in progress is planned for too: its next chunk is this pass's prefill,
+        sized (or deferred) to the running requests' slack like any other."""
+        if not self.waiting_queue and self.chunked_req is None:
             return None, None
         view = self._slo_view(running_batch)
         knob_model = self.slo.meter.knob_model(self._slo_spec_steps(), self.slo.spec_alpha())
@@ -395,6 +397,7 @@ class SloSchedulerMixin:
             free_kv_tokens=int(self.token_to_kv_pool_allocator.available_size()),
             total_kv_tokens=int(self.max_total_num_tokens),
             step=self.slo.step,
+            card_busy_s=self.slo.meter.card_busy_s(),
         )
         return self.slo.views.engine_view(self.waiting_queue, running_batch.reqs, limits)
 

@@ -114,6 +114,11 @@ class EngineMeter:
         drafts = SpecCost(self.perf, self.spec_cost_ratio).draft_time(decodes, kv, spec_steps)
         self.perf.observe(prefill, decodes, kv, decodes * spec_steps, max(measured - drafts, 1e-6))
 
+    def card_busy_s(self) -> float:
+        """Seconds before a pass planned now starts on the card: the emulated card's queued work.
+        (On a real GPU the in-flight step's rest is not known here yet: 0.)"""
+        return self.pacer.busy_s() if self.pacer is not None else 0.0
+
     def wait(self, key: Hashable) -> None:
         """Block until the emulated card has finished the step launched under `key` (a no-op on
         a real engine, or for a step not launched)."""

@@ -34,6 +34,7 @@ class EngineLimits:
     free_kv_tokens: int
     total_kv_tokens: int
     step: int
+    card_busy_s: float = 0.0  # the card's launched work still to run: the pass starts after it
 
 
 class ViewBuilder:
@@ -136,7 +137,7 @@ class ViewBuilder:
 
     def engine_view(self, waiting: Sequence[Any], running: Sequence[Any], limits: EngineLimits) -> EngineView:
         return EngineView(
-            now=self.clock.now(),
+            now=self.clock.now() + limits.card_busy_s,  # when this pass runs, not when it is planned
             waiting=[self.cached_view(r) for r in waiting],
             running=[self.cached_view(r) for r in running],
             max_running_requests=limits.max_running_requests,

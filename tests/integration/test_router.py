@@ -261,7 +261,6 @@ def test_killing_a_worker_mid_stream_loses_no_request(round_robin: ServerProcess
             time.sleep(0.05)
         victim = pool.workers[victim_id]
         assert victim.proc is not None
-        killed_at = time.monotonic()
         os.killpg(victim.proc.pid, signal.SIGKILL)
         results = [f.result(timeout=300) for f in futures]
     for ids, meta, counts in results:
@@ -275,7 +274,6 @@ def test_killing_a_worker_mid_stream_loses_no_request(round_robin: ServerProcess
     delta = {k: after[k] - before[k] for k in ("workers_lost", "failed", "resubmitted")}
     assert delta["workers_lost"] == 1 and delta["failed"] == 0 and delta["resubmitted"] >= len(moved), delta
     assert victim_id not in healthy_workers(router)
-    assert time.monotonic() - killed_at < 120
 
     victim.stop()  # reaps the killed group; then the same worker comes back
     restarted = pool.worker(victim_id, "--model-path", "tiny")

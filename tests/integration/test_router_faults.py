@@ -208,20 +208,27 @@ def test_an_abusive_chat_request_is_refused_quickly_while_a_stream_flows(pool: P
     pool.wait(lambda: len(stream.times) >= 3, timeout=30, what="tokens flowing")
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     started = time.monotonic()
+    assert HTTP.post(pool.router.url + "/v1/chat/completions", json=chat, timeout=60).status_code == 200
+    served_s = time.monotonic() - started
+    started = time.monotonic()
     resp = HTTP.post(
         pool.router.url + "/v1/chat/completions",
         json={**chat, "chat_template_kwargs": {"x": "{{ 9 ** 9 }}"}},
-        timeout=30,
+        timeout=60,
     )
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "chat_template_kwargs.x"
-    assert time.monotonic() - started < 2.0
+    # Refused before any rendering or engine work: no slower than serving the plain request
+    # (relative, so a slow host slows both).
+    assert time.monotonic() - started <= 2 * served_s + 0.5
     huge = {"messages": [{"role": "user", "content": "lorem ipsum " * 600_000}], "max_tokens": 2}  # ~7 MB
-    started = time.monotonic()
-    resp = HTTP.post(pool.router.url + "/v1/chat/completions", json=huge, timeout=60)
-    assert resp.status_code in (400, 413) and time.monotonic() - started < 20.0, resp.text[:300]
-    stream.join(timeout=120)
+    resp = HTTP.post(pool.router.url + "/v1/chat/completions", json=huge, timeout=120)
+    assert resp.status_code in (400, 413), resp.text[:300]
+    stream.join(timeout=300)
     assert stream.error is None and len(stream.ids) == 400
-    assert stream.max_gap_s() < 3.0, "the router's event loop stalled on the abusive request"
+    gaps = sorted(b - a for a, b in zip(stream.times, stream.times[1:]))
+    # Tokenizing 7 MB on the router's event loop would stall every stream for seconds; the
+    # stream's own pace sets the bar, so a slow host does not fail it.
+    assert stream.max_gap_s() < max(3.0, 20 * gaps[len(gaps) // 2]), "the router's event loop stalled"
 
 
 def test_a_router_crash_and_restart_answers_its_streams_and_aborts_what_workers_still_hold(pool: Pool) -> None:

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.analyzer.online import BoundAccuracy
-from scheduler.core.batch_limits import MIN_CHUNK, batch_knobs, tightest_tpot
+from scheduler.core.batch_limits import MIN_CHUNK, STEP_MARGIN, batch_knobs, tightest_tpot
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
@@ -74,13 +74,23 @@ def test_tighter_tpot_gives_a_smaller_cap_and_chunk() -> None:
     assert tight.batch_cap < loose.batch_cap
     assert tight.chunk_size < loose.chunk_size <= 512
     assert PERF.step_time(tight.chunk_size, 4, 4 * 110 + tight.chunk_size) <= 0.030
-    assert PERF.step_time(tight.chunk_size + 1, 4, 4 * 110 + tight.chunk_size + 1) > 0.030
+    assert PERF.step_time(tight.chunk_size + 1, 4, 4 * 110 + tight.chunk_size + 1) * (1 + STEP_MARGIN) > 0.030
 
 
 def test_a_request_ahead_of_its_schedule_lends_its_slack_to_prefill() -> None:
     on_pace = batch_knobs(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9)), PERF)
     ahead = batch_knobs(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9) - 0.2), PERF)  # 200 ms banked
     assert ahead.chunk_size > on_pace.chunk_size
+
+
+def test_a_chunk_leaves_a_margin_for_the_perf_models_error() -> None:
+    # 200 ms to the next token: the chunk's predicted step fits with STEP_MARGIN to spare, and
+    # is the largest that does (a chunk sized to the whole slack is late on any underestimate).
+    view = _view([_decoding("r", 200.0, 10)], now=_due(200.0, 9))
+    chunk = batch_knobs(view, PERF).chunk_size
+    assert chunk is not None and MIN_CHUNK < chunk < 512
+    assert PERF.step_time(chunk, 1, 110 + chunk) * (1 + STEP_MARGIN) <= 0.200
+    assert PERF.step_time(chunk + 1, 1, 111 + chunk) * (1 + STEP_MARGIN) > 0.200
 
 
 def test_a_late_request_constrains_nothing() -> None:

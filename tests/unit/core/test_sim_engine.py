@@ -38,12 +38,19 @@ def run(e: SimEngine, t: float = 0.0) -> float:
         t = end
 
 
-def test_a_pass_is_planned_only_while_a_request_waits() -> None:
+def test_a_pass_is_planned_only_while_a_request_waits_or_is_prefilled() -> None:
     policy = CountingPolicy()
     e = engine(policy)
     e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=10))
     run(e)
     assert e.steps == 10 and len(policy.views) == 1  # admitted at the first pass, never asked again
+    # A prompt prefilled in three chunks: each chunk's pass is planned (as the adapter plans
+    # SGLang's chunked_req), the decode passes after it are not.
+    policy = CountingPolicy()
+    e = engine(policy, chunk=4)
+    e.add(SimRequest("b", SloSpec(), 0.0, prompt_len=10, output_len=5))
+    run(e)
+    assert e.steps == 7 and len(policy.views) == 3 and [len(v.waiting) for v in policy.views] == [1, 0, 0]
 
 
 def test_tokens_come_one_per_decode_step_after_the_prefill() -> None:

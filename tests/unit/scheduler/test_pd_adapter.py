@@ -245,6 +245,37 @@ def test_a_pass_with_no_room_for_prefill_decodes_and_prefill_resumes_with_slack(
     assert [r.rid for r in plan.batch_to_run.reqs] == ["w"]
 
 
+def test_a_chunked_prefill_in_progress_is_gated_like_a_new_one() -> None:
+    # Nothing waits while a long prompt is prefilled chunk by chunk (SGLang keeps it as
+    # chunked_req, out of the queue): each next chunk is still sized to, or deferred for, the
+    # running requests' slack. (Unplanned, a burst's chunks ran back to back.)
+    s = slo_scheduler(DisaggregationMode.NULL, startup_chunk=2 * B, perf=PERF)  # separate batching
+    s.running_batch = SimpleNamespace(reqs=[_decoding(f"r{i}", tpot_ms=30) for i in range(4)], batch_is_full=False)
+    for r in s.running_batch.reqs:
+        r.output_ids = [1] * 11  # ten tokens ahead of schedule: 300 ms banked
+    s.waiting_queue = [_Req("w", 1500, ttft_ms=60_000, tpot_ms=30)]
+    s.slo.clock.set(1.02)
+    first = s.get_new_batch_prefill(s.running_batch)
+    assert [r.rid for r in first.batch_to_run.reqs] == ["w"] and s.chunked_req is not None  # a first chunk
+    assert s.waiting_queue == []
+    for r in s.running_batch.reqs:
+        r.output_ids = [1]  # the slack is spent: the next token is due in 10 ms
+    passes = len(s.seen_passes)
+    second = s.get_new_batch_prefill(s.running_batch)
+    assert second.batch_to_run is None and len(s.seen_passes) == passes  # a decode pass, chunk kept
+    assert s.slo_status_snapshot()["prefill_deferred"] == 1 and s.chunked_req is not None
+
+
+def test_a_plan_sees_the_time_the_card_starts_the_pass() -> None:
+    # With the overlap loop a pass is planned while the card still runs the last one: the view's
+    # clock is the card's, so slack is not counted twice.
+    s = slo_scheduler(DisaggregationMode.NULL, startup_chunk=2 * B, perf=PERF)
+    s.running_batch = SimpleNamespace(reqs=[], batch_is_full=False)
+    s.slo.clock.set(5.0)
+    s.slo.meter.card_busy_s = lambda: 0.25  # type: ignore[method-assign]
+    assert s._slo_view(s.running_batch).now == pytest.approx(5.25)
+
+
 def test_a_mixed_steps_chunk_covers_the_decodes_sglang_charges_to_it() -> None:
     # SGLang's PrefillAdder budgets chunked_prefill_size minus the running decodes in a mixed
     # step: a small prefill budget must not leave it a negative chunk.
