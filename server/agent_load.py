@@ -9,18 +9,25 @@ PolyServe route on.
   busy from an old burst;
 - prefill_s_per_token (p_g): the scheduler's perf model (profiled, or learned from its steps);
 - decode_s_per_token (d_g): EMA of the gap per token between a request's streamed chunks;
-- iteration_s: scheduler time per step over the last report interval.
+- iteration_s: scheduler time per step, averaged over about EMA_TAU_S.
+
+Both EMAs weigh a report by the time it covers, so the estimates do not depend on the report
+interval: per report, at 10 ms reports they followed single steps and an empty queue's delay
+decayed to nothing at once, and PolyServe's packing overfilled instances (simulated, 20 H100s
+at half load: 80 % attainment against 99 % at 0.25 s reports).
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
 EMA_WEIGHT = 0.2
-IDLE_DECAY = 0.5  # per report while the worker's queue is empty
+EMA_TAU_S = 1.1  # the time constant EMA_WEIGHT per 0.25 s report gives
+IDLE_HALF_LIFE_S = 0.25  # queue delay's decay while the worker's queue is empty
 TPM_WINDOW_S = 60.0
 
 
@@ -29,8 +36,9 @@ class Ema:
         self.weight = weight
         self.value: float | None = None
 
-    def add(self, sample: float) -> None:
-        self.value = sample if self.value is None else (1 - self.weight) * self.value + self.weight * sample
+    def add(self, sample: float, weight: float | None = None) -> None:
+        w = self.weight if weight is None else weight
+        self.value = sample if self.value is None else (1 - w) * self.value + w * sample
 
     def get(self, default: float = 0.0) -> float:
         return default if self.value is None else self.value
@@ -46,6 +54,7 @@ class LoadEstimator:
         self.iteration = Ema()
         self._tokens: deque[tuple[float, int]] = deque()
         self._last_steps: tuple[float, int] | None = None
+        self._last_report: float | None = None
 
     def served(self, tokens: int) -> None:
         self._tokens.append((self.clock(), tokens))
@@ -60,14 +69,18 @@ class LoadEstimator:
     def report_fields(self, engine: dict[str, Any], still_waiting: Sequence[float] = ()) -> dict[str, Any]:
         """`still_waiting`: how long each request without a first token has queued so far."""
         now = self.clock()
+        since = 0.25 if self._last_report is None else max(now - self._last_report, 0.0)
+        self._last_report = now
         steps, stamp = engine.get("steps"), engine.get("time")
         if isinstance(steps, int) and isinstance(stamp, (int, float)):
             if self._last_steps is not None and steps > self._last_steps[1] and stamp > self._last_steps[0]:
-                self.iteration.add((stamp - self._last_steps[0]) / (steps - self._last_steps[1]))
+                elapsed = stamp - self._last_steps[0]
+                weight = 1.0 - math.exp(-elapsed / EMA_TAU_S)
+                self.iteration.add(elapsed / (steps - self._last_steps[1]), weight)
             self._last_steps = (stamp, steps)
         waiting = int(engine.get("waiting") or 0)
         if waiting == 0 and not still_waiting and self.queue_delay.value is not None:
-            self.queue_delay.value *= IDLE_DECAY
+            self.queue_delay.value *= 0.5 ** (since / IDLE_HALF_LIFE_S)
         current = sum(still_waiting) / len(still_waiting) if still_waiting else 0.0
         while self._tokens and now - self._tokens[0][0] > TPM_WINDOW_S:
             self._tokens.popleft()

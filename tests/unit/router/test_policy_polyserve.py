@@ -41,6 +41,28 @@ def test_ttft_counts_queue_iteration_wait_and_prefill() -> None:
     assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0).worker_id == "free"
 
 
+def test_placements_since_the_last_report_count_against_an_instance() -> None:
+    # The reports stay as they were (running 10 and 2, empty queues, no measured delay); only
+    # the router's in-flight counts grow. Each 500-token prompt is 0.25 s of prefill, so the
+    # busier instance takes three before a fourth would miss its 1 s TTFT behind their prefill.
+    # (Reading only the reports, load-gradient packing sent every placement to it.)
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
+    placed = {"high": 0, "low": 0}
+    chosen = []
+    for i in range(5):
+        ws = [
+            _inst(wid, 50.0, running=run, prefill_s_per_token=0.0005, inflight=run + placed[wid])
+            for wid, run in (("high", 10), ("low", 2))
+        ]
+        wid = policy.choose(_req(f"r{i}"), ws, now=0.0).worker_id
+        placed[wid] += 1
+        chosen.append(wid)
+    assert chosen == ["high", "high", "high", "low", "low"]
+    # The batch slots count the same way: a full instance by in-flight count takes no more.
+    full = _inst("full", 50.0, running=4, max_running=16, inflight=16)
+    assert policy.choose(_req("s"), [full, _inst("room", 50.0, running=1)], now=0.0).worker_id == "room"
+
+
 def test_promotes_lazily_only_when_the_tier_is_full() -> None:
     tight = _inst("tight", 25.0, running=12, iteration_s=0.01)
     room = _inst("room", 50.0, running=2)

@@ -21,15 +21,39 @@ def engine(**kw: object) -> dict:
 
 
 def test_queue_delay_is_ttft_minus_the_prompts_prefill_time_and_decays_when_idle() -> None:
-    est = LoadEstimator(Clock())
+    clock = Clock()
+    est = LoadEstimator(clock)
     est.first_token(waited_s=1.5, prompt_tokens=1000, prefill_s_per_token=0.001)  # 1 s prefill: 0.5 s queued
     busy = est.report_fields(engine(waiting=3))
     assert busy["queue_delay_s"] == pytest.approx(0.5)
     assert busy["queue_len"] == 3
-    idle = [est.report_fields(engine(waiting=0))["queue_delay_s"] for _ in range(3)]
+    idle = []
+    for _ in range(3):
+        clock.t += 0.25
+        idle.append(est.report_fields(engine(waiting=0))["queue_delay_s"])
     assert idle == pytest.approx([0.25, 0.125, 0.0625])  # an old burst does not scare traffic away forever
     est.first_token(waited_s=0.1, prompt_tokens=1000, prefill_s_per_token=0.001)  # faster than the model: 0
     assert est.queue_delay.value is not None and est.queue_delay.value < 0.0625
+
+
+def test_the_estimates_follow_time_not_the_report_interval() -> None:
+    """Five reports 50 ms apart move the EMAs as far as one report after 250 ms."""
+    results = []
+    for interval, n in ((0.25, 1), (0.05, 5)):
+        clock = Clock()
+        est = LoadEstimator(clock)
+        est.first_token(waited_s=1.5, prompt_tokens=1000, prefill_s_per_token=0.001)
+        est.report_fields(engine(waiting=3, steps=0, time=0.0))
+        est.report_fields(engine(waiting=3, steps=100, time=1.0))  # 10 ms per step so far
+        steps, t = 100, 1.0
+        for _ in range(n):
+            clock.t += interval
+            steps, t = steps + round(interval / 0.05), t + interval  # now 50 ms per step
+            fields = est.report_fields(engine(waiting=0, steps=steps, time=t))
+        results.append((fields["queue_delay_s"], fields["iteration_s"]))
+    (delay_slow, iter_slow), (delay_fast, iter_fast) = results
+    assert delay_fast == pytest.approx(delay_slow) == pytest.approx(0.25)
+    assert iter_fast == pytest.approx(iter_slow, rel=0.02) and 0.01 < iter_slow < 0.05
 
 
 def test_decode_time_per_token_falls_back_to_the_perf_model_until_measured() -> None:
