@@ -555,8 +555,7 @@ def polyserve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
             "1.18×",
             f"{co_x:.2f}× ({co_fresh:.2f}× with 10 ms load reports)",
             _ratio(co_x, 1.18),
-            why + "; the router places on load reports up to 0.25 s old, and load-gradient packing sends "
-            "the placements between two reports to the same instance",
+            why + "; the router places on load reports up to 0.25 s old, plus its own placements since",
         ),
         Row(
             "PolyServe",
