@@ -52,7 +52,7 @@ from router.transport import CurveKeys, WorkerEndpoint
 from router.worker_auth import AuthError, WorkerAuth
 from scheduler.core.admission import retry_after_s
 from scheduler.core.shed_wire import Shed
-from server.agent_load import LoadEstimator, prefill_s_per_token, queued_s
+from server.agent_load import REPORT_S, LoadEstimator, prefill_s_per_token, queued_s
 from server.agent_stream import Chunk, parse_error_body, parse_line
 from server.draining import Drain
 from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, DRAINING, REGISTER_AGAIN
@@ -79,7 +79,7 @@ class AgentConfig:
     worker_secret: bytes | None = None  # the router's worker credential (None: no authentication)
     allow_remote: bool = False
     heartbeat_s: float = 0.5
-    report_s: float = 0.25
+    report_s: float = REPORT_S
     role: str = "mixed"  # "prefill" / "decode" under PD disaggregation
     bootstrap_port: int | None = None  # a prefill worker's KV bootstrap port
     tier_ms: float | None = None  # the TPOT tier it starts in

@@ -15,7 +15,7 @@ per-tier autoscaling signals.
   are counted as the router best knows them (`_pending`: the reported queue, or its
   placements since the report), not from the last report alone. Iteration time grows with
   batch size as
-      t_next = t_iter · (1 + batch_growth · (queue_len + 1) / max(running, 1))
+      t_next = t_iter · (1 + batch_growth · (pending + 1) / max(running, 1))
   i.e. a `batch_growth` share of today's iteration scales linearly with the batch (0.5 by
   default: decode steps are partly weight-bound, partly per-request attention). t_iter is the
   iteration EMA, or decode_s_per_token when no iteration was measured yet.
