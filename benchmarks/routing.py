@@ -49,7 +49,7 @@ from benchmarks.goodput.compare import (
 from benchmarks.goodput.loadgen import LoadGenerator, PromptFor
 from benchmarks.goodput.metrics import RunMetrics, check_consistency, score
 from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, Scale, profile_zero_load
-from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.report import markdown_table, plot, read_results, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
@@ -414,18 +414,19 @@ def measure(
     return run
 
 
-def offered_window(records: list[RequestRecord]) -> float | None:
-    """First to last planned arrival: the same for every policy given the same workload."""
-    sent = [r.scheduled_s for r in records]
-    span = max(sent, default=0.0) - min(sent, default=0.0)
-    return span if span > 0 else None
-
-
 def rescore(run: dict[str, Any]) -> None:
-    """Rates per second of the offered window, not of the run's makespan: every policy serves the
-    same arrivals, and one that meets an SLO on a slow card late in the drain must not lose
-    goodput for the longer drain (goodput then orders policies exactly as attained requests do)."""
-    run["metrics"] = score(run["records"], duration_s=offered_window(run["records"]))
+    """Rates per second of the offered window (first to last planned arrival), not of the run's
+    makespan: every policy serves the same arrivals, and one that meets an SLO on a slow card
+    late in the drain must not lose goodput for the longer drain (goodput then orders policies
+    exactly as attained requests do). A compound stage's planned arrival, not its send time
+    (after its parents), bounds the window, as in the simulator; runs saved before the window
+    was recorded fall back to the records' first and last scheduled arrival."""
+    window = run["config"].get("offered_window_s")
+    if window is None:
+        sent = [r.scheduled_s for r in run["records"]]
+        span = max(sent, default=0.0) - min(sent, default=0.0)
+        window = span if span > 0 else None
+    run["metrics"] = score(run["records"], duration_s=window)
 
 
 def rescore_saved(args: argparse.Namespace) -> int:

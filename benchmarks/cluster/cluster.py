@@ -40,7 +40,7 @@ from scheduler.core.sim import Arrivals
 from scheduler.core.sim_engine import KV_TOO_LARGE, PREFILLED, SimRequest, StepOutcome
 
 # event kinds, in their order at equal times
-_TRANSFER, _STEP, _KICK, _REPORT, _TICK = 1, 2, 3, 4, 5
+_SEND, _TRANSFER, _STEP, _KICK, _REPORT, _TICK = 0, 1, 2, 3, 4, 5
 NO_WORKER = "no_worker"
 
 
@@ -63,6 +63,10 @@ class ClusterConfig:
     trace_block_tokens: int = MOONCAKE_BLOCK_TOKENS  # the trace's prefix block (WorkloadSpec.block_tokens)
     client_max_tokens: int = CLIENT_MAX_TOKENS  # the max_new_tokens clients send (the load generator's)
     time_scale: float = 1.0  # every step this many times the card's (an emulated pool in dilated time)
+    # Wall time from a client's send to its request being in the engine's queue (HTTP to the
+    # router and on, tokenizer, ZMQ): real host time, not scaled by time_scale. 0 on the papers'
+    # idealised setups; benchmarks.cluster.validate measures it on the emulated server.
+    host_latency_s: float = 0.0
     seed: int = 0
     horizon_s: float | None = None  # stop this long after the last open-loop arrival
     stream_scores: bool = False  # score each request as it ends and drop its token times (long runs)
@@ -221,6 +225,10 @@ class ClusterSim:
                     self._begin(payload)
             elif kind == _TRANSFER:
                 self._transfer_done(*payload)
+            elif kind == _SEND:
+                worker, req, flight, hop = payload
+                if not flight.done and flight.hop == hop:  # not failed or moved on the way
+                    self._deliver(worker, req, flight)
             elif kind == _REPORT:
                 self.router.on_report(payload.worker_id, payload.report())
                 if self._active():
@@ -278,9 +286,11 @@ class ClusterSim:
         self.by_id[owner].sent(req.rid, req.prompt_len)
         if prefill is not None:
             self.by_id[prefill].sent(req.rid, req.prompt_len)
-            self._deliver(self.by_id[prefill], req, flight)
+        first = self.by_id[prefill if prefill is not None else owner]
+        if self.config.host_latency_s > 0:
+            self._push(self.now + self.config.host_latency_s, _SEND, (first, req, flight, flight.hop))
         else:
-            self._deliver(self.by_id[owner], req, flight)
+            self._deliver(first, req, flight)
 
     def _deliver(self, worker: SimWorker, req: SimRequest, flight: Flight) -> None:
         if worker.engine.add(req) == KV_TOO_LARGE:  # SGLang rejects a request that can never fit
@@ -342,7 +352,7 @@ class ClusterSim:
                 flight = self.router.flights.get(req.rid)
                 if flight is not None and flight.first_token_s is None:
                     flight.first_token_s = t
-        if len(worker.engine):
+        if worker.engine.has_work:
             assert self._arrivals is not None
             follow = self._arrivals.next_time()
             if follow is not None and follow <= self.now:  # a stage its parent just released: route it first

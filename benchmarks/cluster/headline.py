@@ -46,10 +46,10 @@ from typing import Any
 
 from benchmarks.cluster.cluster import ClusterConfig
 from benchmarks.cluster.pool import PoolSpec, card
-from benchmarks.cluster.runner import Run, offered_window, simulate, slo_scale
+from benchmarks.cluster.runner import Run, simulate, slo_scale
 from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.capacity import search_capacity
-from benchmarks.goodput.compare import doc_parser
+from benchmarks.goodput.compare import doc_parser, offered_window
 from benchmarks.goodput.metrics import RunMetrics, Scored
 from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale
 from benchmarks.goodput.records import PlannedRequest

@@ -168,6 +168,8 @@ class SimRouter:
         finally:
             self.decision_ns.append(time.perf_counter_ns() - t0)
             self.counters["decisions"] += 1
+        why = f"reason:{decision.reason}"  # why it went there (e.g. GoodServe's best effort)
+        self.counters[why] = self.counters.get(why, 0) + 1
         role = self.workers[decision.worker_id].role
         return decision, prefill if role == DECODE else None
 

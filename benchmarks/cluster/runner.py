@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from benchmarks.cluster.cluster import ClusterConfig, ClusterResult, ClusterSim
-from benchmarks.goodput.compare import auto_bin_s
+from benchmarks.goodput.compare import auto_bin_s, offered_window
 from benchmarks.goodput.metrics import RunMetrics, makespan_scored, timeline
 from benchmarks.goodput.mixes import Calibration, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest
@@ -26,12 +26,6 @@ def slo_scale(number: float = 1.0, relative_to: str | None = None, model: str = 
     if relative_to is None:
         return Scale(number)
     return Scale(number, Calibration(**asdict(profile_zero_load(relative_to, model))))
-
-
-def offered_window(planned: list[PlannedRequest]) -> float | None:
-    arrivals = [p.req.arrival_s for p in planned]
-    span = max(arrivals, default=0.0) - min(arrivals, default=0.0)
-    return span if span > 0 else None
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,7 @@ class EngineOptions:
     chunk: int | None = None  # SGLang's chunked_prefill_size; None: its default for the card's memory
     mixed: bool = True  # mixed prefill+decode steps (the server's default on GPUs)
     stock_fcfs: bool = True  # fcfs runs as stock SGLang: separate prefill steps
+    overlap: bool = True  # SGLang's overlap schedule (its default on GPUs): arrivals wait one pass more
 
 
 class SimWorker:
@@ -77,6 +78,7 @@ class SimWorker:
                 chunk_size=chunk,
                 total_kv_tokens=card.kv_tokens,
                 prefix_block_tokens=prefix_block_tokens,
+                overlap=options.overlap,
             ),
             settings,
             plan_perf=card.plan_with,

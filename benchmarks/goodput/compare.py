@@ -140,7 +140,8 @@ def run_once(
         records = asyncio.run(LoadGenerator(target.url, prompt_for, opts, on_done=bar.tick).run(planned))
     finally:
         bar.close()
-    metrics = score(records, duration_s=offered_window(planned))
+    window = offered_window(planned)
+    metrics = score(records, duration_s=window)
     status = None
     if ours:
         try:
@@ -152,6 +153,7 @@ def run_once(
         "send_slo": opts.send_slo,
         "wall_s": round(time.monotonic() - started, 2),
         "slo_status": status,
+        "offered_window_s": window,  # rescoring saved records divides by the same window
     }
     if pacing_before is not None:  # did the emulated card keep its pace in this run?
         config["pacing"] = {target.label: pacing_delta(pacing_before, emulation_counters(target.url))}

@@ -124,16 +124,20 @@ def simulate(
     max_running: int = 256,
     chunk: int = 8192,
     horizon_s: float | None = None,
+    overlap: bool = True,
 ) -> list[RequestRecord]:
     """One policy over one planned workload on one card. fcfs is stock SGLang: no knobs, and
-    separate prefill steps (SGLang's default) unless `stock_fcfs` is False."""
+    separate prefill steps (SGLang's default) unless `stock_fcfs` is False; `overlap` is
+    SGLang's overlap schedule (its GPU default: see scheduler.core.sim_engine)."""
     if policy == "fcfs" and stock_fcfs:
         mixed = False
     engine_policy = make_policy(policy, card.plan_with)
     sim = Simulator(
         engine_policy,
         card.pace,
-        EngineConfig(max_running_requests=max_running, chunk_size=chunk, total_kv_tokens=card.kv_tokens),
+        EngineConfig(
+            max_running_requests=max_running, chunk_size=chunk, total_kv_tokens=card.kv_tokens, overlap=overlap
+        ),
         settings=settings_for(engine_policy, mixed_batching=mixed),
         plan_perf=card.plan_with,
     )

@@ -159,7 +159,7 @@ class Simulator:
             for req in arrivals.due(now):
                 if engine.add(req) == KV_TOO_LARGE:  # could never fit, as SGLang rejects it
                     finish(Finished(req, [], now, KV_TOO_LARGE, 0))
-            if not len(engine):
+            if not engine.has_work:
                 nxt = arrivals.next_time()
                 if nxt is None:
                     break

@@ -16,6 +16,14 @@ is known when it starts decoding (a heap). Views are built only when a plan is a
 Speculative decoding (a `Speculation` hook) gives each request a random number of tokens per
 step and takes the per-request path instead.
 
+`EngineConfig.overlap` models SGLang's overlap schedule (on by default on GPUs): pass N+1 is
+formed and launched while pass N runs, before N's outputs are known. So a request that arrives
+during a pass waits for the pass after the next one (one pass more than without overlap; this
+was the simulator's TTFT gap against the emulated server), and a request that finishes in pass N
+still decodes, uselessly, in pass N+1 (a "ghost" row, also the one trailing pass after the last
+request ends). When pass N+1 would be empty the host forms the next one as soon as N's results
+are in, so nothing is held back then.
+
 The true output length is known only here; views expose what a server would.
 """
 
@@ -62,6 +70,7 @@ class EngineConfig:
     chunk_size: int = 512
     total_kv_tokens: int = 1 << 20
     prefix_block_tokens: int = 0  # > 0: a prefix cache of blocks this size (requests' prefix_hashes)
+    overlap: bool = False  # SGLang's overlap schedule: the next pass is formed while this one runs
 
 
 class PrefixCache:
@@ -220,6 +229,10 @@ class SimEngine:
         )
         self._dropped: list[Finished] = []  # the last plan's drops, until the caller takes them
         self._removed: list[_State] = []  # taken away while in the running step
+        # overlap schedule: requests queued since the last begin_step, rows finished in the last step
+        self._fresh: list[_State] = []
+        self._ghosts = 0
+        self._last_end: float | None = None
 
     # ---- queue -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -229,6 +242,11 @@ class SimEngine:
     def busy(self) -> bool:
         return self._step is not None
 
+    @property
+    def has_work(self) -> bool:
+        """A step would run now: requests here, or (overlap) last step's finished rows still decoding."""
+        return bool(self.waiting or self.running or self._ghosts)
+
     def add(self, req: SimRequest) -> str | None:
         """Queue a request; returns a drop reason when it can never fit (SGLang rejects it)."""
         st = _State(req, gen_base=req.generated)
@@ -236,6 +254,8 @@ class SimEngine:
             return KV_TOO_LARGE
         self.waiting.append(st)
         self._by_rid[req.rid] = st
+        if self.cfg.overlap:
+            self._fresh.append(st)
         return None
 
     def generated(self, st: _State) -> int:
@@ -294,6 +314,7 @@ class SimEngine:
         assert self._step is None, "a step is already running"
         cfg = self.cfg
         dropped = self._dropped
+        ghosts, held = self._overlap_hold(now)
         plan: FinalPlan | None = None
         spec_steps = self.spec.steps() if self.spec is not None else 0
         if self.waiting or self.prefilling:  # as the adapter: a chunked prefill's next chunk is planned
@@ -371,14 +392,16 @@ class SimEngine:
             budget -= take
         if admitted:
             del self.waiting[:admitted]
+        if held:
+            self.waiting.extend(held)  # formed into the pass after this one
         if prefill and not self.settings.mixed_batching:
             n_decode = 0  # separate batching: a prefill step runs alone, every decode waits
-        if not n_decode and not prefill and not joined:
+        if not n_decode and not prefill and not joined and not ghosts:
             return None
 
         prefill_tokens = sum(t for _, t in prefill)
         kv = self.kv_used + prefill_tokens
-        decodes = n_decode + len(joined)
+        decodes = n_decode + len(joined) + ghosts
         if self.spec is not None:
             dt = self.spec.step_time(self.perf, prefill_tokens, decodes, kv, spec_steps if decodes else 0)
         else:
@@ -387,12 +410,29 @@ class SimEngine:
         self._step = _Step(now, end, prefill, n_decode, joined, spec_steps)
         return end
 
+    def _overlap_hold(self, now: float) -> tuple[int, list[_State]]:
+        """Overlap schedule: (ghost rows in this pass, requests held out of it). Back to back
+        with the previous pass, this pass was formed when that one started, so requests that
+        arrived since then wait, unless nothing else would run (then the host forms the pass
+        after the previous one's results, with them)."""
+        fresh, self._fresh = self._fresh, []
+        ghosts, self._ghosts = self._ghosts, 0
+        if not self.cfg.overlap or self._last_end is None or now > self._last_end:
+            return 0, []
+        queued = {id(st) for st in fresh}
+        held = [st for st in self.waiting if id(st) in queued]
+        if not held or not (ghosts or self.running or len(held) < len(self.waiting)):
+            return ghosts, []
+        self.waiting = [st for st in self.waiting if id(st) not in queued]
+        return ghosts, held
+
     def end_step(self) -> StepOutcome:
         """Emit the running step's tokens at its end and report what finished."""
         step, self._step = self._step, None
         assert step is not None, "no step is running"
         t = step.end
         self.steps += 1
+        self._last_end = t
         finished: list[Finished] = []
         first: list[tuple[SimRequest, float]] = []
         emitted = 0
@@ -448,6 +488,8 @@ class SimEngine:
             self.prefilling = [s for s in self.prefilling if s.needs_prefill]
         done.sort(key=lambda s: s.admitted_seq)
         reason = PREFILLED if self.settings.role == PREFILL else None
+        if self.cfg.overlap and reason is None:
+            self._ghosts = sum(1 for st in done if not st.removed)  # the next pass was formed with them
         for st in done:
             if st.removed:
                 continue

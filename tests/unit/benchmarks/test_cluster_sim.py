@@ -60,6 +60,17 @@ def test_one_worker_cluster_is_the_single_engine_simulator(policy: str) -> None:
     ]
 
 
+def test_host_latency_delays_the_engine_not_the_send_and_is_not_scaled() -> None:
+    planned = planned_requests(n=1, chain_every=1000)[:1]  # one lone request
+    req = planned[0].req
+    plain = ClusterSim(config(time_scale=4.0)).run(planned).records[0]
+    hosted = ClusterSim(config(time_scale=4.0, host_latency_s=0.012)).run(planned).records[0]
+    assert hosted.send_s == plain.send_s == pytest.approx(req.arrival_s)
+    prefill = 4.0 * card("h100").pace.step_time(req.prompt_tokens, 0, req.prompt_tokens)
+    assert plain.token_s[0] == pytest.approx(req.arrival_s + prefill)
+    assert hosted.token_s == pytest.approx([t + 0.012 for t in plain.token_s])  # real time, not x4
+
+
 def test_runs_are_deterministic_and_every_request_ends() -> None:
     planned = planned_requests(n=80, rate=60.0)
     cfg = config("h100:2,a40:2", routing="power_of_two", policy="tempo")

@@ -101,3 +101,48 @@ def test_a_pd_decode_engine_admits_with_the_kv_and_streams_the_first_token_at_on
     e.begin_step(end or 0.0)
     (f,) = e.end_step().finished
     assert f.token_times == [0.0, TAU, 2 * TAU]
+
+
+def overlap_engine(policy: object) -> SimEngine:
+    config = EngineConfig(max_running_requests=4, chunk_size=64, overlap=True)
+    return SimEngine(policy, constant_model(TAU), config, settings_for(policy))  # type: ignore[arg-type]
+
+
+def test_overlap_an_arrival_during_a_pass_waits_for_the_pass_after_the_next() -> None:
+    """SGLang's overlap schedule forms pass N+1 when pass N starts: a request queued while N
+    runs is not in N+1 but in N+2 (the simulator's TTFT gap against the emulated server)."""
+    firsts = {}
+    for overlap in (False, True):
+        policy = CountingPolicy()
+        e = overlap_engine(policy) if overlap else engine(policy)
+        e.add(SimRequest("long", SloSpec(), 0.0, prompt_len=8, output_len=40))
+        t = e.begin_step(0.0)
+        assert t is not None
+        e.end_step()
+        e.add(SimRequest("late", SloSpec(), t, prompt_len=8, output_len=2))  # queued during pass 1
+        while "late" not in firsts.setdefault(overlap, {}):
+            end = e.begin_step(t)
+            assert end is not None
+            for req, when in e.end_step().first_tokens:
+                firsts[overlap][req.rid] = when
+            t = end
+    assert firsts[False]["late"] == 2 * TAU  # formed into pass 2
+    assert firsts[True]["late"] == 3 * TAU  # pass 2 was already formed: pass 3
+
+
+def test_overlap_a_finished_request_decodes_once_more_and_an_idle_engine_takes_arrivals_at_once() -> None:
+    e = overlap_engine(CountingPolicy())
+    e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=2))
+    t, ends = 0.0, []
+    while e.has_work:
+        end = e.begin_step(t)
+        assert end is not None
+        e.end_step()
+        ends.append(end)
+        t = end
+    # prefill+first token, one decode (it finishes), then the ghost pass formed before its end
+    assert ends == [TAU, 2 * TAU, 3 * TAU] and len(e) == 0
+    # Arriving during the ghost pass it was formed without: nothing else runs, so it is not held.
+    e.add(SimRequest("b", SloSpec(), t, prompt_len=8, output_len=1))
+    assert e.begin_step(t) == t + TAU
+    assert [r.rid for r, _ in e.end_step().first_tokens] == ["b"]
