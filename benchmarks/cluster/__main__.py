@@ -73,6 +73,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--draft-ratio", type=float, default=0.1, help="draft step cost / target decode step")
     c.add_argument("--spec-mixed", action="store_true", help="prefill rides in verify batches (not SGLang's way)")
     c.add_argument("--no-prefix-cache", action="store_true")
+    c.add_argument("--no-overlap", action="store_true", help="engines without SGLang's overlap schedule")
+    c.add_argument("--host-latency-ms", type=float, default=0.0, help="client send to engine queue (real time)")
     w = p.add_argument_group("workload")
     w.add_argument("--trace", default="azure-conv", choices=sorted(TRACES))
     w.add_argument("--data-dir")
@@ -123,7 +125,9 @@ def cluster_config(args: argparse.Namespace, routing: str, policy: str, seed: in
             chunk=args.chunk,
             mixed=args.batching == "mixed",
             stock_fcfs=args.fcfs_batching == "stock",
+            overlap=not args.no_overlap,
         ),
+        host_latency_s=args.host_latency_ms / 1000.0,
         routing=routing,
         routing_params=tuple(routing_params.items()),
         length_predictor=None if args.length_predictor == "none" else args.length_predictor,
