@@ -30,6 +30,24 @@ def test_picks_the_slowest_worker_that_meets_the_deadline() -> None:
     assert loose.worker_id == "slow"
 
 
+def test_infeasible_requests_can_go_to_the_least_loaded_worker_instead_of_the_most_capable() -> None:
+    """The paper's best effort piles hopeless requests on the fastest card; `least_loaded`
+    spreads them, and feasible requests are still placed just enough."""
+    busy_fast = worker("fast", queue_delay_s=0.0, prefill_s_per_token=0.0001, decode_s_per_token=0.01, running=9)
+    busy_mid = worker("mid", queue_delay_s=0.5, prefill_s_per_token=0.0002, decode_s_per_token=0.05, running=3)
+    idle_slow = worker("slow", queue_delay_s=1.0, prefill_s_per_token=0.0004, decode_s_per_token=0.2, gpu="a40")
+    pool = [busy_fast, busy_mid, idle_slow]
+    paper = GoodServePolicy().choose(_req(deadline_ms=1000), pool, now=0.0)
+    assert (paper.worker_id, paper.reason) == ("fast", "min_overshoot")
+    spread = GoodServePolicy(GoodServeParams(infeasible="least_loaded"))
+    d = spread.choose(_req(deadline_ms=1000), pool, now=0.0)
+    assert (d.worker_id, d.reason, d.best_effort) == ("slow", "infeasible_least_loaded", True)
+    assert d.detail["t_est"] == pytest.approx(21.4)
+    assert spread.choose(_req(), pool, now=0.0).worker_id == "mid"  # feasible: unchanged
+    with pytest.raises(ValueError, match="infeasible"):
+        GoodServeParams(infeasible="drop")
+
+
 def test_budget_is_measured_from_now() -> None:
     # 10 s deadline, 5 s already gone: mid (5.7 s) no longer makes it.
     assert GoodServePolicy().choose(_req(), CLUSTER, now=5.0).worker_id == "fast"
