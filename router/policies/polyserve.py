@@ -10,7 +10,7 @@ per-tier autoscaling signals.
   the *highest* load wins, so the last instances of a tier drain and can be given back.
 - Can take (`fits`): a free batch slot and enough free KV for prompt + L_out; TTFT: queue delay
   EMA + one full iteration (the wait for the current step, worst case) + prefill of L_in and
-  of the prompts queued ahead within the time left; TPOT: the next iteration with this
+  of the prompts queued ahead, `ttft_margin` times over, within the time left; TPOT: the next iteration with this
   request and the queued ones added stays within the instance's tier. Slots and the queue
   are counted as the router best knows them (`_pending`: the reported queue, or its
   placements since the report), not from the last report alone. Iteration time grows with
@@ -30,6 +30,14 @@ per-tier autoscaling signals.
   `check_every_s` over all instances (the paper checks the last instance of each tier
   periodically); pending itself is read live from the resident counts.
 
+Why the TTFT margin (default 2): the estimate leaves out the pass already formed under SGLang's
+overlap schedule and the engine's own prefill deferrals (the prefill gate that protects running
+TPOTs), so packing instances to the bare estimate missed TTFTs. Stale reports used to hide this:
+placements since the last report counted as queued, which made the check conservative, and with
+10 ms reports attainment fell to 0.90-0.93. Measured in the simulator on 20 H100s, 3 seeds,
+0.5-1.15x the PD-optimal rate: margin 2 gives 0.99-1.00 with 10 ms reports and 0.94-1.00 with
+0.25 s reports, against 0.90-0.93 and 0.94-0.99 at margin 1.
+
 `on_finished` keeps the per-instance residents exact; as a fallback an instance reporting zero
 load forgets the residents placed before that report.
 """
@@ -45,6 +53,7 @@ from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.estimates import output_tokens
 from router.views import Decision, RouteRequest, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, token_due
+from scheduler.core.registry import require
 
 Tier = float | None  # TPOT tier in ms; None = best-effort pool / no TPOT
 _NONE: Counter[Tier] = Counter()  # read-only stand-in for an instance with no residents
@@ -66,6 +75,10 @@ class PolyServeParams:
     release_after_s: float | None = 10.0  # None: an instance keeps its tier
     check_every_s: float = 0.5
     default_output_tokens: int = DEFAULT_OUTPUT_LEN
+    ttft_margin: float = 2.0  # the TTFT estimate must fit this many times over (see the module doc)
+
+    def __post_init__(self) -> None:
+        require(self.ttft_margin >= 1.0, "ttft_margin", "must be >= 1", self.ttft_margin)
 
 
 def _pending(w: WorkerView) -> int:
@@ -81,6 +94,7 @@ class PolyServePolicy(RoutingPolicy):
     def __init__(self, params: PolyServeParams = PolyServeParams()) -> None:
         self.tiers_ms = tuple(sorted(float(t) for t in params.tiers_ms)) if params.tiers_ms else None
         self.batch_growth = params.batch_growth
+        self.ttft_margin = params.ttft_margin
         self.release_after_s = params.release_after_s
         self.check_every_s = params.check_every_s
         self._last_check = -math.inf
@@ -122,7 +136,7 @@ class PolyServePolicy(RoutingPolicy):
         if first_due is not None:
             prompts = req.prompt_tokens + self._queued_prompt_tokens(w)
             first = w.queue_delay_s + w.iteration_s + w.prefill_s_per_token * prompts
-            if now + first > first_due:
+            if now + self.ttft_margin * first > first_due:
                 return False
         return tier_ms is None or self.next_iteration_s(w) <= tier_ms / 1000.0
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from router.policies.polyserve import PolyServeParams, PolyServePolicy
 from tests.unit.router._policy_views import latency_slo, request, worker
 
@@ -41,12 +43,22 @@ def test_ttft_counts_queue_iteration_wait_and_prefill() -> None:
     assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0).worker_id == "free"
 
 
+def test_the_ttft_estimate_must_fit_with_its_margin() -> None:
+    # 0.5 s queue + 0.02 s iteration + 0.1 s prefill = 0.62 s: fits a 1 s TTFT bare, not twice over.
+    ws = [_inst("busy", 50.0, running=10, queue_delay_s=0.5, prefill_s_per_token=0.0002), _inst("free", 50.0)]
+    bare = PolyServePolicy(PolyServeParams(tiers_ms=TIERS, ttft_margin=1.0))
+    assert bare.choose(_req(), ws, now=0.0).worker_id == "busy"
+    assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0).worker_id == "free"
+    with pytest.raises(ValueError, match="ttft_margin"):
+        PolyServeParams(ttft_margin=0.5)
+
+
 def test_placements_since_the_last_report_count_against_an_instance() -> None:
     # The reports stay as they were (running 10 and 2, empty queues, no measured delay); only
     # the router's in-flight counts grow. Each 500-token prompt is 0.25 s of prefill, so the
     # busier instance takes three before a fourth would miss its 1 s TTFT behind their prefill.
     # (Reading only the reports, load-gradient packing sent every placement to it.)
-    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS, ttft_margin=1.0))
     placed = {"high": 0, "low": 0}
     chosen = []
     for i in range(5):
