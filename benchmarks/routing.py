@@ -406,8 +406,7 @@ def measure(
     if flush_failed:
         print(f"   WARNING cache flush failed: {flush_failed}", flush=True)
     before = emulation_snapshot(cluster)
-    run = run_once(Target(policy, cluster.url, args), planned, prompt_for, args, rate)
-    rescore(run)
+    run = run_once(Target(policy, cluster.url, args), planned, prompt_for, args, rate)  # scored per offered window
     after = emulation_snapshot(cluster)
     run["config"]["pacing"] = {name: pacing_delta(before[name], after.get(name)) for name in before}
     run["config"]["cache_flush_failed"] = flush_failed
