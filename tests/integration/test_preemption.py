@@ -1,8 +1,10 @@
 """Policy preemption on the real engine: LAS retracts long-running requests for newcomers, and a
 retracted request resumes without losing a token.
 
-Two slots, two long requests running; once they have attained more service than the first LAS
-level allows, two short newcomers arrive. At the next quantum LAS preempts both long requests
+Two slots, two long requests running; two short newcomers arrive as soon as both long requests
+have streamed a token, so they are already waiting when the long requests cross the first LAS
+level (and the race with a slow host's client cannot let the long requests finish first). At the
+next quantum after that crossing LAS preempts the long requests
 (scheduler/sglang_preemption.py retracts them the way SGLang's own retraction does), the
 newcomers run, then the long requests resume from their generated tokens. Greedy decoding makes
 the outcome checkable: each long request's output must be token-identical to an un-preempted
@@ -23,7 +25,7 @@ from server.process import ServerProcess
 from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
 MIXED_ON_ENGINE = ("las",)  # test_policies_on_engine's engine run for LAS happens here
-LONG_TOKENS = 720  # long enough to still be running when a slow client has seen 2 x LEVEL of them
+LONG_TOKENS = 720  # far past LEVEL, so a long request is preempted with most of its tokens still to come
 SHORT_TOKENS = 8
 LEVEL = 48  # attained service (prompt + generated tokens) where the second LAS level starts
 LONG_PROMPTS = ("the long request number one", "the long request number two")
@@ -105,7 +107,7 @@ def test_preempted_request_resumes_token_identical(las_two_slots: ServerProcess)
     events = [threading.Event() for _ in LONG_PROMPTS]
 
     def run_long(prompt: str, progressed: threading.Event) -> None:
-        results[prompt] = _stream(server, prompt, LONG_TOKENS, progressed, after=2 * LEVEL)
+        results[prompt] = _stream(server, prompt, LONG_TOKENS, progressed, after=1)
 
     def run_short(prompt: str) -> None:
         results[prompt] = _generate(server, prompt, SHORT_TOKENS)
@@ -114,7 +116,7 @@ def test_preempted_request_resumes_token_identical(las_two_slots: ServerProcess)
     for t in threads:
         t.start()
     for e in events:
-        assert e.wait(timeout=120), "the long requests never got past the first LAS level"
+        assert e.wait(timeout=120), "a long request never started streaming"
     for p in SHORT_PROMPTS:
         threads.append(threading.Thread(target=run_short, args=(p,)))
         threads[-1].start()
