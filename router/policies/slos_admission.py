@@ -137,6 +137,8 @@ class ReplicaAdmission:
             for r, d in prefills
         ]
         budget = TierBudget(perf, tiers, held, self.chunk, self.idle)
-        result = admit(items, budget, tuple(counts), now, mem_budget, w.max_running)
+        # fallback_items=0: when the forced requests cannot all be kept, the answer is no; the
+        # re-solve that would decide which to free is not needed for it.
+        result = admit(items, budget, tuple(counts), now, mem_budget, w.max_running, fallback_items=0)
         # A replica that cannot keep its own forced requests takes no more (they are not dropped).
         return result.forced_ok and req.rid in result.admitted

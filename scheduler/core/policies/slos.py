@@ -121,7 +121,17 @@ class SlosServePolicy:
                 choice = optimize_spec_lengths(self.perf, live, self.alpha, kv, self.max_spec, view.chunk_size, True)
                 spec = self._spec_memo[key] = choice.steps if choice is not None else 0
         budget = TierBudget(self.perf, tiers, kv, view.chunk_size, self.idle, self.alpha, self.max_spec, spec)
-        result = admit(items, budget, tuple(counts), now, view.free_kv_tokens, view.max_running_requests)
+        # Admissions the engine could not start on time make the forced set infeasible: then the
+        # most urgent items are decided again and the rest wait in the best-effort tier.
+        result = admit(
+            items,
+            budget,
+            tuple(counts),
+            now,
+            view.free_kv_tokens,
+            view.max_running_requests,
+            fallback_items=len(prefilling) + self.max_candidates,
+        )
         running_ids = {r.rid for r, _ in prefilling}
         admitted = [rid for rid in result.admitted if rid not in running_ids]
         self._admitted = set(admitted)

@@ -144,14 +144,22 @@ def admit(
     now: float,
     mem_budget: float = math.inf,
     max_decoders: int | None = None,
+    fallback_items: int | None = None,
 ) -> DpResult:
     """Choose the most valuable set of items whose prefill deadlines, TPOTs, memory and batch
-    size all hold under the model, the forced ones included (freed if that is impossible)."""
+    size all hold under the model, the forced ones included (freed if that is impossible).
+
+    Freed items are solved again, but only the `fallback_items` most urgent (None: all); the
+    rest are declined. Forced items pin the DP's predecessors, free ones do not: re-solving a
+    deep forced set as free items costs the square of its size (seconds at 100 items, a
+    stalled card while the plan runs)."""
     result = _solve(items, budget, base_counts, now, mem_budget, max_decoders)
     if result is None:
-        freed = [replace(it, forced=False) for it in items]
-        result = _solve(freed, budget, base_counts, now, mem_budget, max_decoders)
+        freed = sorted((replace(it, forced=False) for it in items), key=lambda it: it.deadline)
+        limit = len(freed) if fallback_items is None else max(0, fallback_items)
+        result = _solve(freed[:limit], budget, base_counts, now, mem_budget, max_decoders)
         assert result is not None  # admitting nothing is always a solution
+        result.declined += [it.rid for it in freed[limit:]]
         result.forced_ok = False
     return result
 

@@ -263,6 +263,45 @@ def test_infeasible_forced_items_are_freed_not_kept():
     assert not result.forced_ok and result.admitted == ["ok"]
 
 
+class _CountingBudget(TierBudget):
+    """Counts the DP's budget lookups: a measure of its work that does not depend on the host."""
+
+    calls = 0
+
+    def __call__(self, counts):  # type: ignore[no-untyped-def]
+        self.calls += 1
+        return super().__call__(counts)
+
+
+def _deep_infeasible_forced(n: int) -> list[DpItem]:
+    """One forced item nobody can serve in time, then n admissible ones, all forced (earlier
+    admissions that the engine has not started): the forced set as a whole is infeasible."""
+    late = DpItem("late", 1.0, 600, tier=0, forced=True)
+    return [late] + [DpItem(f"r{i:03d}", 6.0 + i, 1, tier=0, forced=True) for i in range(n)]
+
+
+def test_the_re_solve_after_infeasible_forced_items_takes_only_the_most_urgent():
+    items = _deep_infeasible_forced(40)
+    result = admit(items, TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0, fallback_items=5)
+    assert not result.forced_ok
+    # only the five most urgent were decided again ("late" among them, which cannot make it)
+    urgent = {"r000", "r001", "r002", "r003"}
+    assert result.admitted and set(result.admitted) <= urgent
+    assert set(result.declined) == ({"late"} | urgent | {f"r{i:03d}" for i in range(4, 40)}) - set(result.admitted)
+
+
+def test_a_deep_infeasible_forced_set_costs_linear_dp_work_when_bounded():
+    """Unbounded, the re-solve's work grows with the square of the freed set (it was 4-22 s
+    per plan at ~100 waiting admissions in a simulated overload); bounded it stays flat."""
+    work = {}
+    for n, bound in ((20, None), (80, None), (20, 16), (80, 16)):
+        budget = _CountingBudget(SIX_PER_UNIT, [1.0])
+        admit(_deep_infeasible_forced(n), budget, (3, 0), 0.0, fallback_items=bound)
+        work[n, bound] = budget.calls
+    assert work[80, None] > 8 * work[20, None]  # quadratic: 4x the items, far more than 4x the work
+    assert work[80, 16] < 2 * work[20, 16]
+
+
 # ------------------------------------------------------------- batch formation (Alg. 2)
 def test_dynamic_batch_size_follows_the_tightest_running_tpot():
     perf = linear_model(base_s=0.01, per_token_s=1e-4)
