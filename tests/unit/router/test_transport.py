@@ -140,7 +140,8 @@ def test_a_worker_queues_nothing_for_an_absent_router(ctx: zmq.asyncio.Context) 
                 with pytest.raises(zmq.Again):
                     await worker.send(Heartbeat(worker_id="w0", seq=seq), wait_s=0.05)
             router = RouterEndpoint(address, ctx=ctx)
-            await worker.send(Heartbeat(worker_id="w0", seq=3), wait_s=3.0)  # waits for the reconnect
+            # waits for the reconnect, which a loaded host can take seconds to make
+            await worker.send(Heartbeat(worker_id="w0", seq=3), wait_s=30.0)
             _, msg = await router.recv()
             assert msg == Heartbeat(worker_id="w0", seq=3)
         finally:
