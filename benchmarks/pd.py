@@ -33,7 +33,7 @@ import requests
 
 from benchmarks._server import install_signal_handlers, resolve_model
 from benchmarks.emulation_validity import invalid_note, verdict
-from benchmarks.goodput.compare import describe, doc_parser, header_run, uniform_length_control
+from benchmarks.goodput.compare import add_drain_args, describe, doc_parser, header_run, uniform_length_control
 from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import write_results
 from benchmarks.goodput.workload import plan
@@ -135,6 +135,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-output", type=int)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--drain-timeout", type=float)
+    add_drain_args(p)
     p.add_argument("--warmup", type=int)
     p.add_argument("--data-dir")
     p.add_argument("--quick", action="store_true")

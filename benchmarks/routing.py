@@ -39,6 +39,7 @@ from benchmarks._server import ROOT, install_signal_handlers, resolve_model
 from benchmarks.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.compare import (
     Target,
+    add_drain_args,
     describe,
     doc_parser,
     header_run,
@@ -108,6 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--length-control", choices=("hint", "client"), default="hint", help="how true lengths end")
     r.add_argument("--client-max-tokens", type=int, help="max_new_tokens clients send (default: --max-output)")
     r.add_argument("--drain-timeout", type=float, help="s after the last arrival before cutting (default 120)")
+    add_drain_args(r)
     r.add_argument("--warmup", type=int, help="requests sent through the router before the first run (default 8)")
     r.add_argument("--quick", action="store_true", help="a smoke run: few, short requests")
     r.add_argument("--out", type=Path, default=Path("results/routing"))

@@ -34,7 +34,7 @@ import requests
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
 from benchmarks.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.compare import Target, describe, header_run, run_once
-from benchmarks.goodput.loadgen import LengthControl
+from benchmarks.goodput.loadgen import LengthControl, LoadOptions
 from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import write_results
 from benchmarks.goodput.workload import plan
@@ -116,6 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.rates_of = parse_rates(args.rates, args.mix_list)
     # what benchmarks.goodput's run_once reads
     args.control, args.client_max_tokens, args.duration = LengthControl.HINT, 1024, None
+    args.drain_until_due, args.max_drain = LoadOptions.drain_until_due, LoadOptions.max_drain_s
     args.quiet, args.bin_s = True, None
     return args
 

@@ -89,6 +89,17 @@ def uniform_length_control(choice: str, targets: list[Target]) -> LengthControl:
     return LengthControl.HINT if speaks else LengthControl.CLIENT
 
 
+def add_drain_args(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """How long a run waits past its drain timeout (`LoadOptions.drain_until_due`)."""
+    group.add_argument(
+        "--drain-until-due",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="past the drain timeout, wait on for requests whose SLO can still be met (default: on)",
+    )
+    group.add_argument("--max-drain", type=float, default=1800.0, help="s after the last arrival: the latest cut")
+
+
 def load_options(args: argparse.Namespace, ours: bool) -> LoadOptions:
     return LoadOptions(
         length_control=args.control,
@@ -96,6 +107,8 @@ def load_options(args: argparse.Namespace, ours: bool) -> LoadOptions:
         client_max_tokens=args.client_max_tokens,
         duration_s=args.duration,
         drain_timeout_s=args.drain_timeout,
+        drain_until_due=args.drain_until_due,
+        max_drain_s=args.max_drain,
         seed=args.seed,
     )
 
@@ -231,6 +244,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     r.add_argument("--client-max-tokens", type=int, default=1024, help="the max_new_tokens a client sends")
     r.add_argument("--duration", type=float, help="send nothing later than this many s into a run")
     r.add_argument("--drain-timeout", type=float, default=120.0, help="s after the last arrival before cutting")
+    add_drain_args(r)
     r.add_argument(
         "--parallel",
         type=int,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import time
 from collections.abc import Callable
@@ -30,6 +31,8 @@ from typing import Any
 import aiohttp
 
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from scheduler.core.estimates import deadline_seconds
+from scheduler.core.slo import parse_slo
 from wire import ORACLE_HINT_PARAM
 
 
@@ -46,6 +49,11 @@ class LoadOptions:
     client_max_tokens: int = 1024  # the cap a real client puts in max_new_tokens
     duration_s: float | None = None  # no request is sent later than this after the start
     drain_timeout_s: float = 60.0  # after the last planned send, how long in-flight requests may take
+    # past the drain timeout, wait on for requests whose SLO can still be met (at most
+    # max_drain_s after the last planned send): cutting them would score as misses answers that
+    # would have been on time, and most of all those a deferring policy put off on purpose
+    drain_until_due: bool = True
+    max_drain_s: float = 1800.0
     seed: int = 0
 
 
@@ -80,6 +88,37 @@ def _body(p: PlannedRequest, prompt_ids: list[int], opts: LoadOptions) -> dict[s
     if opts.send_slo and p.slo:
         body["slo"] = p.slo
     return body
+
+
+LATE_SEND_GRACE_S = 1.0  # a send the client made late still counts from its own send time
+
+
+def last_chances(planned: list[PlannedRequest]) -> dict[str, float]:
+    """Per SLO request, the planned time after which it can no longer be attained, with a
+    second's grace for a send that went out late: a deadline request's deadline, a compound
+    stage's program deadline (counted from the program's first planned arrival), a latency
+    request's last token due under its DSLO (the client knows the true length). Best-effort
+    requests have none: only the drain timeout ends them."""
+    first_arrival: dict[str, float] = {}
+    for p in planned:
+        if p.req.program_id is not None:
+            at = first_arrival.get(p.req.program_id, math.inf)
+            first_arrival[p.req.program_id] = min(at, p.req.arrival_s)
+    out: dict[str, float] = {}
+    for p in planned:
+        if not p.slo or p.cls == "none":
+            continue
+        spec = parse_slo(p.slo)
+        if p.program_deadline_ms is not None and p.req.program_id is not None:
+            due = first_arrival[p.req.program_id] + p.program_deadline_ms / 1000.0
+        elif (rel := deadline_seconds(spec)) is not None:
+            due = p.req.arrival_s + rel
+        elif (last := spec.token_due_s(max(p.req.output_tokens - 1, 0))) is not None:
+            due = p.req.arrival_s + last
+        else:
+            continue
+        out[_key(p)] = due + LATE_SEND_GRACE_S
+    return out
 
 
 def compose_prompt(
@@ -132,6 +171,13 @@ class LoadGenerator:
                 last_plan = min(last_plan, self.opts.duration_s)
             horizon = last_plan + self.opts.drain_timeout_s
             _, pending = await asyncio.wait(tasks, timeout=max(1.0, horizon - self._now()))
+            if pending and self.opts.drain_until_due:
+                due = last_chances([p for p in planned if p.req.arrival_s <= last_plan])  # not past --duration
+                key_of = {task: _key(p) for task, p in zip(tasks, planned, strict=True)}
+                until = max((d for t in pending if (d := due.get(key_of[t])) is not None), default=horizon)
+                until = min(until, last_plan + self.opts.max_drain_s)
+                if until > self._now():
+                    _, pending = await asyncio.wait(pending, timeout=until - self._now())
             for task in pending:
                 task.cancel()
             results = await asyncio.gather(*tasks, return_exceptions=True)
@@ -183,7 +229,7 @@ class LoadGenerator:
                 prog.output_ids[rec.key] = await self._stream(session, p, rec, prompt)
         except asyncio.CancelledError:
             if rec.sent and rec.finish_s is None:
-                rec.cut, rec.error = True, "cut at the drain timeout"
+                rec.cut, rec.error = True, "cut at the end of the drain"
             elif not rec.sent:
                 rec.error = rec.error or "never sent: the run ended first"
             raise

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, compose_prompt
+from benchmarks.goodput.loadgen import (
+    LATE_SEND_GRACE_S,
+    LengthControl,
+    LoadGenerator,
+    LoadOptions,
+    compose_prompt,
+    last_chances,
+)
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.workloads.traces import TraceRequest
 from wire import ORACLE_HINT_PARAM
@@ -157,10 +164,44 @@ def test_max_tokens_control_puts_the_true_length_in_the_request() -> None:
 
 def test_the_drain_timeout_cuts_what_is_still_running_and_the_duration_bounds_sends() -> None:
     engine = FakeEngine(token_delay_s=0.2)
-    planned = [_req("slow", 0.0, out=50), _req("late", 5.0, out=1)]
+    planned = [_req("slow", 0.0, out=50, slo={}), _req("late", 5.0, out=1)]  # best effort: no SLO to wait for
     records = {r.key: r for r in _run(engine, planned, LoadOptions(duration_s=1.0, drain_timeout_s=0.5))}
     assert records["slow"].cut and not records["slow"].lost and records["slow"].finish_s is None
     assert not records["late"].sent and "never sent" in records["late"].error
+
+
+def test_the_drain_waits_for_what_can_still_meet_its_slo_and_cuts_the_rest_after_their_due() -> None:
+    engine = FakeEngine(token_delay_s=0.05)
+    planned = [
+        _req("patient", 0.0, out=30, slo={"class": "deadline", "deadline_ms": 2000}),  # done ~1.5 s, due 2 s
+        _req("hopeless", 0.0, out=200, slo={"class": "deadline", "deadline_ms": 100}),  # runs ~10 s, due 0.1 s
+    ]
+    records = {r.key: r for r in _run(engine, planned, LoadOptions(drain_timeout_s=0.2))}
+    assert records["patient"].finished and not records["patient"].cut
+    assert records["hopeless"].cut and records["hopeless"].output_tokens < 200
+    # without it, both are cut at the drain timeout (1 s at the least)
+    records = {r.key: r for r in _run(engine, planned, LoadOptions(drain_timeout_s=0.2, drain_until_due=False))}
+    assert records["patient"].cut and records["hopeless"].cut
+
+
+def test_last_chances_per_class() -> None:
+    planned = [
+        _req("dl", 1.0, slo={"class": "deadline", "deadline_ms": 3000}),
+        _req("lat", 2.0, out=11, slo={"class": "latency", "ttft_ms": 500, "tpot_ms": 100}),
+        _req("ttft", 2.0, out=11, slo={"class": "latency", "ttft_ms": 500}),
+        _req("be", 0.0, slo={}),
+    ]
+    stage = TraceRequest(arrival_s=9.0, prompt_tokens=8, output_tokens=5, rid="c1", program_id="p", stage=1)
+    first = TraceRequest(arrival_s=4.0, prompt_tokens=8, output_tokens=5, rid="c0", program_id="p", stage=0)
+    body = {"class": "compound", "deadline_ms": 20000, "program_id": "p"}
+    planned += [PlannedRequest(first, "compound", body, 20000.0), PlannedRequest(stage, "compound", body, 20000.0)]
+    due = last_chances(planned)
+    grace = LATE_SEND_GRACE_S
+    assert due["dl"] == pytest.approx(4.0 + grace)
+    assert due["lat"] == pytest.approx(2.0 + 0.5 + 10 * 0.1 + grace)  # the 11th token's due time
+    assert due["ttft"] == pytest.approx(2.5 + grace)
+    assert due["c0"] == due["c1"] == pytest.approx(4.0 + 20.0 + grace)  # from the program's first arrival
+    assert "be" not in due
 
 
 def test_compose_prompt_reuses_the_previous_rounds_context_for_agent_rounds() -> None:

@@ -33,8 +33,8 @@ def _req(rid, slo, arrival, **kw):
     return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=kw.pop("prompt_len", 8), **kw)
 
 
-def _order(waiting):
-    view = EngineView(
+def _view(waiting):
+    return EngineView(
         now=100.0,
         waiting=list(waiting),
         running=[],
@@ -43,7 +43,10 @@ def _order(waiting):
         free_kv_tokens=1000,
         total_kv_tokens=1000,
     )
-    return EdfPolicy().plan(view).order
+
+
+def _order(waiting):
+    return EdfPolicy().plan(_view(waiting)).order
 
 
 # --- EDF ----------------------------------------------------------------------------------------
@@ -116,6 +119,19 @@ def test_ties_broken_by_arrival():
 
 def test_empty_queue():
     assert _order([]) == []
+
+
+def test_reused_view_is_rekeyed_when_its_generated_count_changes():
+    # The adapter passes the same view object until the request changes, then updates it in
+    # place: a retracted request's next token due moves with each token it had generated.
+    policy = EdfPolicy()
+    resumed = _req("r", _lat(100.0, 20.0), arrival=0.0)  # first token due 0.1
+    fresh = _req("f", _lat(500.0, 20.0), arrival=0.2)  # due 0.7
+    assert policy.plan(_view([fresh, resumed])).order == ["r", "f"]
+    resumed.generated = 50  # due 0.1 + 1.0 = 1.1
+    assert policy.plan(_view([fresh, resumed])).order == ["f", "r"]
+    stand_in = _req("r", _lat(100.0, 20.0), arrival=0.0)  # a new view under the same rid
+    assert policy.plan(_view([fresh, stand_in])).order == ["r", "f"]
 
 
 slo_choices = st.sampled_from(["be", "lat", "dl", "cmp"])
