@@ -33,9 +33,10 @@ class EdfPolicy:
 
     def __init__(self, params: EdfParams = EdfParams()) -> None:
         self.slo_levers = params.slo_levers
-        # rid -> (view, its generated count, key): the adapter hands the same view object to
-        # every pass until the request changes, and a waiting request's key changes only with
-        # its generated count, so most keys are reused (at 1k waiting, keying is most of a pass)
+        # rid -> (view, its generated count, key): the adapter and the simulator hand the same
+        # view object to every pass, updated in place, and of what a key reads only the
+        # generated count is ever updated, so most keys are reused (at 1k waiting, keying is
+        # most of a pass). The view is held only to recognise it, never read after plan().
         self._keys: dict[str, tuple[RequestView, int, tuple[int, float, float]]] = {}
 
     def plan(self, view: EngineView) -> StepPlan:
