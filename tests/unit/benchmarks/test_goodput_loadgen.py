@@ -173,7 +173,7 @@ def test_the_drain_timeout_cuts_what_is_still_running_and_the_duration_bounds_se
 def test_the_drain_waits_for_what_can_still_meet_its_slo_and_cuts_the_rest_after_their_due() -> None:
     engine = FakeEngine(token_delay_s=0.05)
     planned = [
-        _req("patient", 0.0, out=30, slo={"class": "deadline", "deadline_ms": 2000}),  # done ~1.5 s, due 2 s
+        _req("patient", 0.0, out=30, slo={"class": "deadline", "deadline_ms": 4000}),  # done ~1.5 s, due 4 s
         _req("hopeless", 0.0, out=200, slo={"class": "deadline", "deadline_ms": 100}),  # runs ~10 s, due 0.1 s
     ]
     records = {r.key: r for r in _run(engine, planned, LoadOptions(drain_timeout_s=0.2))}
