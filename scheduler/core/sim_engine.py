@@ -400,7 +400,11 @@ class SimEngine:
             return None
 
         prefill_tokens = sum(t for _, t in prefill)
-        kv = self.kv_used + prefill_tokens
+        # KV attended, as the emulator and the perf model key a step: the decoders' contexts when
+        # they run, and each prefill's context up to the end of this chunk. A prefill-only step
+        # (separate batching) reads none of the decoders' KV.
+        decoders_kv = self.kv_used - sum(st.prefilled for st in self.prefilling)
+        kv = (decoders_kv if n_decode or joined else 0) + sum(st.prefilled + take for st, take in prefill)
         decodes = n_decode + len(joined) + ghosts
         if self.spec is not None:
             dt = self.spec.step_time(self.perf, prefill_tokens, decodes, kv, spec_steps if decodes else 0)

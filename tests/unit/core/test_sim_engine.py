@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from scheduler.core.perf_model import constant_model
+import pytest
+
+from scheduler.core.perf_model import constant_model, linear_model
 from scheduler.core.plan_path import DECODE, PREFILL, settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.sim_engine import PREFILLED, EngineConfig, SimEngine, SimRequest
@@ -146,3 +148,29 @@ def test_overlap_a_finished_request_decodes_once_more_and_an_idle_engine_takes_a
     e.add(SimRequest("b", SloSpec(), t, prompt_len=8, output_len=1))
     assert e.begin_step(t) == t + TAU
     assert [r.rid for r, _ in e.end_step().first_tokens] == ["b"]
+
+
+def test_a_step_is_charged_for_the_kv_it_attends_as_the_emulator_keys_it() -> None:
+    """A prefill-only step (separate batching) reads only the prompt's own KV, not the running
+    decoders'; a mixed step reads both. Charging every running context to a prefill step made
+    stock fcfs (separate) slower in the simulator than on the emulated server."""
+    model = linear_model(base_s=0.01, per_token_s=1e-5, per_seq_s=1e-4, per_kv_token_s=1e-6)
+    for mixed in (False, True):
+        policy = CountingPolicy()
+        config = EngineConfig(max_running_requests=4, chunk_size=4096)
+        e = SimEngine(policy, model, config, settings_for(policy, mixed_batching=mixed))  # type: ignore[arg-type]
+        e.add(SimRequest("long", SloSpec(), 0.0, prompt_len=3000, output_len=50))
+        t = 0.0
+        for _ in range(3):  # its prefill, then two decode steps
+            end = e.begin_step(t)
+            assert end is not None
+            e.end_step()
+            t = end
+        e.add(SimRequest("new", SloSpec(), t, prompt_len=100, output_len=5))
+        end = e.begin_step(t)
+        assert end is not None
+        if mixed:  # the decoder (its 3000-token prompt and 3 tokens out) rides along
+            expected = model.step_time(100, 1, 100 + 3003)
+        else:
+            expected = model.step_time(100, 0, 100)
+        assert end - t == pytest.approx(expected)
