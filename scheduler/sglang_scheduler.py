@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
@@ -239,6 +240,7 @@ class SloSchedulerMixin:
         slo = self.slo
         slo.step += 1
         slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
+        slo.hold = frozenset()  # and so does its hold
         slo.prefill_open = True
         decision = slo.sync.decide(lambda: self._slo_decide(running_batch), PassDecision())
         if decision.plan is not None:
@@ -250,12 +252,25 @@ class SloSchedulerMixin:
         elif not self.waiting_queue and slo.drain_s:
             slo.drain_s = 0.0
         if slo.chunker is not None:
-            return self._prefill_dynamic_chunk(running_batch)
+            return self._slo_admit(lambda: self._prefill_dynamic_chunk(running_batch))
         if not slo.prefill_open and running_batch.reqs:
             # no prefill fits the running requests' slack this pass: SGLang decodes instead
             slo.prefill_deferred += 1
             return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
-        return super().get_new_batch_prefill(running_batch)
+        return self._slo_admit(lambda: super(SloSchedulerMixin, self).get_new_batch_prefill(running_batch))
+
+    def _slo_admit(self, admit: Callable[[], Any]) -> Any:
+        """SGLang's admission with the plan's held requests out of the waiting queue while it
+        runs; they go back to the queue's tail, where their tier already stood."""
+        hold = self.slo.hold
+        if not hold:
+            return admit()
+        held = [r for r in self.waiting_queue if r.rid in hold]
+        self.waiting_queue[:] = [r for r in self.waiting_queue if r.rid not in hold]
+        try:
+            return admit()
+        finally:
+            self.waiting_queue.extend(held)  # SGLang may have rebound the list: extend the current one
 
     def get_new_prebuilt_batch(self, running_batch: Any) -> Any:
         """Changes (PD decode workers): SGLang admits transferred requests up to
@@ -412,6 +427,8 @@ class SloSchedulerMixin:
             self.waiting_queue[:] = keep
         order_waiting(self.waiting_queue, plan, slo.states)
         slo.best_effort_waiting = len(plan.best_effort)
+        slo.hold, slo.held_waiting = plan.hold, len(plan.hold)
+        slo.lost_held_passes += bool(plan.hold)
         if not slo.knobs_on or slo.chunker is not None:
             return
         slo.batch_cap = plan.batch_cap
@@ -537,6 +554,8 @@ class SloSchedulerMixin:
             decode_cap=slo.decode_cap if role == DECODE else None,
             mixed_batching=bool(self.is_mixed_chunk),
             best_effort_waiting=slo.best_effort_waiting,
+            held_waiting=slo.held_waiting,
+            lost_held_passes=slo.lost_held_passes,
             perf_model=slo.meter.perf_status(),
             predictor_accuracy=slo.accuracy.summary(),
             compound={

@@ -24,6 +24,11 @@ GAUGES = (
         "best_effort_waiting",
         "Waiting requests the policy put in the best-effort tier",
     ),
+    (
+        "sglang_slo_engine_held_waiting",
+        "held_waiting",
+        "Best-effort-tier requests past due, held while SLO work runs",
+    ),
 )
 COUNTERS = (
     ("sglang_slo_engine_steps", "steps", "Scheduling passes"),
@@ -38,6 +43,7 @@ COUNTERS = (
         "Passes the plan turned into decode passes (no prefill fitted)",
     ),
     ("sglang_slo_engine_preempted", "preempted", "Running requests the policy preempted"),
+    ("sglang_slo_engine_lost_held_passes", "lost_held_passes", "Passes that held past-due best-effort requests"),
     ("sglang_slo_engine_plan_errors", "plan_errors", "Passes whose plan failed (SGLang's own choice kept)"),
 )
 

@@ -61,11 +61,14 @@ class SloComponents:
     solo_pass: bool = False  # PD prefill: this pass finishes one request whole, alone
     prefill_open: bool = True  # False: the plan deferred prefill, this pass decodes
     pending_preempt: set[str] = field(default_factory=set)  # running rids this pass's plan retracts
+    hold: frozenset[str] = frozenset()  # waiting rids this pass's plan keeps from starting (lost_hold)
     # counters
     dropped: int = 0
     prefill_deferred: int = 0  # passes the plan turned into decode passes
     preempted: int = 0
     best_effort_waiting: int = 0
+    held_waiting: int = 0  # of those, past due and held while SLO work runs (last pass)
+    lost_held_passes: int = 0  # passes that held at least one
     shed: Counter[str] = field(default_factory=Counter)  # public shed reason -> requests
     # the queue's predicted drain (a newcomer's wait), recomputed at most once per pass
     drain_s: float | None = None

@@ -30,6 +30,8 @@ class SchedulerStatus:
     decode_cap: int | None
     mixed_batching: bool
     best_effort_waiting: int
+    held_waiting: int  # best-effort-tier requests past due, held while SLO work runs (last pass)
+    lost_held_passes: int  # passes that held at least one
     perf_model: dict[str, Any]
     predictor_accuracy: dict[str, Any] | None
     compound: dict[str, int]

@@ -38,6 +38,8 @@ ADDITIVE_FIELDS = (
     "prefill_deferred",
     "preempted",
     "best_effort_waiting",
+    "held_waiting",
+    "lost_held_passes",
     "plan_errors",
 )
 

@@ -12,6 +12,8 @@ simulator apply exactly the same plan and differ only in the engine underneath:
 - the batch cap, prefill chunk and prefill gate a plan leaves open come from the performance
   model (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
   when one is trusted, in both batching modes;
+- under the SLO levers, best-effort-tier requests already past due are held while SLO work is
+  in the engine (`lost_hold`: the tier runs on what the SLO requests leave, SLOs-Serve §4.1);
 - guards keep a plan applicable: drops and tiers name waiting requests, preemptions running
   ones, the cap admits at least one request and the chunk stays within the start-up size.
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
+from scheduler.core.lost_hold import held_lost_causes
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 
@@ -66,6 +69,7 @@ class FinalPlan:
 
     order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after (others ignored)
     best_effort: frozenset[str] = frozenset()  # waiting rids in the best-effort tier (run last)
+    hold: frozenset[str] = frozenset()  # best-effort-tier rids not started this pass (lost_hold)
     drop: dict[str, str] = field(default_factory=dict)  # waiting rid -> reason
     waits: dict[str, float] = field(default_factory=dict)  # dropped rid -> predicted seconds until it would start
     preempt: tuple[str, ...] = ()  # running rids to retract this pass
@@ -105,9 +109,12 @@ def finalize_plan(
     if settings.role != DECODE:
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
     cap, chunk, prefill = _knobs(view, plan, settings, knob_model)
+    best_effort = frozenset(plan.best_effort & kept)
+    hold = held_lost_causes(view, best_effort) if settings.levers and settings.role != DECODE else frozenset()
     return FinalPlan(
         order=order,
-        best_effort=frozenset(plan.best_effort & kept),
+        best_effort=best_effort,
+        hold=hold,
         drop=drop,
         waits=waits,
         preempt=preempt,

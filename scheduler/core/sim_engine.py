@@ -357,6 +357,10 @@ class SimEngine:
             prefill.append((st, take))
             budget -= take
         free_kv = cfg.total_kv_tokens - self.kv_used - n_decode
+        parked: list[_State] = []  # held by the plan (lost causes while SLO work runs): not started
+        if plan is not None and plan.hold:
+            parked = [st for st in self.waiting if st.req.rid in plan.hold]
+            self.waiting = [st for st in self.waiting if st.req.rid not in plan.hold]
         admitted = 0
         joined: list[_State] = []  # PD decode: admitted with their KV, decoding this step
         for st in self.waiting:
@@ -392,6 +396,7 @@ class SimEngine:
             budget -= take
         if admitted:
             del self.waiting[:admitted]
+        self.waiting.extend(parked)  # the tier runs last: their place was the queue's tail
         if held:
             self.waiting.extend(held)  # formed into the pass after this one
         if prefill and not self.settings.mixed_batching:

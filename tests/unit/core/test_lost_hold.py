@@ -1,0 +1,84 @@
+"""The best-effort tier's hold: which past-due requests wait for a lull, on the plan path and in
+the simulator, and that holding them never loses one."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core.lost_hold import held_lost_causes, past_due
+from scheduler.core.perf_model import constant_model
+from scheduler.core.plan_path import DECODE, PlanSettings, finalize_plan, settings_for
+from scheduler.core.policies import make_policy
+from scheduler.core.sim import EngineConfig, SimRequest, Simulator
+from scheduler.core.slo import SloClass, SloSpec
+from scheduler.core.types import RequestView, StepPlan
+from tests.unit.core.policy_cases import policy_view
+
+TTFT = SloSpec(ttft_ms=100.0, tpot_ms=50.0, slo_class=SloClass.LATENCY)
+DEADLINE = SloSpec(deadline_ms=1000.0, slo_class=SloClass.DEADLINE)
+NOW = 5.0
+
+
+def _req(rid: str, slo: SloSpec = TTFT, arrival: float = NOW, **kw: object) -> RequestView:
+    return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=100, max_new_tokens=10, **kw)  # type: ignore[arg-type]
+
+
+def test_past_due_is_a_missed_first_token_or_deadline_before_starting():
+    assert past_due(_req("a", arrival=NOW - 0.2), NOW)  # first token was due at NOW - 0.1
+    assert not past_due(_req("b", arrival=NOW - 0.05), NOW)  # still 50 ms to go
+    assert past_due(_req("c", DEADLINE, arrival=NOW - 2.0), NOW)
+    assert not past_due(_req("d", DEADLINE, arrival=NOW - 0.5), NOW)
+    assert not past_due(_req("e", arrival=NOW - 0.2, first_token_time=NOW - 0.3), NOW)  # started: resumes
+    assert not past_due(_req("f", SloSpec(), arrival=0.0), NOW)  # best effort: never due
+
+
+def test_only_past_due_requests_in_the_tier_are_held_and_only_while_slo_work_runs():
+    lost, declined, outside = _req("lost", arrival=0.0), _req("declined"), _req("outside", arrival=0.0)
+    stream = _req("stream", arrival=0.0, first_token_time=0.05, generated=20)
+    view = policy_view([lost, declined, outside], [stream], now=NOW)
+    # `outside` is past due too but not in the tier: admission still owns it.
+    assert held_lost_causes(view, {"lost", "declined"}) == {"lost"}
+    # Nothing with an SLO left to keep: the tier runs now.
+    stream.best_effort_tier = True
+    assert held_lost_causes(policy_view([lost], [stream], now=NOW), {"lost"}) == frozenset()
+    # ... unless SLO work is still waiting outside the tier.
+    assert held_lost_causes(policy_view([lost, declined], [stream], now=NOW), {"lost"}) == {"lost"}
+    assert held_lost_causes(policy_view([lost], [_req("be", SloSpec())], now=NOW), {"lost"}) == frozenset()
+
+
+def test_the_plan_path_holds_for_slo_policies_only_and_never_on_a_decode_worker():
+    lost = _req("lost", arrival=0.0)
+    view = policy_view([lost], [_req("stream", arrival=0.0, first_token_time=0.05, generated=20)], now=NOW)
+    plan = StepPlan(order=["lost"], best_effort={"lost"})
+    assert finalize_plan(view, plan, PlanSettings()).hold == {"lost"}
+    baseline = settings_for(make_policy("edf"))  # the papers' EDF on a stock engine
+    assert finalize_plan(view, plan, baseline).hold == frozenset()
+    assert finalize_plan(view, plan, PlanSettings(role=DECODE)).hold == frozenset()
+
+
+class _DeclineLost:
+    """Puts every past-due waiting request in the tier, as slos and tempo do."""
+
+    name = "decline-lost"
+    slo_levers = True
+
+    def plan(self, view):  # type: ignore[no-untyped-def]
+        lost = {r.rid for r in view.waiting if past_due(r, view.now)}
+        return StepPlan(order=[r.rid for r in view.waiting], best_effort=lost)
+
+
+@pytest.mark.parametrize("levers", [True, False])
+def test_a_held_request_starts_when_the_slo_work_is_done_and_is_served_whole(levers):
+    tau = 0.01
+    policy = _DeclineLost()
+    policy.slo_levers = levers
+    stream = SimRequest("stream", TTFT, 0.0, prompt_len=50, output_len=40)
+    lost = SimRequest("lost", SloSpec(ttft_ms=1.0, slo_class=SloClass.LATENCY), 0.045, prompt_len=50, output_len=5)
+    sim = Simulator(policy, constant_model(tau), EngineConfig(max_running_requests=8, chunk_size=512))  # type: ignore[arg-type]
+    records = sim.run([stream, lost]).records
+    assert len(records["lost"].token_times) == 5 and records["lost"].drop_reason is None  # nothing lost
+    stream_end = records["stream"].token_times[-1]
+    if levers:  # held: no slot beside the stream
+        assert records["lost"].token_times[0] > stream_end
+    else:  # the tier alone: a free slot starts it at once
+        assert records["lost"].token_times[0] < stream_end - 10 * tau
