@@ -18,9 +18,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import requests
-
 from server.process import ServerProcess
+from tests.integration.engine_calls import generate, wait_until_running
 
 SLOWDOWN = 10  # an H100 decode step (~7 ms) takes ~70 ms here; a 4k-token prefill ~1 s
 STREAM_SLO = {"ttft_ms": 1_000, "tpot_ms": 150}  # ~80 ms of slack banked per decode step
@@ -41,30 +40,20 @@ def _ids(n: int, seed: int) -> list[int]:
     return [5 + (i * 7 + seed * 13) % 500 for i in range(n)]  # inside the tiny model's vocabulary
 
 
-def _generate(url: str, ids: list[int], slo: dict, max_new: int) -> dict:
-    body = {"input_ids": ids, "slo": slo, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}}
-    r = requests.post(url + "/generate", json=body, timeout=600)
-    assert r.status_code == 200, r.text
-    return r.json()["meta_info"]
-
-
 def _run(server: ServerProcess) -> tuple[dict, list[dict], dict]:
     """The stream's report, the burst's, and the engine status after both."""
     result: dict = {}
 
     def stream() -> None:
-        result["meta"] = _generate(server.url, _ids(100, 0), STREAM_SLO, STREAM_TOKENS)
+        result["meta"] = generate(server.url, _ids(100, 0), STREAM_SLO, STREAM_TOKENS)
 
     thread = threading.Thread(target=stream)
     thread.start()
     # The burst lands once the stream decodes (a few tokens out, its slack banked).
-    deadline = time.monotonic() + 120
-    while server.status_when(lambda s: True)["engine"]["running"] < 1:
-        assert time.monotonic() < deadline, "the stream never started"
-        time.sleep(0.05)
+    wait_until_running(server)
     time.sleep(0.3)
     with ThreadPoolExecutor(BURST) as pool:
-        burst = list(pool.map(lambda i: _generate(server.url, _ids(BURST_PROMPT, i + 1), BURST_SLO, 4), range(BURST)))
+        burst = list(pool.map(lambda i: generate(server.url, _ids(BURST_PROMPT, i + 1), BURST_SLO, 4), range(BURST)))
     thread.join(timeout=600)
     status = server.status_when(lambda s: s["engine"]["running"] == 0)["engine"]
     return result["meta"], burst, status

@@ -13,9 +13,8 @@ from __future__ import annotations
 import threading
 import time
 
-import requests
-
 from server.process import ServerProcess
+from tests.integration.engine_calls import generate, wait_until_running
 
 SLOWDOWN = 10  # an H100 decode step (~7 ms) takes ~70 ms here
 STREAM_TOKENS = 80  # ~6 s of decoding at the card's pace
@@ -23,13 +22,6 @@ STREAM_SLO = {"ttft_ms": 5_000, "tpot_ms": 500}
 LOST_SLO = {"ttft_ms": 1}  # due before any pass can see it
 LOST_TOKENS = 4
 MARGIN_S = 0.5  # client-side timing slack between two requests' reports
-
-
-def _generate(url: str, ids: list[int], slo: dict, max_new: int) -> dict:
-    body = {"input_ids": ids, "slo": slo, "sampling_params": {"max_new_tokens": max_new, "ignore_eos": True}}
-    r = requests.post(url + "/generate", json=body, timeout=600)
-    assert r.status_code == 200, r.text
-    return r.json()["meta_info"]
 
 
 def test_a_past_due_request_waits_for_the_slo_work_and_is_still_answered() -> None:
@@ -43,16 +35,13 @@ def test_a_past_due_request_waits_for_the_slo_work_and_is_still_answered() -> No
 
         def run_stream() -> None:
             stream["sent"] = time.monotonic()
-            stream["meta"] = _generate(server.url, list(range(5, 105)), STREAM_SLO, STREAM_TOKENS)
+            stream["meta"] = generate(server.url, list(range(5, 105)), STREAM_SLO, STREAM_TOKENS)
 
         thread = threading.Thread(target=run_stream)
         thread.start()
-        deadline = time.monotonic() + 120
-        while server.status_when(lambda s: True)["engine"]["running"] < 1:
-            assert time.monotonic() < deadline, "the stream never started"
-            time.sleep(0.05)
+        wait_until_running(server)
         lost_sent = time.monotonic()
-        lost = _generate(server.url, list(range(200, 240)), LOST_SLO, LOST_TOKENS)
+        lost = generate(server.url, list(range(200, 240)), LOST_SLO, LOST_TOKENS)
         thread.join(timeout=600)
         status = server.status_when(lambda s: s["engine"]["running"] == 0)["engine"]
     finally:
