@@ -22,32 +22,32 @@ def _blocker(server: ServerProcess) -> threading.Thread:
     """Occupies the only running slot long enough for the queue to build up behind it. The
     checks behind it need ~0.8 s (served_order's 4 arrivals 0.15 s apart; two 300 ms queue
     timeouts back to back); 800 tokens last ~3 s at the ~250 tok/s seen here, and still ~1.6 s
-    on a CPU twice as fast."""
+    on a CPU twice as fast. Returns once its first token has streamed back: then it holds the
+    slot for certain (/slo/status is published periodically, so a request that just finished
+    can still show there as running)."""
+    running = threading.Event()
 
     def run() -> None:
-        requests.post(
+        with requests.post(
             server.url + "/generate",
             json={
                 "text": "blocker",
                 "sampling_params": {"max_new_tokens": 800, "ignore_eos": True, "temperature": 0},
+                "stream": True,
             },
             timeout=300,
-        )
+            stream=True,
+        ) as resp:
+            for line in resp.iter_lines():
+                if line:
+                    running.set()
+        running.set()  # ended early (an error): let the caller's checks report it
 
     t = threading.Thread(target=run)
     t.start()
-    _wait_running(server)
+    if not running.wait(timeout=60):
+        raise TimeoutError("blocker never started running")
     return t
-
-
-def _wait_running(server: ServerProcess, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        engine = requests.get(server.url + "/slo/status", timeout=5).json()["engine"]
-        if engine.get("running", 0) >= 1:
-            return
-        time.sleep(0.05)
-    raise TimeoutError("blocker never started running")
 
 
 def served_order(server: ServerProcess) -> list[int]:
