@@ -21,7 +21,6 @@ import json
 import random
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -35,7 +34,7 @@ from benchmarks.goodput.capacity import search_capacity
 from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
 from benchmarks.goodput.metrics import check_consistency, score, timeline
 from benchmarks.goodput.mixes import MIXES, Calibration, Scale
-from benchmarks.goodput.records import PlannedRequest
+from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.report import markdown_table, plot, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
@@ -144,19 +143,60 @@ def offered_window(planned: list[PlannedRequest]) -> float | None:
 def run_once(
     target: Target, planned: list[PlannedRequest], prompt_for: PromptFor, args: argparse.Namespace, rate: float | None
 ) -> dict[str, Any]:
-    ours = target.ours
-    opts = load_options(args, ours)
-    pacing_before = emulation_counters(target.url) if ours else None  # an emulated worker's counters
-    bar = Progress(len(planned), f"{target.label} @ {rate}/s", args.quiet)
+    return run_group([target], planned, prompt_for, args, rate)[0]
+
+
+def run_group(
+    targets: list[Target],
+    planned: list[PlannedRequest],
+    prompt_for: PromptFor,
+    args: argparse.Namespace,
+    rate: float | None,
+) -> list[dict[str, Any]]:
+    """The same arrivals to every target at once, from one event loop in the calling thread, so
+    Ctrl-C or SIGTERM interrupts the load at once (a load in a worker thread kept the harness,
+    and its servers, alive until the drain ended)."""
+    opts = [load_options(args, t.ours) for t in targets]
+    before = [emulation_counters(t.url) if t.ours else None for t in targets]  # an emulated worker's counters
+    bars = [Progress(len(planned), f"{t.label} @ {rate}/s", args.quiet) for t in targets]
     started = time.monotonic()
+
+    async def load() -> list[list[RequestRecord]]:
+        return list(
+            await asyncio.gather(
+                *(
+                    LoadGenerator(t.url, prompt_for, o, on_done=bar.tick).run(planned)
+                    for t, o, bar in zip(targets, opts, bars, strict=True)
+                )
+            )
+        )
+
     try:
-        records = asyncio.run(LoadGenerator(target.url, prompt_for, opts, on_done=bar.tick).run(planned))
+        all_records = asyncio.run(load())
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
+    wall_s = round(time.monotonic() - started, 2)
+    return [
+        _finish_run(t, o, b, records, planned, args, rate, wall_s)
+        for t, o, b, records in zip(targets, opts, before, all_records, strict=True)
+    ]
+
+
+def _finish_run(
+    target: Target,
+    opts: LoadOptions,
+    pacing_before: dict[str, Any] | None,
+    records: list[RequestRecord],
+    planned: list[PlannedRequest],
+    args: argparse.Namespace,
+    rate: float | None,
+    wall_s: float,
+) -> dict[str, Any]:
     window = offered_window(planned)
     metrics = score(records, duration_s=window)
     status = None
-    if ours:
+    if target.ours:
         try:
             status = requests.get(target.url + "/slo/status", timeout=5).json()
         except requests.RequestException as e:
@@ -164,7 +204,7 @@ def run_once(
     config = {
         "length_control": opts.length_control.value,
         "send_slo": opts.send_slo,
-        "wall_s": round(time.monotonic() - started, 2),
+        "wall_s": wall_s,
         "slo_status": status,
         "offered_window_s": window,  # rescoring saved records divides by the same window
     }
@@ -333,8 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 for rate in args.rate_list:
                     planned = plan(spec, rate, scale)
-                    with ThreadPoolExecutor(max_workers=len(group)) as pool:  # the same arrivals at once
-                        done = list(pool.map(lambda t, pl=planned, r=rate: run_once(t, pl, prompt_for, args, r), group))
+                    done = run_group(group, planned, prompt_for, args, rate)  # the same arrivals at once
                     for run in done:
                         runs.append(run)
                         print(describe(run), flush=True)

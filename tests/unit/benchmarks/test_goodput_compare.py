@@ -4,6 +4,9 @@ argument checks. (The end-to-end run is tests/integration/test_goodput_smoke.py.
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -58,3 +61,23 @@ def test_a_url_without_a_label_is_refused() -> None:
 @pytest.mark.parametrize("duration, expected", [(None, 0.25), (3.0, 0.25), (300.0, 10.0)])
 def test_about_thirty_time_bins_per_run(duration: float | None, expected: float) -> None:
     assert auto_bin_s(duration) == expected
+
+
+def test_sigterm_stops_a_parallel_groups_load_at_once() -> None:
+    """A load that would stream for hours ends on SIGTERM with the handler's exit status (a load
+    in worker threads kept the harness, and so its servers, alive until the drain ended)."""
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.unit.benchmarks.sigterm_child"],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=Path(__file__).resolve().parents[3],
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "LOADING"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
