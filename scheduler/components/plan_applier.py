@@ -6,6 +6,7 @@ Reads `rid` from each waiting request; the queue is sorted in place (SGLang admi
 from __future__ import annotations
 
 import logging
+from itertools import repeat
 from typing import Any
 
 from scheduler.components.request_state import RequestStates
@@ -17,19 +18,23 @@ logger = logging.getLogger("sglang_slo.scheduler")
 def order_waiting(waiting: list[Any], plan: FinalPlan, states: RequestStates) -> None:
     """Admitted requests first in the policy's order (unlisted ones after them, in queue order);
     the best-effort tier runs on what is left of the step's budget (SLOs-Serve §4.1), so
-    declined requests still run, last. Linear in the queue: no sort."""
+    declined requests still run, last. Linear in the queue, no sort; the tier is split on the
+    plan's rids, so each request is looked at once."""
     tier = plan.best_effort
+    rids = [r.rid for r in waiting]
     if plan.order is not None or tier:
-        by_rid = {r.rid: r for r in waiting}
-        ranked = [by_rid.pop(rid) for rid in plan.order or () if rid in by_rid]
-        ranked += by_rid.values()  # unlisted, in queue order
+        by_rid = dict(zip(rids, waiting))
+        order = plan.order or ()
+        listed, listed_tier = order, ()
         if tier:
-            ranked = [r for r in ranked if r.rid not in tier] + [r for r in ranked if r.rid in tier]
-        waiting[:] = ranked
-    for r in waiting:  # the tier a request starts in is the one it runs in
-        state = states.get(r.rid)
-        if state is not None:
-            state.declined = r.rid in tier
+            listed, listed_tier = [rid for rid in order if rid not in tier], [rid for rid in order if rid in tier]
+        pop = by_rid.pop  # a rid listed twice, or not waiting, is skipped
+        head = [r for r in map(pop, listed, repeat(None)) if r is not None]
+        tail = [r for r in map(pop, listed_tier, repeat(None)) if r is not None]
+        for r in by_rid.values():  # unlisted, in queue order, each on its side of the tier
+            (tail if tier and r.rid in tier else head).append(r)
+        waiting[:] = head + tail
+    states.mark_tier(rids, tier)  # the tier a request starts in is the one it runs in
     if logger.isEnabledFor(logging.DEBUG) and waiting:
         logger.debug("order: %s; best-effort tier: %s", [r.rid for r in waiting[:8]], sorted(tier)[:8])
 

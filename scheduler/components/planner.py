@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, finalize_plan
+from scheduler.core.columns import RowCache
+from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, plan_pass
 from scheduler.core.types import EngineView, PerfModel, Policy
 
 logger = logging.getLogger("sglang_slo.scheduler")
@@ -18,12 +19,14 @@ class PassPlanner:
         self.policy = policy
         self.settings = settings
         self.errors = 0
+        # The views come from the adapter's ViewBuilder, which keeps RowCache's contract.
+        self.rows = RowCache()
 
     def plan(
         self, view: EngineView, knob_model: KnobModel | None, wait_model: PerfModel | None = None
     ) -> FinalPlan | None:
         try:
-            return finalize_plan(view, self.policy.plan(view), self.settings, knob_model, wait_model)
+            return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.rows)
         except Exception:
             self.errors += 1
             logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)

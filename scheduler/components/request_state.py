@@ -9,6 +9,7 @@ in is the one it runs in).
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,14 @@ class RequestStates:
         """Whether the hidden hint lowered this request's engine cap."""
         state = self._states.get(rid)
         return rid in self._caps or (state is not None and state.hinted)
+
+    def mark_tier(self, rids: Iterable[str], tier: Collection[str]) -> None:
+        """These waiting requests are in the best-effort tier iff listed in `tier`."""
+        get = self._states.get
+        for rid in rids:
+            state = get(rid)
+            if state is not None:
+                state.declined = rid in tier
 
     def is_declined(self, rid: str) -> bool:
         state = self._states.get(rid)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.columns import ViewColumns, columns_of
 from scheduler.core.estimates import output_bound, request_deadline
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.slo import SloClass
@@ -140,11 +141,17 @@ def certainly_late(
     order: Sequence[str] | None = None,
     best_effort: Collection[str] = frozenset(),
     margin: float = FEASIBILITY_MARGIN,
+    columns: ViewColumns | None = None,
 ) -> list[str]:
     """Waiting requests with `on_infeasible: reject` that cannot make their SLO any more.
 
     `perf` None (no trusted model yet): only those whose due time has already passed."""
-    candidates = [i for i, r in enumerate(view.waiting) if r.slo.rejects_when_infeasible and not r.started]
+    c = columns if columns is not None else columns_of(view)
+    nw = c.n_waiting
+    rejects = c.rejects[:nw]
+    if not rejects.any():
+        return []
+    candidates = np.flatnonzero(rejects & ~c.started[:nw]).tolist()
     if not candidates:
         return []
     now = view.now

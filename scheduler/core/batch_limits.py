@@ -20,8 +20,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scheduler.core.estimates import token_due
-from scheduler.core.types import EngineView, PerfModel, RequestView
+import numpy as np
+
+from scheduler.core.columns import ViewColumns, columns_of
+from scheduler.core.types import EngineView, PerfModel
 
 MIN_CHUNK = 16
 # A chunk is sized so its predicted step fits the slack with this much to spare: one token late
@@ -39,80 +41,88 @@ class BatchKnobs:
     prefill: bool = True  # False: decode only this step (no prefill fits the running requests' slack)
 
 
-def _tpot_s(r: RequestView) -> float | None:
-    return None if r.slo.tpot_ms is None or r.best_effort_tier else r.slo.tpot_ms / 1000.0
+def tightest_tpot(view: EngineView, columns: ViewColumns | None = None) -> float | None:
+    """The tightest TPOT (seconds) among running and waiting requests outside the best-effort tier."""
+    c = columns if columns is not None else columns_of(view)
+    tpot = c.tpot_ms[~np.isnan(c.tpot_ms) & ~c.be_tier]
+    return float(np.min(tpot / 1000.0)) if tpot.size else None
 
 
-def tightest_tpot(view: EngineView) -> float | None:
-    values = [t for r in (*view.running, *view.waiting) if (t := _tpot_s(r)) is not None]
-    return min(values) if values else None
-
-
-def step_budget(view: EngineView, tokens_per_step: float = 1.0) -> float | None:
+def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewColumns | None = None) -> float | None:
     """Seconds the next step may last and keep every on-time running latency request on its
     deadline-based schedule (None: no running request to protect). Under speculation a step
     gives `tokens_per_step` tokens, so the last of them is the one that must be on time."""
+    c = columns if columns is not None else columns_of(view)
+    run = slice(c.n_waiting, None)
     ahead = int(math.ceil(tokens_per_step)) - 1
-    budget = None
-    for r in view.running:
-        if r.generated <= 0 or r.best_effort_tier or r.slo.tpot_ms is None:
-            continue
-        due = token_due(r.slo, r.arrival, r.generated + ahead)
-        if due is None or due < view.now:
-            continue  # already late: its attainment is lost, it constrains nothing
-        budget = due - view.now if budget is None else min(budget, due - view.now)
-    return budget
+    generated = c.generated[run]
+    due = c.token_due(generated + ahead, run)  # nan without a TTFT
+    # A request already late (due < now) constrains nothing: its attainment is lost.
+    keep = (generated > 0) & ~c.be_tier[run] & ~np.isnan(c.tpot_ms[run]) & (due >= view.now)
+    return float(np.min(due[keep] - view.now)) if keep.any() else None
 
 
-def _ttft_need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) -> tuple[int, bool]:
+def _ttft_need(
+    view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int, c: ViewColumns
+) -> tuple[int, bool]:
     """(tokens per step the most urgent waiting request needs to finish its prefill on time,
     whether deferring prefill by one decode step would make one miss its TTFT). A request
     whose TTFT has passed needs nothing: no chunk size can save it."""
     need, urgent = 0, False
     decode_s = perf.step_time(0, len(view.running), kv)
-    for r in view.waiting:
-        if r.slo.ttft_ms is None or r.best_effort_tier or r.started:
-            continue
-        slack = r.arrival + r.slo.ttft_ms / 1000.0 - view.now
-        if slack <= 0:
-            continue
-        remaining = max(r.prompt_len - r.prefix_cached, 1)
-        step = perf.step_time(min(remaining, limit), decodes, kv)
-        fastest = step * -(-remaining // limit)
-        urgent = urgent or slack - decode_s < fastest
-        if slack <= step:
+    nw = c.n_waiting
+    slack = c.arrival[:nw] + c.ttft_s[:nw] - view.now  # nan without a TTFT
+    pending = np.flatnonzero(~c.be_tier[:nw] & ~c.started[:nw] & (slack > 0))
+    if pending.size == 0:
+        return need, urgent
+    remaining = np.maximum(c.prompt[pending] - c.cached[pending], 1).astype(np.int64)
+    steps: dict[int, float] = {}  # one model call per chunk size
+    for s, rem in zip(slack[pending].tolist(), remaining.tolist()):
+        chunk = min(rem, limit)
+        step = steps.get(chunk)
+        if step is None:
+            step = steps[chunk] = perf.step_time(chunk, decodes, kv)
+        fastest = step * -(-rem // limit)
+        urgent = urgent or s - decode_s < fastest
+        if s <= step:
             return limit, True  # tight: prefill it as fast as possible
-        steps_left = max(int(slack / step), 1)
-        need = max(need, -(-remaining // steps_left))
+        steps_left = max(int(s / step), 1)
+        need = max(need, -(-rem // steps_left))
     return need, urgent
 
 
 def batch_knobs(
-    view: EngineView, perf: PerfModel, tokens_per_step: float = 1.0, mixed_batching: bool = True
+    view: EngineView,
+    perf: PerfModel,
+    tokens_per_step: float = 1.0,
+    mixed_batching: bool = True,
+    columns: ViewColumns | None = None,
 ) -> BatchKnobs:
     """`tokens_per_step`: output tokens a decode gains per batch (Acc(s) under speculation, with
     `perf` then costing the drafts and verify tokens): the batch may last that many TPOTs.
     `mixed_batching` False: prefill runs in steps of its own, which every decode waits out."""
-    tightest = tightest_tpot(view)
+    c = columns if columns is not None else columns_of(view)
+    nw = c.n_waiting
+    tightest = tightest_tpot(view, c)
     decodes = len(view.running)
-    kv = sum(r.prompt_len + r.generated for r in view.running)
+    kv = int(np.sum(c.prompt[nw:] + c.generated[nw:]))  # whole token counts: the float sum is exact
     cap = None
     if tightest is not None:
         tpot = tightest * tokens_per_step
         n_waiting = max(len(view.waiting), 1)
-        per_req_kv = kv / decodes if decodes else float(sum(r.prompt_len for r in view.waiting) / n_waiting)
+        per_req_kv = kv / decodes if decodes else float(int(np.sum(c.prompt[:nw])) / n_waiting)
         if perf.step_time(0, 1, int(per_req_kv)) > tpot:
             # Not even one request can meet the tightest target: throttling everyone else would
             # not save it, so leave batch and chunk to SGLang.
             return BatchKnobs(None, None, tightest)
         cap = max(perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests), 1)
-    budget = step_budget(view, tokens_per_step)
+    budget = step_budget(view, tokens_per_step, c)
     if view.chunk_size <= 0 or budget is None:
         return BatchKnobs(cap, None, tightest)
     riding = decodes if mixed_batching else 0  # decodes inside the prefill step itself
     room = (budget if mixed_batching else budget - perf.step_time(0, decodes, kv)) / (1 + STEP_MARGIN)
     fit = perf.max_chunk_within(room, riding, kv, view.chunk_size) if room > 0 else 0
-    need, urgent = _ttft_need(view, perf, riding, kv, view.chunk_size)
+    need, urgent = _ttft_need(view, perf, riding, kv, view.chunk_size, c)
     if fit < MIN_CHUNK and not urgent:
         # too little room for a useful chunk, and no TTFT needs one now: decode, bank slack
         return BatchKnobs(cap, MIN_CHUNK, tightest, prefill=False)

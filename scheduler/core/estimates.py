@@ -5,9 +5,9 @@ The core policies, the simulator, the router policies and the benchmark metrics 
 numbers here, so a deadline or a length bound means the same thing everywhere. Most estimates
 come in a scalar form (one request: views, the router, metrics) and a vector form (numpy arrays,
 nan for "none"): policies see thousands of queued requests per step, so per-request Python work
-is done once (`ReqArrays.from_views`) and everything else is numpy arithmetic. Tests hold the
-two forms equal. Times come from a `PerfModel` (`perf_model.default_model()` when a policy is given none), so
-policies work without a fitted profile.
+is done once per pass (scheduler/core/columns.py) and everything else is numpy arithmetic. Tests
+hold the two forms equal. Times come from a `PerfModel` (`perf_model.default_model()` when a
+policy is given none), so policies work without a fitted profile.
 """
 
 from __future__ import annotations
@@ -15,12 +15,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypeVar, overload
+from typing import TYPE_CHECKING, TypeVar, overload
 
 import numpy as np
 
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, PerfModel, RequestView
+
+if TYPE_CHECKING:
+    from scheduler.core.req_arrays import ReqArrays
 
 # Assumed output length when a request carries neither a prediction nor a client cap (a typical
 # chat answer; the policies only need an order). The router's policies use the same default.
@@ -218,15 +221,9 @@ def degradations(slo_s: np.ndarray, x_s: np.ndarray, alpha: float = 1.0) -> np.n
     return np.where(on_time, 1.0, late)
 
 
-# -- request arrays (the vector forms' inputs) -----------------------------------------------
+# -- vector forms over request arrays (scheduler/core/req_arrays.py) -------------------------
 
-LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3
-_CLASS_CODE = {
-    SloClass.LATENCY: LATENCY,
-    SloClass.DEADLINE: DEADLINE,
-    SloClass.COMPOUND: COMPOUND,
-    SloClass.BEST_EFFORT: BEST_EFFORT,
-}
+LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3  # class codes in the arrays
 
 
 @dataclass(frozen=True)
@@ -258,250 +255,6 @@ class Speeds:
     def prefill_time(self, tokens: np.ndarray) -> np.ndarray:
         tokens = np.maximum(tokens, 0.0)
         return np.ceil(tokens / self.chunk) * self.prefill_fixed + tokens * self.prefill_per_token
-
-
-class SloTable:
-    """Per-SloSpec numbers (deadline, TTFT/TPOT, weight, class, max_queue, compound group),
-    cached across plan() calls by object identity, so each spec is read once, not every step.
-
-    SloSpec is frozen, so a spec's numbers never change; the table holds a reference to every
-    spec it caches, so an id cannot be recycled by another object while it is cached. Specs no
-    longer seen are dropped when the table grows well past the live set. Nothing else about a
-    request is cached: per-request fields are read from the views on every plan()."""
-
-    # Row layout of `cols` (one column per cached spec).
-    DEADLINE_S, TTFT_S, TPOT_S, WEIGHT, CLS, MAX_QUEUE_S, GROUP_KEY = range(7)
-
-    def __init__(self, slack: int = 4096) -> None:
-        self.slack = slack
-        self._clear()
-
-    def _clear(self) -> None:
-        self._index: dict[int, int] = {}
-        self._specs: list[SloSpec] = []
-        self._groups: dict[tuple[object, object], int] = {}
-        self.cols = np.empty((7, 0))
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def rows(self, reqs: Sequence[RequestView]) -> np.ndarray:
-        """Column index in `cols` of each request's spec, adding the specs not cached yet."""
-        get = self._index.get
-        rows: Sequence[int | None] = [get(id(r.slo)) for r in reqs]
-        if None in rows:
-            slos = [r.slo for r in reqs]
-            if len(self._specs) > 2 * len(slos) + self.slack:
-                self._clear()  # evict specs no longer in use
-                rows = [None] * len(slos)
-            rows = self._add(slos, rows)
-        return np.fromiter(rows, dtype=np.int64, count=len(rows))
-
-    def _add(self, slos: list[SloSpec], rows: Sequence[int | None]) -> list[int]:
-        index, specs = self._index, self._specs
-        first_new = len(specs)
-        new = list({id(s): s for s, row in zip(slos, rows, strict=True) if row is None}.values())
-        index.update(zip(map(id, new), range(first_new, first_new + len(new))))
-        specs.extend(new)
-        get = index.__getitem__
-        found = [get(id(s)) for s in slos]
-        if new:
-            nan = math.nan
-            m = len(new)
-            codes = [_CLASS_BY_ID[id(s.slo_class)] for s in new]
-            keys = [-1] * m
-            groups = self._groups
-            for j, (s, code) in enumerate(zip(new, codes, strict=True)):
-                if code == COMPOUND and s.program_id is not None:
-                    keys[j] = groups.setdefault((s.program_id, s.stage), len(groups))
-            add = np.empty((7, m))
-            # ms -> s here is the same arithmetic as dividing the gathered per-request arrays.
-            add[self.DEADLINE_S] = _floats([nan if (x := s.deadline_ms) is None else x for s in new], m) / 1000.0
-            add[self.TTFT_S] = _floats([nan if (x := s.ttft_ms) is None else x for s in new], m) / 1000.0
-            add[self.TPOT_S] = _floats([0.0 if (x := s.tpot_ms) is None else x for s in new], m) / 1000.0
-            add[self.WEIGHT] = _floats([s.weight for s in new], m)
-            add[self.CLS] = codes
-            add[self.MAX_QUEUE_S] = _floats([nan if (x := s.max_queue_ms) is None else x for s in new], m) / 1000.0
-            add[self.GROUP_KEY] = keys
-            self.cols = np.concatenate([self.cols, add], axis=1)
-        return found
-
-
-class ReqArrays:
-    """Column view of requests (waiting first, then running) for vectorised scoring.
-
-    Fields: arrival; base (`deadline_bases`: program arrival for compound stages, else
-    arrival; read only where a deadline exists, arrival elsewhere); prompt; generated; cached;
-    started (bool); running (bool); weight; cls (int class codes above); deadline
-    (`absolute_deadlines`: end-to-end or stage deadline, nan if none); ttft_s (nan if none);
-    tpot_s (0 if none); total_out (`output_bounds`: upper-bound total output length,
-    >= generated + 1); group (compound (program, stage) group index, -1 otherwise: only the
-    partition is meaningful, not the numbering); max_queue_s (nan if none); and, read on first
-    use, attained and be_tier (bool)."""
-
-    def __init__(
-        self,
-        rids: list[str],
-        n_waiting: int,
-        reqs: list[RequestView],
-        arrival: np.ndarray,
-        base: np.ndarray,
-        prompt: np.ndarray,
-        generated: np.ndarray,
-        cached: np.ndarray,
-        started: np.ndarray,
-        running: np.ndarray,
-        weight: np.ndarray,
-        cls: np.ndarray,
-        deadline: np.ndarray,
-        ttft_s: np.ndarray,
-        tpot_s: np.ndarray,
-        total_out: np.ndarray,
-        group: np.ndarray,
-        max_queue_s: np.ndarray,
-    ) -> None:
-        self.rids = rids
-        self.n_waiting = n_waiting
-        self.reqs = reqs
-        self.arrival = arrival
-        self.base = base
-        self.prompt = prompt
-        self.generated = generated
-        self.cached = cached
-        self.started = started
-        self.running = running
-        self.weight = weight
-        self.cls = cls
-        self.deadline = deadline
-        self.ttft_s = ttft_s
-        self.tpot_s = tpot_s
-        self.total_out = total_out
-        self.group = group
-        self.max_queue_s = max_queue_s
-        self._attained: np.ndarray | None = None
-        self._be_tier: np.ndarray | None = None
-
-    @property
-    def n(self) -> int:
-        return len(self.rids)
-
-    @property
-    def attained(self) -> np.ndarray:
-        if self._attained is None:
-            self._attained = _floats([r.attained_service for r in self.reqs], self.n)
-        return self._attained
-
-    @property
-    def be_tier(self) -> np.ndarray:
-        if self._be_tier is None:
-            self._be_tier = np.fromiter((r.best_effort_tier for r in self.reqs), dtype=bool, count=self.n)
-        return self._be_tier
-
-    def rids_at(self, idx: np.ndarray) -> list[str]:
-        """The rids at these positions, in that order."""
-        rids = self.rids
-        return [rids[i] for i in idx.tolist()]
-
-    def take(self, idx: np.ndarray, n_waiting: int) -> ReqArrays:
-        """The rows at `idx` (the first n_waiting of them waiting), e.g. without dropped ones."""
-        pos = idx.tolist()
-        rids, reqs = self.rids, self.reqs
-        out = ReqArrays(
-            [rids[i] for i in pos],
-            n_waiting,
-            [reqs[i] for i in pos],
-            *(
-                getattr(self, f)[idx]
-                for f in (
-                    "arrival",
-                    "base",
-                    "prompt",
-                    "generated",
-                    "cached",
-                    "started",
-                    "running",
-                    "weight",
-                    "cls",
-                    "deadline",
-                    "ttft_s",
-                    "tpot_s",
-                    "total_out",
-                    "group",
-                    "max_queue_s",
-                )
-            ),
-        )
-        if self._attained is not None:
-            out._attained = self._attained[idx]
-        if self._be_tier is not None:
-            out._be_tier = self._be_tier[idx]
-        return out
-
-    @classmethod
-    def from_views(
-        cls,
-        waiting: Sequence[RequestView],
-        running: Sequence[RequestView],
-        default_output_len: float,
-        slo_table: SloTable | None = None,
-    ) -> ReqArrays:
-        """One list comprehension per per-request column (the cheapest way to get thousands of
-        dataclass fields into numpy); SLO numbers come from `slo_table` (pass a long-lived one
-        to read each spec once across steps)."""
-        reqs = [*waiting, *running]
-        n = len(reqs)
-        nw = len(waiting)
-        table = slo_table if slo_table is not None else SloTable()
-        rows = table.rows(reqs)  # may grow table.cols: index it after
-        cols = table.cols[:, rows]
-        nan = math.nan
-        arrival = _floats([r.arrival for r in reqs], n)
-        # Program arrival and stage deadline only matter where a deadline exists: read them
-        # only there (elsewhere base = arrival, deadline = nan).
-        deadline_s = cols[SloTable.DEADLINE_S]
-        has_dl = ~np.isnan(deadline_s)
-        base = arrival.copy()
-        deadline = np.full(n, nan)
-        if has_dl.any():
-            dl_rows = np.flatnonzero(has_dl)
-            sub = reqs if dl_rows.size == n else [reqs[i] for i in dl_rows.tolist()]
-            m = len(sub)
-            program_arrival = _floats([nan if (x := r.program_arrival) is None else x for r in sub], m)
-            stage = _floats([nan if (x := r.stage_deadline) is None else x for r in sub], m)
-            sub_arrival = arrival[dl_rows]
-            base[dl_rows] = deadline_bases(sub_arrival, program_arrival)
-            deadline[dl_rows] = absolute_deadlines(deadline_s[dl_rows], sub_arrival, program_arrival, stage)
-        generated = _floats([r.generated for r in reqs], n)
-        group_key = cols[SloTable.GROUP_KEY]
-        gidx = np.full(n, -1, dtype=np.int64)
-        comp = group_key >= 0
-        if comp.any():
-            gidx[comp] = np.unique(group_key[comp], return_inverse=True)[1]
-        running_mask = np.zeros(n, dtype=bool)
-        running_mask[nw:] = True
-        return cls(
-            rids=[r.rid for r in reqs],
-            n_waiting=nw,
-            reqs=reqs,
-            arrival=arrival,
-            base=base,
-            prompt=_floats([r.prompt_len for r in reqs], n),
-            generated=generated,
-            cached=_floats([r.prefix_cached for r in reqs], n),
-            started=np.fromiter([r.first_token_time is not None for r in reqs], dtype=bool, count=n),
-            running=running_mask,
-            weight=cols[SloTable.WEIGHT],
-            cls=cols[SloTable.CLS].astype(np.int64),
-            deadline=deadline,
-            ttft_s=cols[SloTable.TTFT_S],
-            tpot_s=cols[SloTable.TPOT_S],
-            total_out=predicted_totals(reqs, generated, default_output_len),
-            group=gidx,
-            max_queue_s=cols[SloTable.MAX_QUEUE_S],
-        )
-
-
-_CLASS_BY_ID = {id(c): code for c, code in _CLASS_CODE.items()}
 
 
 def _floats(values: list, n: int) -> np.ndarray:

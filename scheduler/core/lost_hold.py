@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from scheduler.core.estimates import next_deadline
+import numpy as np
+
+from scheduler.core.columns import ViewColumns, columns_of
+from scheduler.core.estimates import BEST_EFFORT, next_deadline
 from scheduler.core.types import EngineView, RequestView
 
 
@@ -27,16 +30,22 @@ def past_due(r: RequestView, now: float) -> bool:
     return due is not None and due < now
 
 
-def held_lost_causes(view: EngineView, best_effort: Collection[str]) -> frozenset[str]:
-    """The waiting rids in the best-effort tier that are past due, while SLO work is in the
-    engine (running outside the tier, or waiting outside it); empty otherwise."""
+def held_lost_causes(
+    view: EngineView, best_effort: Collection[str], columns: ViewColumns | None = None
+) -> frozenset[str]:
+    """The waiting rids in the best-effort tier that are past due (`past_due`, on the view's
+    columns), while SLO work is in the engine (running outside the tier, or waiting outside
+    it); empty otherwise."""
     if not best_effort:
         return frozenset()
-    now = view.now
-    lost = [r.rid for r in view.waiting if r.rid in best_effort and past_due(r, now)]
+    c = columns if columns is not None else columns_of(view)
+    nw, rids = c.n_waiting, c.rids
+    past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
+    lost = [rid for i in np.flatnonzero(past).tolist() if (rid := rids[i]) in best_effort]
     if not lost:
         return frozenset()
-    slo_work = any(not (r.best_effort_tier or r.slo.is_best_effort) for r in view.running) or any(
-        r.rid not in best_effort and not r.slo.is_best_effort for r in view.waiting
+    cls = c.cls
+    slo_work = bool(np.any(~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT))) or any(
+        rids[i] not in best_effort for i in np.flatnonzero(cls[:nw] != BEST_EFFORT).tolist()
     )
     return frozenset(lost) if slo_work else frozenset()

@@ -18,7 +18,8 @@ simulator apply exactly the same plan and differ only in the engine underneath:
   ones, the cap admits at least one request and the chunk stays within the start-up size.
 
 `finalize_plan` is pure and data-only in and out, so a plan can be recorded, compared and sent
-to other ranks as it is.
+to other ranks as it is. `plan_pass` is one pass: the policy's plan and its finishing read the
+requests' columns once between them (scheduler/core/columns.py).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ from dataclasses import dataclass, field
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
+from scheduler.core.columns import RowCache, ViewColumns, columns_of, sharing
 from scheduler.core.lost_hold import held_lost_causes
-from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 
 MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"  # an engine's role (PD workers: prefill/decode)
@@ -88,29 +90,34 @@ def finalize_plan(
     """`plan` completed with what every policy gets; `knob_model` None: no trusted model yet.
     `wait_model` predicts the drops' waits (any estimate beats none there; default: the
     knob model's)."""
-    waiting = {r.rid for r in view.waiting}
-    running = {r.rid for r in view.running}
+    c = columns_of(view)
+    waiting = set(c.rids[: c.n_waiting])
     drop: dict[str, str] = {}
     waits: dict[str, float] = {}
     if settings.role != DECODE:  # a PD decode request already holds transferred KV
         drop = {rid: reason for rid, reason in plan.drop.items() if rid in waiting}
-        for rid in expired_in_queue(view.waiting, view.now):
+        for rid in expired_rids(c, view.now):
             drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
         trusted = None if knob_model is None else knob_model.perf
-        for rid in certainly_late(view, trusted, plan.order, plan.best_effort):
+        for rid in certainly_late(view, trusted, plan.order, plan.best_effort, columns=c):
             drop.setdefault(rid, SLO_INFEASIBLE_REASON)
         model = wait_model if wait_model is not None else trusted
         if drop and model is not None:
             starts = backlog(view, model, plan.order, plan.best_effort).start_of(view)
             waits = {rid: starts[rid] for rid in drop}
     kept = waiting - drop.keys() if drop else waiting
-    order = None if plan.order is None else tuple(rid for rid in plan.order if rid not in drop)
+    order = None
+    if plan.order is not None:
+        order = tuple(rid for rid in plan.order if rid not in drop) if drop else tuple(plan.order)
     preempt: tuple[str, ...] = ()
-    if settings.role != DECODE:
+    if settings.role != DECODE and plan.preempt:
+        running = set(c.rids[c.n_waiting :])
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
-    cap, chunk, prefill = _knobs(view, plan, settings, knob_model)
-    best_effort = frozenset(plan.best_effort & kept)
-    hold = held_lost_causes(view, best_effort) if settings.levers and settings.role != DECODE else frozenset()
+    cap, chunk, prefill = _knobs(view, plan, settings, knob_model, c)
+    best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
+    hold: frozenset[str] = frozenset()
+    if settings.levers and settings.role != DECODE:
+        hold = held_lost_causes(view, best_effort, c)
     return FinalPlan(
         order=order,
         best_effort=best_effort,
@@ -124,8 +131,22 @@ def finalize_plan(
     )
 
 
+def plan_pass(
+    view: EngineView,
+    policy: Policy,
+    settings: PlanSettings,
+    knob_model: KnobModel | None = None,
+    wait_model: PerfModel | None = None,
+    cache: RowCache | None = None,
+) -> FinalPlan:
+    """`policy`'s plan for `view`, finished: both read the view's columns once (`cache`: the
+    engine's static per-request numbers across passes, under RowCache's contract)."""
+    with sharing(view, cache):
+        return finalize_plan(view, policy.plan(view), settings, knob_model, wait_model)
+
+
 def _knobs(
-    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None
+    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None, c: ViewColumns
 ) -> tuple[int | None, int | None, bool]:
     """Batch cap, prefill chunk and prefill gate: the plan's own, else the perf model's, within
     the engine's limits."""
@@ -137,12 +158,12 @@ def _knobs(
     if not settings.levers:
         knob_model = None
     if knob_model is not None and settings.role == MIXED:
-        derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching)
+        derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching, c)
         cap = cap if cap is not None else derived.batch_cap
         if chunk is None:
             chunk, prefill = derived.chunk_size, derived.prefill
     elif knob_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
-        cap = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step).batch_cap
+        cap = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, columns=c).batch_cap
     if cap is not None:
         cap = max(1, min(cap, view.max_running_requests))
     if chunk is not None:

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
+from scheduler.core.columns import ViewColumns
 from scheduler.core.types import RequestView
 
 QUEUE_TIMEOUT_REASON = "slo_queue_timeout"
 
 
+def expired_waiting(c: ViewColumns, now: float) -> np.ndarray:
+    """Per waiting request: its max_queue_ms has passed before it started."""
+    nw = c.n_waiting
+    return ~c.started[:nw] & (now - c.arrival[:nw] > c.max_queue_s[:nw])  # nan (no max_queue): never
+
+
+def expired_rids(c: ViewColumns, now: float) -> list[str]:
+    """The waiting rids `expired_waiting`, in queue order."""
+    if np.isnan(c.max_queue_s[: c.n_waiting]).all():
+        return []  # nobody set one: no per-pass column need be read
+    rids = c.rids
+    return [rids[i] for i in np.flatnonzero(expired_waiting(c, now)).tolist()]
+
+
 def expired_in_queue(waiting: Iterable[RequestView], now: float) -> list[str]:
     """Waiting requests whose max_queue_ms has passed before they started."""
-    return [
-        r.rid
-        for r in waiting
-        if r.slo.max_queue_ms is not None and not r.started and now - r.arrival > r.slo.max_queue_ms / 1000.0
-    ]
+    return expired_rids(ViewColumns.read(list(waiting), []), now)

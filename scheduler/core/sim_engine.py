@@ -35,8 +35,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler.core.columns import RowCache
 from scheduler.core.dynamic_chunking import budget_from_startup, dynamic_chunk
-from scheduler.core.plan_path import DECODE, PREFILL, FinalPlan, KnobModel, PlanSettings, finalize_plan
+from scheduler.core.plan_path import DECODE, PREFILL, FinalPlan, KnobModel, PlanSettings, plan_pass
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.slo import SloSpec
 from scheduler.core.types import EngineView, PerfModel, Policy, RequestView
@@ -203,6 +204,9 @@ class SimEngine:
         self.record_trace = record_trace
         self.spec = speculation
         self.knob_model = KnobModel(self.plan_perf)
+        # A state's view keeps RowCache's contract (only per-pass fields are refreshed); a
+        # recorded trace builds new views every pass, which a cache would only pile up.
+        self._rows = None if record_trace else RowCache()
         self.waiting: list[_State] = []
         self.running: dict[int, _State] = {}  # admitted_seq -> state: admission order, O(1) removal
         self.prefilling: list[_State] = []  # running requests still prefilling, in admission order
@@ -320,7 +324,7 @@ class SimEngine:
         if self.waiting or self.prefilling:  # as the adapter: a chunked prefill's next chunk is planned
             view = self.view(now)
             knobs = self.spec.knob_model(self.plan_perf) if self.spec is not None else self.knob_model
-            plan = finalize_plan(view, self.policy.plan(view), self.settings, knobs)
+            plan = plan_pass(view, self.policy, self.settings, knobs, cache=self._rows)
             if plan.preempt or plan.drop:
                 self.plans.append((self.steps, plan))
             if self.record_trace:

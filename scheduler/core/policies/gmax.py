@@ -17,29 +17,26 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.columns import SloTable, ViewColumns, columns_of
 from scheduler.core.estimates import (
     COMPOUND,
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
-    ReqArrays,
-    SloTable,
     Speeds,
     fairness_blend,
     group_reduce,
     latency_on_time_tokens,
     lexsort_fast,
-    next_token_due,
     preemption_pays,
     quantum_boundary,
     remaining_work,
-    request_deadline,
 )
 from scheduler.core.perf_model import default_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
-from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_waiting
 from scheduler.core.registry import require
-from scheduler.core.slo import SloClass
+from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
@@ -143,15 +140,15 @@ class GmaxPolicy:
     # -- planning ----------------------------------------------------------------------------
 
     def _arrays(self, view: EngineView) -> ReqArrays:
-        return ReqArrays.from_views(view.waiting, view.running, self.default_output_len, self._slos)
+        return ReqArrays.from_columns(columns_of(view, self._slos), self.default_output_len)
 
     def plan(self, view: EngineView) -> StepPlan:
         plan = StepPlan()
-        a = self._arrays(view)
+        c = columns_of(view, self._slos)
+        a = ReqArrays.from_columns(c, self.default_output_len)
         if self.enforce_max_queue:
-            # scheduler.core.queue_timeout.expired_in_queue, vectorised (nan max_queue: never).
             nw = a.n_waiting
-            expired = ~a.started[:nw] & (view.now - a.arrival[:nw] > a.max_queue_s[:nw])
+            expired = expired_waiting(c, view.now)
             if expired.any():
                 rids = a.rids
                 plan.drop = {rids[i]: QUEUE_TIMEOUT_REASON for i in np.flatnonzero(expired).tolist()}
@@ -159,7 +156,7 @@ class GmaxPolicy:
                 keep = np.concatenate([np.flatnonzero(kept), np.arange(nw, a.n)])
                 a = a.take(keep, int(np.count_nonzero(kept)))
         running = list(view.running)
-        self._observe(view, a.rids[: a.n_waiting], running)
+        self._observe(view, a.rids[: a.n_waiting], running, c)
 
         sp = Speeds.from_view(self.perf, view)
         prio = self.priorities(view, a, sp)
@@ -212,7 +209,9 @@ class GmaxPolicy:
 
     # -- online cutoff tuning ----------------------------------------------------------------
 
-    def _observe(self, view: EngineView, waiting_rids: Sequence[str], running: Sequence[RequestView]) -> None:
+    def _observe(
+        self, view: EngineView, waiting_rids: Sequence[str], running: Sequence[RequestView], c: ViewColumns
+    ) -> None:
         """Estimate realised goodput without engine hooks: a request that was running and has
         left both queues (and that we did not drop or preempt) finished around `now`."""
         if self._seen:
@@ -224,14 +223,14 @@ class GmaxPolicy:
                     value, deadline = self._seen[rid]
                     if rid not in waiting_ids and view.now <= deadline + 1e-9:
                         self.tuner.reward(value)
-        seen: dict[str, tuple[float, float]] = {}
-        for r in running:
-            due = request_deadline(r) if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
-            if r.slo.slo_class is SloClass.LATENCY:
-                nxt = next_token_due(r)
-                on_track = nxt is None or view.now <= nxt
-                value = r.slo.weight * (r.generated + 1) if on_track else 0.0
-            else:
-                value = r.slo.weight * (r.prompt_len + r.generated + 1)
-            seen[r.rid] = (value, due if due is not None else float("inf"))
-        self._seen = seen
+        # What each running request is worth if it finishes now, and by when: a latency request
+        # its tokens so far while its next token is on time, others their whole context.
+        run = slice(c.n_waiting, None)
+        cls, generated, weight = c.cls[run], c.generated[run], c.weight[run]
+        next_due = c.token_due(generated, run)  # nan without a TTFT: never late
+        late = (cls == LATENCY) & (view.now > next_due)
+        worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (c.prompt[run] + generated + 1.0))
+        worth = np.where(late, 0.0, worth)
+        has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(c.deadline[run])
+        due = np.where(has_due, c.deadline[run], np.inf)
+        self._seen = dict(zip(c.rids[run], zip(worth.tolist(), due.tolist())))

@@ -8,6 +8,7 @@ on only to policies whose name ends in `_oracle`; every other policy never sees 
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import chain
 from typing import Any, TypeVar
 
 from scheduler.core.registry import Entry
@@ -31,6 +32,8 @@ class OracleVariant:
         self.slo_levers = base.slo_levers
 
     def plan(self, view: EngineView) -> StepPlan:
+        if all(r.oracle_output_len is None for r in chain(view.waiting, view.running)):
+            return self.base.plan(view)  # nothing to tell: the same views (and the pass's columns)
         waiting = [_with_truth(r) for r in view.waiting]
         running = [_with_truth(r) for r in view.running]
         return self.base.plan(replace(view, waiting=waiting, running=running))

@@ -10,17 +10,44 @@ invocation), so a deep queue costs one linear scan, not a bigger DP.
 
 from __future__ import annotations
 
-import heapq
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
+import numpy as np
+
+from scheduler.core.columns import SloTable, ViewColumns, columns_of
+from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN, LATENCY
 from scheduler.core.perf_model import default_model
 from scheduler.core.slos_serve.batch_formation import EPS
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
-from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, prefill_deadline
+from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tier, expected_output
 from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
+
+
+def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> list[str]:
+    """The rids at `idx` sorted as `sorted(zip(key, rid))` sorts them: by key, ties by rid."""
+    order = idx[np.argsort(key[idx], kind="stable")]
+    ranked = key[order]
+    if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
+        return [rid for _, rid in sorted(zip(key[idx].tolist(), (rids[i] for i in idx.tolist())))]
+    return [rids[i] for i in order.tolist()]
+
+
+@dataclass
+class _Queue:
+    """The waiting queue as one step's admission sees it."""
+
+    undecided: list[str]  # by prefill deadline, ties by rid
+    no_target: list[str]  # no prefill deadline: by arrival, ties by rid
+    declined: list[str]  # prefill deadline already past, in queue order
+    forced: list[tuple[RequestView, Demand]]  # admitted earlier and still waiting, in queue order
+    waiting: Sequence[RequestView]
+    position: dict[str, int]  # undecided rid -> its place in `waiting`
+
+    def view(self, rid: str) -> RequestView:
+        return self.waiting[self.position[rid]]
 
 
 @dataclass(frozen=True)
@@ -48,6 +75,7 @@ class SlosServePolicy:
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._floor = MIN_DERIVED_TPOT_S
         self._spec_memo: dict[tuple, int] = {}  # draft length per decoder mix (changes slowly)
+        self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     def _demand(self, r: RequestView, now: float) -> Demand | None:
         return demand(r, now, self.default_output, self.prefill_share, self._floor)
@@ -59,33 +87,13 @@ class SlosServePolicy:
         # faster decoding than this is already lost and must not set everyone's batch time.
         kv_per = kv // max(1, len(view.running))
         self._floor = max(MIN_DERIVED_TPOT_S, self.perf.step_time(0, 1, kv_per))
-        decoding: list[float | None] = []
-        prefilling: list[tuple[RequestView, Demand]] = []
-        for r in view.running:
-            d = self._demand(r, now)
-            if r.started or d is None:
-                decoding.append(None if d is None else d.tpot)
-            else:
-                prefilling.append((r, d))
-
-        undecided: list[tuple[float, str]] = []
-        forced: list[tuple[RequestView, Demand]] = []
-        declined: list[str] = []
-        no_target: list[tuple[float, str]] = []
-        by_rid: dict[str, RequestView] = {}
-        for r in view.waiting:  # one cheap pass: only the deadline, full demands come later
-            deadline = prefill_deadline(r, now, self.prefill_share)
-            if deadline is None:
-                no_target.append((r.arrival, r.rid))
-            elif deadline <= now:
-                declined.append(r.rid)
-            elif r.rid in self._admitted and (admitted_demand := self._demand(r, now)) is not None:
-                forced.append((r, admitted_demand))
-            else:
-                by_rid[r.rid] = r
-                undecided.append((deadline, r.rid))
-        candidates = heapq.nsmallest(self.max_candidates, undecided)
-        demands = {rid: self._demand(by_rid[rid], now) for _, rid in candidates}
+        c = columns_of(view, self._slos)
+        decoding, prefilling = self._running_demands(view, c)
+        queue = self._triage(view, c)
+        candidates = queue.undecided[: max(0, self.max_candidates)]
+        demands = {rid: self._demand(queue.view(rid), now) for rid in candidates}
+        forced = queue.forced
+        declined = queue.declined
 
         tiers = sorted(
             {t for t in decoding if t is not None}
@@ -105,7 +113,7 @@ class SlosServePolicy:
         items = [item(r.rid, d, r.slo.weight, True, 0) for r, d in prefilling]
         items += [item(r.rid, d, r.slo.weight, True, d.mem_tokens) for r, d in forced]
         items += [
-            item(rid, d, by_rid[rid].slo.weight, False, d.mem_tokens) for rid, d in demands.items() if d is not None
+            item(rid, d, queue.view(rid).slo.weight, False, d.mem_tokens) for rid, d in demands.items() if d is not None
         ]
 
         spec = None
@@ -137,10 +145,73 @@ class SlosServePolicy:
         self._admitted = set(admitted)
         declined += [rid for rid in result.declined if rid not in running_ids]
 
-        taken = set(admitted) | {rid for _, rid in candidates}
-        rest = sorted(x for x in undecided if x[1] not in taken)
-        order = admitted + [rid for _, rid in rest] + [rid for _, rid in sorted(no_target)] + declined
+        taken = set(admitted) | set(candidates)
+        rest = [rid for rid in queue.undecided[len(candidates) :] if rid not in taken]
+        order = admitted + rest + queue.no_target + declined
         return StepPlan(order=order, best_effort=set(declined), **self._batch_knobs(budget, tuple(counts), view, kv))
+
+    def _running_demands(
+        self, view: EngineView, c: ViewColumns
+    ) -> tuple[list[float | None], list[tuple[RequestView, Demand]]]:
+        """(each decoder's TPOT tier, None for none; the running requests still prefilling with
+        their demands): `demand`'s tiers, read off the columns where they are the SLO's own."""
+        now, nw = view.now, c.n_waiting
+        run = slice(nw, None)
+        cls, started, be_tier = c.cls[run], c.started[run], c.be_tier[run]
+        decoders = started & ~be_tier  # declined and running: decodes without a target
+        latency = decoders & (cls == LATENCY) & ~np.isnan(c.ttft_ms[run] + c.tpot_ms[run])
+        left = c.deadline[run] - now  # nan: no deadline
+        # A deadline with time left decodes at its remaining time per remaining token.
+        paced = decoders & ((cls == DEADLINE) | (cls == COMPOUND)) & (left > 0)
+        decoding: list[float | None] = (c.tpot_ms[run][latency] / 1000.0).tolist()
+        decoding += [None] * int(np.count_nonzero(started & ~latency & ~paced))
+        for i, time_left in zip(np.flatnonzero(paced).tolist(), left[paced].tolist()):
+            out = expected_output(view.running[i], self.default_output)
+            decoding.append(derived_tier(time_left / out, self._floor))
+        prefilling: list[tuple[RequestView, Demand]] = []
+        for i in np.flatnonzero(~started).tolist():
+            r = view.running[i]
+            if (d := self._demand(r, now)) is None:
+                decoding.append(None)
+            else:
+                prefilling.append((r, d))
+        return decoding, prefilling
+
+    def _triage(self, view: EngineView, c: ViewColumns) -> _Queue:
+        """The waiting queue by prefill deadline (`prefill_deadline`, on the columns): none
+        (by arrival), already past (declined), admitted earlier (forced), the rest by deadline."""
+        now, nw = view.now, c.n_waiting
+        w = slice(0, nw)
+        cls = c.cls[w]
+        share = self.prefill_share
+        end = now + share * np.maximum(0.0, c.deadline[w] - now)  # nan: no deadline
+        due = np.where((cls == DEADLINE) | (cls == COMPOUND), end, math.nan)
+        due = np.where(cls == LATENCY, c.token_due(np.zeros(nw), w), due)
+        rids = c.rids[:nw]
+        position = dict(zip(rids, range(nw)))
+        unique = len(position) == nw
+        open_ = due > now
+        forced: list[tuple[RequestView, Demand]] = []
+        if self._admitted:
+            if unique:
+                again = sorted(i for rid in self._admitted if (i := position.get(rid)) is not None)
+            else:
+                again = [i for i, rid in enumerate(rids) if rid in self._admitted]
+            for i in again:
+                if open_[i] and (d := self._demand(view.waiting[i], now)) is not None:
+                    forced.append((view.waiting[i], d))
+                    open_[i] = False
+        undecided = np.flatnonzero(open_)
+        if not unique:  # a rid queued twice: the view of its last undecided entry, as a dict keeps
+            position = {rids[i]: i for i in undecided.tolist()}
+        return _Queue(
+            undecided=_by_key(due, rids, undecided),
+            no_target=_by_key(c.arrival, rids, np.flatnonzero(np.isnan(due))),
+            declined=[rids[i] for i in np.flatnonzero(due <= now).tolist()],
+            forced=forced,
+            waiting=view.waiting,
+            position=position,
+        )
 
     def _batch_knobs(self, budget: TierBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
         """This step's batch: the largest one keeping the tightest running TPOT (Alg. 2)."""

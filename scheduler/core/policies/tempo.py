@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.columns import SloTable, columns_of
 from scheduler.core.estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
@@ -25,8 +26,6 @@ from scheduler.core.estimates import (
     W_IN,
     W_OUT,
     GainWeights,
-    ReqArrays,
-    SloTable,
     Speeds,
     base_gain,
     degradations,
@@ -41,6 +40,7 @@ from scheduler.core.estimates import (
 )
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
+from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 
@@ -131,7 +131,7 @@ class TempoPolicy:
     # -- planning ----------------------------------------------------------------------------
 
     def _arrays(self, view: EngineView) -> ReqArrays:
-        return ReqArrays.from_views(view.waiting, view.running, self.default_output_len, self._slos)
+        return ReqArrays.from_columns(columns_of(view, self._slos), self.default_output_len)
 
     def plan(self, view: EngineView) -> StepPlan:
         a = self._arrays(view)

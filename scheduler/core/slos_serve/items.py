@@ -53,7 +53,7 @@ def prefill_deadline(r: RequestView, now: float, prefill_share: float = 0.2) -> 
     return None
 
 
-def _derived_tier(tpot_s: float, floor_s: float) -> float | None:
+def derived_tier(tpot_s: float, floor_s: float) -> float | None:
     """A deadline's effective TPOT; None when no batch could be that fast (it would
     otherwise drag every other request's batch time down with it)."""
     return None if tpot_s < floor_s else quantize_tpot(tpot_s)
@@ -95,8 +95,8 @@ def demand(
         if left <= 0:
             return Demand(now, None, prefill, mem)
         if r.started:
-            return Demand(now, _derived_tier(left / out, min_tpot_s), prefill, mem)
+            return Demand(now, derived_tier(left / out, min_tpot_s), prefill, mem)
         return Demand(
-            now + prefill_share * left, _derived_tier((1 - prefill_share) * left / out, min_tpot_s), prefill, mem
+            now + prefill_share * left, derived_tier((1 - prefill_share) * left / out, min_tpot_s), prefill, mem
         )
     return None

@@ -13,7 +13,6 @@ from hypothesis import strategies as st
 from scheduler.core.estimates import (
     DEFAULT_OUTPUT_LEN,
     GainWeights,
-    ReqArrays,
     absolute_deadline,
     absolute_deadlines,
     answer_due,
@@ -32,6 +31,7 @@ from scheduler.core.estimates import (
     token_due,
     token_dues,
 )
+from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import RequestView
 

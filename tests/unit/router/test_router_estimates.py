@@ -17,7 +17,8 @@ from router.policies.estimates import output_tokens
 from router.policies.slos_admission import request_view
 from router.service import GenerateCall, RouterService
 from router.views import RouteRequest
-from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, ReqArrays, answer_due, request_deadline
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due, request_deadline
+from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.slo import SloClass, SloSpec
 
 caps = st.none() | st.integers(min_value=1, max_value=100_000)
