@@ -1,0 +1,188 @@
+"""The plan path's per-request checks and the policies' per-request bookkeeping, vectorised on a
+pass's columns, equal straightforward per-request references on seeded views of every kind."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import pytest
+
+from scheduler.core.admission import certainly_late
+from scheduler.core.batch_limits import _ttft_need, batch_knobs, step_budget, tightest_tpot
+from scheduler.core.columns import ViewColumns
+from scheduler.core.estimates import next_token_due, request_deadline, token_due
+from scheduler.core.lost_hold import held_lost_causes, past_due
+from scheduler.core.perf_model import constant_model, default_model, linear_model
+from scheduler.core.policies import make_policy
+from scheduler.core.policies.gmax import GmaxPolicy
+from scheduler.core.policies.slos import SlosServePolicy
+from scheduler.core.slo import SloClass
+from scheduler.core.slos_serve.items import demand, prefill_deadline
+from scheduler.core.types import EngineView, PerfModel, RequestView
+from tests.unit.core.view_cases import SHAPES, view_passes, with_duplicate_rids
+
+CASES = [pytest.param(seed, nw, nr, id=f"{nw}w{nr}r") for seed, (nw, nr) in enumerate(SHAPES)]
+MODELS = [default_model(), linear_model(base_s=0.002, per_token_s=1e-6), constant_model(0.5)]
+
+
+def _tiers(view: EngineView, rng: random.Random) -> list[frozenset[str]]:
+    rids = [r.rid for r in view.waiting]
+    return [frozenset(), frozenset(rids), frozenset(r for r in rids if rng.random() < 0.5)]
+
+
+# -- per-request references ----------------------------------------------------------------
+
+
+def _held(view: EngineView, tier: frozenset[str]) -> frozenset[str]:
+    lost = [r.rid for r in view.waiting if r.rid in tier and past_due(r, view.now)]
+    slo_work = any(not (r.best_effort_tier or r.slo.is_best_effort) for r in view.running) or any(
+        r.rid not in tier and not r.slo.is_best_effort for r in view.waiting
+    )
+    return frozenset(lost) if lost and slo_work else frozenset()
+
+
+def _tightest(view: EngineView) -> float | None:
+    reqs = (*view.running, *view.waiting)
+    tpots = [r.slo.tpot_ms / 1000.0 for r in reqs if r.slo.tpot_ms is not None and not r.best_effort_tier]
+    return min(tpots) if tpots else None
+
+
+def _budget(view: EngineView, tokens_per_step: float) -> float | None:
+    ahead = int(math.ceil(tokens_per_step)) - 1
+    slack = []
+    for r in view.running:
+        if r.generated > 0 and not r.best_effort_tier and r.slo.tpot_ms is not None:
+            due = token_due(r.slo, r.arrival, r.generated + ahead)
+            if due is not None and due >= view.now:
+                slack.append(due - view.now)
+    return min(slack) if slack else None
+
+
+def _need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) -> tuple[int, bool]:
+    need, urgent = 0, False
+    decode_s = perf.step_time(0, len(view.running), kv)
+    for r in view.waiting:
+        if r.slo.ttft_ms is None or r.best_effort_tier or r.started:
+            continue
+        slack = r.arrival + r.slo.ttft_ms / 1000.0 - view.now
+        if slack <= 0:
+            continue
+        remaining = max(r.prompt_len - r.prefix_cached, 1)
+        step = perf.step_time(min(remaining, limit), decodes, kv)
+        urgent = urgent or slack - decode_s < step * -(-remaining // limit)
+        if slack <= step:
+            return limit, True
+        need = max(need, -(-remaining // max(int(slack / step), 1)))
+    return need, urgent
+
+
+def _late_without_model(view: EngineView) -> list[str]:
+    def due(r: RequestView) -> float | None:
+        if r.slo.slo_class is SloClass.LATENCY:
+            return None if r.slo.ttft_ms is None else r.arrival + r.slo.ttft_ms / 1000.0
+        return request_deadline(r) if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) else None
+
+    return [
+        r.rid
+        for r in view.waiting
+        if r.slo.rejects_when_infeasible and not r.started and (d := due(r)) is not None and view.now > d
+    ]
+
+
+# -- the plan path ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_the_hold_is_the_per_request_one(seed: int, nw: int, nr: int) -> None:
+    rng = random.Random(seed)
+    for view in view_passes(seed, nw, nr):
+        for tier in _tiers(view, rng):
+            assert held_lost_causes(view, tier) == _held(view, tier)
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_the_batch_knobs_inputs_are_the_per_request_ones(seed: int, nw: int, nr: int) -> None:
+    for view in view_passes(seed, nw, nr):
+        c = ViewColumns.read(view.waiting, view.running)
+        assert tightest_tpot(view, c) == _tightest(view)
+        kv = sum(r.prompt_len + r.generated for r in view.running)
+        for tokens_per_step in (1.0, 2.5):
+            assert step_budget(view, tokens_per_step, c) == _budget(view, tokens_per_step)
+        for perf in MODELS:
+            for decodes in (0, len(view.running)):
+                for limit in (16, 512, 8192):
+                    assert _ttft_need(view, perf, decodes, kv, limit, c) == _need(view, perf, decodes, kv, limit)
+            for mixed in (True, False):
+                assert batch_knobs(view, perf, 1.0, mixed) == batch_knobs(view, perf, 1.0, mixed, c)
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_admission_without_a_model_rejects_the_per_request_lost_ones(seed: int, nw: int, nr: int) -> None:
+    for view in view_passes(seed, nw, nr):
+        assert certainly_late(view, None) == _late_without_model(view)
+
+
+# -- the policies' own per-request work -------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_slos_tiers_and_queue_triage_are_the_per_request_ones(seed: int, nw: int, nr: int) -> None:
+    rng = random.Random(seed)
+    policy = make_policy("slos", default_model())
+    assert isinstance(policy, SlosServePolicy)
+    share, default = policy.prefill_share, policy.default_output
+    for plain in view_passes(seed, nw, nr):
+        for view in (plain, with_duplicate_rids(plain)):
+            policy.plan(view)  # sets the decode floor; later passes force what it admitted
+            policy._admitted |= {r.rid for r in view.waiting if rng.random() < 0.2}
+            c = ViewColumns.read(view.waiting, view.running)
+            now, floor = view.now, policy._floor
+
+            decoding, prefilling = policy._running_demands(view, c)
+            expected_decoding, expected_prefilling = [], []
+            for r in view.running:
+                d = demand(r, now, default, share, floor)
+                if r.started or d is None:
+                    expected_decoding.append(None if d is None else d.tpot)
+                else:
+                    expected_prefilling.append((r, d))
+            assert Counter(decoding) == Counter(expected_decoding) and prefilling == expected_prefilling
+
+            queue = policy._triage(view, c)
+            undecided, no_target, declined, forced, by_rid = [], [], [], [], {}
+            for r in view.waiting:
+                deadline = prefill_deadline(r, now, share)
+                if deadline is None:
+                    no_target.append((r.arrival, r.rid))
+                elif deadline <= now:
+                    declined.append(r.rid)
+                elif r.rid in policy._admitted and (d := demand(r, now, default, share, floor)) is not None:
+                    forced.append((r, d))
+                else:
+                    by_rid[r.rid] = r
+                    undecided.append((deadline, r.rid))
+            assert queue.undecided == [rid for _, rid in sorted(undecided)]
+            assert queue.no_target == [rid for _, rid in sorted(no_target)]
+            assert queue.declined == declined and queue.forced == forced
+            assert all(queue.view(rid) is r for rid, r in by_rid.items())
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: int, nr: int) -> None:
+    policy = make_policy("gmax", default_model())
+    assert isinstance(policy, GmaxPolicy)
+    for view in view_passes(seed, nw, nr):
+        policy.plan(view)
+        expected = {}
+        for r in view.running:
+            cls = r.slo.slo_class
+            due = request_deadline(r) if cls in (SloClass.DEADLINE, SloClass.COMPOUND) else None
+            if cls is SloClass.LATENCY:
+                nxt = next_token_due(r)
+                worth = r.slo.weight * (r.generated + 1) if nxt is None or view.now <= nxt else 0.0
+            else:
+                worth = r.slo.weight * (r.prompt_len + r.generated + 1)
+            expected[r.rid] = (worth, due if due is not None else math.inf)
+        assert policy._seen == expected

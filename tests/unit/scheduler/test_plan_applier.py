@@ -1,0 +1,59 @@
+"""Applying a plan to SGLang's waiting queue: the order, then the best-effort tier, and each
+waiting request's tier flag, as a straightforward per-request pass would apply them."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from scheduler.components.plan_applier import order_waiting
+from scheduler.components.request_state import RequestStates
+from scheduler.core.plan_path import FinalPlan
+
+
+class _Req:
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+
+
+class _Stub:
+    """A request as RequestStates.of reads it: no SLO attached (best effort)."""
+
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.sampling_params = None
+
+
+def _reference(waiting: list[_Req], plan: FinalPlan) -> tuple[list[_Req], dict[str, bool]]:
+    """Listed requests in the plan's order, unlisted ones after them in queue order (a rid
+    listed twice or not waiting is skipped; a rid queued twice keeps its last request), then
+    the same with the tier last; every waiting request's flag says whether it is in the tier."""
+    by_rid = {r.rid: r for r in waiting}
+    ranked = [by_rid.pop(rid) for rid in plan.order or () if rid in by_rid] + list(by_rid.values())
+    if plan.order is None and not plan.best_effort:
+        ranked = list(waiting)
+    tier = plan.best_effort
+    ranked = [r for r in ranked if r.rid not in tier] + [r for r in ranked if r.rid in tier]
+    return ranked, {r.rid: r.rid in tier for r in waiting}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_queue_and_the_tier_flags_are_the_per_request_ones(seed: int) -> None:
+    rng = random.Random(seed)
+    for _ in range(50):
+        waiting = [_Req(f"r{rng.randrange(15)}") for _ in range(rng.randrange(12))]  # rids may repeat
+        order = None if rng.random() < 0.2 else tuple(f"r{rng.randrange(18)}" for _ in range(rng.randrange(14)))
+        plan = FinalPlan(order=order, best_effort=frozenset(f"r{rng.randrange(18)}" for _ in range(rng.randrange(6))))
+        states = RequestStates()
+        known = {f"r{i}" for i in range(18) if rng.random() < 0.8}
+        for rid in sorted(known):
+            states.of(_Stub(rid), 0.0).declined = rng.random() < 0.5
+        before = {rid: states.is_declined(rid) for rid in known}
+        queue = list(waiting)
+        order_waiting(queue, plan, states)
+
+        expected, flags = _reference(waiting, plan)
+        assert [id(r) for r in queue] == [id(r) for r in expected]
+        for rid in known:
+            assert states.is_declined(rid) == flags.get(rid, before[rid])
