@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, predictor_from_spec
 from server.cpu_support import activate
 
 # Flags (and values) the CPU engine needs unless the user passed them.
@@ -222,13 +223,16 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--slo-quantile",
         type=float,
-        help="quantile of the length predictor's upper bound (with --slo-length-predictor; default: as trained)",
+        help="quantile of the length predictor's upper bound (default: the --slo-length-predictor's own)",
     )
     group.add_argument(
         "--slo-length-predictor",
-        metavar="PATH",
-        help="Saved output-length predictor (scheduler.core.analyzer.train_cli --out) loaded at start; "
-        "fills each request's predicted length bound, refined every N generated tokens.",
+        metavar="PATH|history[:Q]|none",
+        default=DEFAULT_LENGTH_PREDICTOR,
+        help="output-length bound the SLO policies plan with, refined every N generated tokens: 'history:Q' "
+        f"(default {DEFAULT_LENGTH_PREDICTOR}: the Q-quantile of this server's recent answer lengths, learned "
+        "online, no training), 'history' (their mean), 'none' (the client's max_new_tokens bounds every "
+        "answer), or a saved predictor (scheduler.core.analyzer.train_cli --out).",
     )
     group.add_argument(
         "--slo-program-patterns",
@@ -684,15 +688,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit("--slo-drain-timeout-s: must be >= 0")
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
-    if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor):
-        raise SystemExit("--slo-quantile must be in (0, 1) and needs --slo-length-predictor")
-    if args.slo_length_predictor:
-        from scheduler.core.analyzer.base import load_predictor
-
-        try:
-            load_predictor(args.slo_length_predictor)
-        except Exception as e:  # noqa: BLE001 - any unreadable artifact stops start-up clearly
-            raise SystemExit(f"--slo-length-predictor: cannot load {args.slo_length_predictor}: {e}") from None
+    if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor != "none"):
+        raise SystemExit("--slo-quantile must be in (0, 1) and needs a --slo-length-predictor")
+    try:
+        predictor_from_spec(args.slo_length_predictor)
+    except ValueError as e:
+        raise SystemExit(f"--slo-length-predictor {e}") from None
+    except Exception as e:  # noqa: BLE001 - a bad spec or an unreadable artifact stops start-up clearly
+        raise SystemExit(f"--slo-length-predictor: cannot load {args.slo_length_predictor}: {e}") from None
     if args.slo_policy != "fcfs":
         args.schedule_policy = "fcfs"  # keep the SLO policy's order: SGLang must not re-sort
         # auto: mixed where forward passes run at GPU cost (a GPU, or an emulated one)

@@ -34,14 +34,13 @@ from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 from router.transport import CurveKeys, RouterEndpoint
 from router.views import RouteRequest, WorkerView
 from router.worker_auth import RouterAuth
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, predictor_from_spec
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.slo import SloSpec
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WORKER_BIND = "tcp://127.0.0.1:30100"
-DEFAULT_LENGTH_PREDICTOR = "history:0.9"
-COLD_START = 20  # finished answers the history predictor needs before it predicts
 
 
 @dataclass
@@ -71,27 +70,14 @@ class RouterConfig:
 
 
 def make_length_predictor(spec: str | None) -> Any:
-    """`history`: recent answers' mean length, learned online from completions, the history-based
-    predictor GoodServe's ablation compares with; `history:Q`: their Q-quantile, an upper bound
-    like the QRF's (the default is history:0.9: on the routing benchmark the mean sent long
-    answers to slow cards, GoodServe attained 42 % with it and 75 % with the bound); `none`: no
-    prediction (policies fall back to the client's max_new_tokens); otherwise a saved analyzer
-    artifact (MoE, QRF)."""
-    if spec is None or spec == "none":
-        return None
-    from scheduler.core.analyzer.base import load_predictor, make_predictor
-
-    kind, sep, quantile = spec.partition(":")
-    if kind == "history":
-        try:
-            # No guess before COLD_START answers: the first to finish are the short ones, and a bound
-            # learned from them sends long answers to slow cards; until then the client's cap rules.
-            return make_predictor(
-                "history", quantile=float(quantile) if sep else None, default=math.inf, min_global=COLD_START
-            )
-        except ValueError as e:
-            raise ValueError(f"--length-predictor {spec}: {e}") from None
-    return load_predictor(spec)
+    """The router's predictor for `spec` (scheduler.core.analyzer.spec: history[:Q], none, or an
+    artifact); the history default learns online from completions (`observe_output`). On the
+    routing benchmark the mean sent long answers to slow cards: GoodServe attained 42 % with it
+    and 75 % with the history:0.9 bound."""
+    try:
+        return predictor_from_spec(spec)
+    except ValueError as e:
+        raise ValueError(f"--length-predictor {e}") from None
 
 
 @dataclass(frozen=True)

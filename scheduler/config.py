@@ -12,6 +12,7 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
 from scheduler.core.slo import SloSpec, parse_slo
 
 ENV_VAR = "SGLANG_SLO_CONFIG"
@@ -24,7 +25,9 @@ class SloServerConfig:
     default_slo: dict[str, Any] | None = None  # applied to requests that carry no SLO
     status_address: str = ""  # ZMQ address the scheduler publishes its status on
     status_interval_s: float = 0.2
-    length_predictor: str | None = None  # saved analyzer artifact, loaded by the scheduler
+    length_predictor: str | None = (
+        DEFAULT_LENGTH_PREDICTOR  # scheduler.core.analyzer.spec: history[:Q], none or an artifact
+    )
     predictor_quantile: float | None = None  # overrides the artifact's bound quantile (QRF)
     program_patterns: str | None = None  # seed pattern library for compound sub-deadlines
     perf_profile: str | None = None  # GPU+model profile used as is (else learned online)

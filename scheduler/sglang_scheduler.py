@@ -17,6 +17,7 @@ from typing import Any
 from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
 from sglang.srt.managers import scheduler as sglang_scheduler_module
 from sglang.srt.managers.io_struct import AbortReq
+from sglang.srt.managers.schedule_batch import FINISH_ABORT
 from sglang.srt.managers.scheduler import NextBatchPlan
 
 from scheduler import sglang_emulated_forward as emulated_forward
@@ -346,7 +347,8 @@ class SloSchedulerMixin:
         now = slo.clock.now()
         for req in batch.reqs:
             if req.finished():
-                slo.on_finished(req.rid, len(req.origin_input_ids), len(req.output_ids), now)
+                answered = not isinstance(req.finished_reason, FINISH_ABORT)  # an abort's length says nothing
+                slo.on_finished(req.rid, len(req.origin_input_ids), len(req.output_ids), now, answered)
         if slo.step % 256 == 0:
             slo.compound.expire(now)
             slo.forget_departed({r.rid for r in self.waiting_queue} | {r.rid for r in self.running_batch.reqs})

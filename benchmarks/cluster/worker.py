@@ -23,6 +23,7 @@ from benchmarks.goodput.simulated import Card
 from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
 from router.views import WorkerView
 from scheduler.components.meter import PREFILL_PROBE_TOKENS
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.sim_engine import EngineConfig, SimEngine, Speculation, StepOutcome
@@ -43,6 +44,7 @@ class EngineOptions:
     mixed: bool = True  # mixed prefill+decode steps (the server's default on GPUs)
     stock_fcfs: bool = True  # fcfs runs as stock SGLang: separate prefill steps
     overlap: bool = True  # SGLang's overlap schedule (its default on GPUs): arrivals wait one pass more
+    length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR  # --slo-length-predictor (each engine learns its own)
 
 
 class SimWorker:
@@ -84,6 +86,7 @@ class SimWorker:
             plan_perf=card.plan_with,
             speculation=speculation,
             startup_chunk=startup,
+            lengths=live_length_bounds(options.length_predictor),
         )
         self.registration = Register(
             worker_id=worker_id,

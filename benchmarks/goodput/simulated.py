@@ -26,6 +26,7 @@ from benchmarks.goodput.metrics import RunMetrics, score
 from benchmarks.goodput.mixes import MIXES, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.perf_model import PerfModel, load_perf_model, load_profile, profile_path
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import POLICIES, make_policy
@@ -125,10 +126,12 @@ def simulate(
     chunk: int = 8192,
     horizon_s: float | None = None,
     overlap: bool = True,
+    length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR,
 ) -> list[RequestRecord]:
     """One policy over one planned workload on one card. fcfs is stock SGLang: no knobs, and
     separate prefill steps (SGLang's default) unless `stock_fcfs` is False; `overlap` is
-    SGLang's overlap schedule (its GPU default: see scheduler.core.sim_engine)."""
+    SGLang's overlap schedule (its GPU default: see scheduler.core.sim_engine); `length_predictor`
+    is the server's --slo-length-predictor (a fresh one per run, as a freshly started server)."""
     if policy == "fcfs" and stock_fcfs:
         mixed = False
     engine_policy = make_policy(policy, card.plan_with)
@@ -140,6 +143,7 @@ def simulate(
         ),
         settings=settings_for(engine_policy, mixed_batching=mixed),
         plan_perf=card.plan_with,
+        lengths=live_length_bounds(length_predictor),
     )
     reqs = sim_requests(planned)
     last = max((r.arrival for r in reqs), default=0.0)
@@ -179,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--max-prompt", type=int, default=4096)
     ap.add_argument("--max-output", type=int, default=1024)
+    ap.add_argument(
+        "--length-predictor",
+        default=DEFAULT_LENGTH_PREDICTOR,
+        help="the server's --slo-length-predictor (history[:Q], none, or an artifact)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     card = Card.load(args.gpu)
@@ -204,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
                 stock_fcfs=args.fcfs_batching == "stock",
                 max_running=args.max_running,
                 chunk=args.chunk,
+                length_predictor=args.length_predictor,
             )
             for name, m in results.items():
                 rows.setdefault((rate, name), []).append(m)

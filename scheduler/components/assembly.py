@@ -4,6 +4,7 @@ scheduler initialises (SGLang's init already calls some of the adapter's overrid
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,9 +17,9 @@ from scheduler.components.rank_sync import PassSync
 from scheduler.components.request_state import RequestStates
 from scheduler.components.views import ViewBuilder
 from scheduler.config import SloServerConfig
-from scheduler.core.analyzer.base import load_predictor
 from scheduler.core.analyzer.graph import PatternLibrary, load_deepresearch
 from scheduler.core.analyzer.online import BoundAccuracy, LiveLengthBounds
+from scheduler.core.analyzer.spec import predictor_from_spec
 from scheduler.core.clock import Clock, WallClock
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.online_perf import OnlinePerfModel
@@ -83,12 +84,17 @@ class SloComponents:
         """The SLO speculation controller's acceptance rate (None without one)."""
         return None if self.spec is None else self.spec.acceptance.alpha
 
-    def on_finished(self, rid: str, prompt_tokens: int, output_tokens: int, now: float) -> None:
+    def on_finished(self, rid: str, prompt_tokens: int, output_tokens: int, now: float, answered: bool = True) -> None:
+        """`answered` False: aborted, so its length is no answer's length (nothing learns from it)."""
         state = self.states.forget(rid)
         self.views.forget(rid)
         if self.lengths is not None:
-            entry = self.lengths.forget(rid)
-            if entry is not None:
+            if answered:
+                app = state.slo.program_id if state is not None else None
+                entry = self.lengths.finished(rid, app, output_tokens)
+            else:
+                entry = self.lengths.forget(rid)
+            if entry is not None and answered and math.isfinite(entry.initial):  # inf: no guess yet
                 self.accuracy.record(entry.initial, output_tokens)
         if state is not None and state.slo.program_id is not None:
             self.compound.on_finish(state.slo.program_id, state.slo.stage, prompt_tokens, output_tokens, now)
@@ -122,15 +128,15 @@ def _pattern_library(path: str | None) -> PatternLibrary:
     return library
 
 
-def _length_bounds(path: str | None, quantile: float | None) -> LiveLengthBounds | None:
-    if not path:
+def _length_bounds(spec: str | None, quantile: float | None) -> LiveLengthBounds | None:
+    predictor = predictor_from_spec(spec)
+    if predictor is None:
         return None
-    predictor = load_predictor(path)
     if quantile is not None:
         if not hasattr(predictor, "quantile"):
             raise ValueError(f"predictor {predictor.name} has no quantile to set")
         predictor.quantile = quantile
-    logger.info("length predictor %s loaded from %s", predictor.name, path)
+    logger.info("length predictor %s (%s)", predictor.name, spec)
     return LiveLengthBounds(predictor)
 
 

@@ -18,6 +18,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
+from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.clock import ManualClock
 from scheduler.core.estimates import absolute_deadline, deadline_seconds
 from scheduler.core.outcome import SloOutcome, evaluate
@@ -109,7 +110,9 @@ class Arrivals:
 
 
 class Simulator:
-    """Run `policy` over `requests` on one engine; `predictor` may refine predicted lengths.
+    """Run `policy` over `requests` on one engine; `predictor` may refine predicted lengths, and
+    `lengths` bounds them as the server does (`--slo-length-predictor`: asked per request, refined
+    every N tokens, and, for an online predictor, taught by every answered request).
     `record_trace` keeps every planned step's view and finished plan (for comparing plan paths);
     `plan_perf` is the model the engine's default knobs are sized with (the server's perf model,
     which may differ from the steps' real times, `perf`)."""
@@ -124,7 +127,9 @@ class Simulator:
         settings: PlanSettings | None = None,
         record_trace: bool = False,
         plan_perf: PerfModel | None = None,
+        lengths: LiveLengthBounds | None = None,
     ) -> None:
+        self.lengths = lengths
         self.policy = policy
         self.perf = perf
         self.plan_perf = plan_perf if plan_perf is not None else perf  # what the default knobs are sized with
@@ -145,6 +150,7 @@ class Simulator:
             plan_perf=self.plan_perf,
             predictor=self.predictor,
             record_trace=self.record_trace,
+            lengths=self.lengths,
         )
 
         def finish(f: Finished) -> None:

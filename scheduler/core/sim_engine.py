@@ -29,12 +29,14 @@ The true output length is known only here; views expose what a server would.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.columns import RowCache
 from scheduler.core.dynamic_chunking import budget_from_startup, dynamic_chunk
 from scheduler.core.plan_path import DECODE, PREFILL, FinalPlan, KnobModel, PlanSettings, plan_pass
@@ -177,6 +179,10 @@ class StepOutcome:
     decode_tokens: int = 0  # of which by decoding requests (speculation: 1 + accepted drafts each)
 
 
+def _bound(lengths: LiveLengthBounds, r: SimRequest, generated: int) -> float | None:
+    return lengths.bound(r.rid, str, r.prompt_len, r.slo.program_id, generated)
+
+
 class SimEngine:
     """One engine. `policy` plans with `plan_perf` (the server's model); steps last what `perf`
     (the card's pace) says. `settings` is how the engine finishes plans (batching mode, role)."""
@@ -192,7 +198,13 @@ class SimEngine:
         record_trace: bool = False,
         speculation: Speculation | None = None,
         startup_chunk: int | None = None,
+        lengths: LiveLengthBounds | None = None,
     ) -> None:
+        if lengths is not None:
+            if predictor is not None:
+                raise ValueError("give a predictor or length bounds, not both")
+            predictor = functools.partial(_bound, lengths)
+        self.lengths = lengths  # as the server's --slo-length-predictor: answered requests teach it
         self.policy = policy
         # benchmarks' *_oracle policies only are shown the true length, as the adapter does
         self.oracle = policy.name.endswith(ORACLE_SUFFIX)
@@ -309,6 +321,9 @@ class SimEngine:
     def take_dropped(self) -> list[Finished]:
         """Requests the last plan dropped (queue timeouts, admission drops), now gone."""
         out, self._dropped = self._dropped, []
+        if self.lengths is not None:
+            for f in out:
+                self.lengths.forget(f.req.rid)
         return out
 
     # ---- one step ----------------------------------------------------------------------------
@@ -510,6 +525,11 @@ class SimEngine:
             self._leave_running(st)
             self._by_rid.pop(st.req.rid, None)
             finished.append(Finished(st.req, tokens, t, reason, st.preemptions))
+            if self.lengths is not None:
+                if reason is None:  # answered in full: its length teaches an online predictor
+                    self.lengths.finished(st.req.rid, st.req.slo.program_id, st.req.output_len)
+                else:
+                    self.lengths.forget(st.req.rid)
         if self._removed:
             for st in self._removed:
                 self._leave_running(st)

@@ -10,6 +10,7 @@ from pathlib import Path
 import requests
 
 from scheduler.core.analyzer.base import LengthSample, make_predictor, save_predictor
+from scheduler.core.analyzer.spec import COLD_START
 from server.process import ServerProcess
 from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
@@ -83,3 +84,26 @@ def test_unreadable_predictor_stops_start_up(tmp_path: Path) -> None:
     )
     assert proc.returncode != 0
     assert "--slo-length-predictor" in proc.stderr
+
+
+def test_a_default_server_learns_its_length_bounds_from_its_own_answers() -> None:
+    """No flag: the history:0.9 default bounds nothing until COLD_START answers are in, then
+    bounds each newcomer by what the answers before it took (all 4 tokens here: no error)."""
+    with ServerProcess("--model-path", "tiny", "--slo-policy", "sjf", name="sjf-default-lengths") as server:
+        for i in range(COLD_START + 3):
+            r = requests.post(
+                server.url + "/generate",
+                json={
+                    "text": f"question {i}",
+                    "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                    "slo": {"deadline_ms": 9000},
+                },
+                timeout=60,
+            )
+            assert r.status_code == 200, r.text
+        status = server.status_when(lambda s: (s["engine"].get("predictor_accuracy") or {}).get("requests", 0) >= 3)
+        engine = status["engine"]
+        assert engine["length_predictor"]["name"] == "history"
+        assert engine["predictor_accuracy"]["mae_tokens"] == 0.0  # learned: every answer took 4 tokens
+        # bounds made before the cold start ended (none: the client's cap) are not scored
+        assert engine["predictor_accuracy"]["requests"] < COLD_START + 3

@@ -7,11 +7,13 @@ next refinement checkpoint (Tempo/JITServe §4.1).
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.core.analyzer.base import LengthPredictor, floor_at_generated
+from scheduler.core.analyzer.spec import learns_online
 
 
 @dataclass
@@ -29,6 +31,7 @@ class LiveLengthBounds:
         self._entries: dict[str, _Entry] = {}
         self._max = max_entries
         self.predictions = 0
+        self._learns = learns_online(predictor)
 
     def bound(
         self,
@@ -38,12 +41,13 @@ class LiveLengthBounds:
         app_id: str | None,
         generated: int,
         generated_text: Callable[[int], str] | None = None,
-    ) -> float:
+    ) -> float | None:
         """`prompt_text` is called once per request (decoding a prompt is not free);
-        `generated_text(n)` gives the first n generated tokens as text at each refinement."""
+        `generated_text(n)` gives the first n generated tokens as text at each refinement.
+        None: no guess yet (an online predictor's cold start), so the client's cap bounds it."""
         checkpoint = (max(generated, 0) // self.refine_every) * self.refine_every
         entry = self._entries.get(rid)
-        if entry is None or entry.checkpoint != checkpoint:
+        if entry is None or entry.checkpoint != checkpoint or not math.isfinite(entry.bound):  # no guess: ask again
             text = entry.prompt_text if entry is not None else prompt_text()
             so_far = generated_text(checkpoint) if generated_text is not None and checkpoint > 0 else ""
             value = self.predictor.predict(text, prompt_len, app_id, generated=checkpoint, generated_text=so_far)
@@ -54,11 +58,20 @@ class LiveLengthBounds:
                 entry = self._entries[rid] = _Entry(checkpoint, value, value, text)
             else:
                 entry.checkpoint, entry.bound = checkpoint, value
-        return floor_at_generated(entry.bound, generated)
+                if not math.isfinite(entry.initial):  # its first real guess is the one to score
+                    entry.initial = value
+        return floor_at_generated(entry.bound, generated) if math.isfinite(entry.bound) else None
 
     def forget(self, rid: str) -> _Entry | None:
         """Drop a finished request; returns its entry so callers can score the prediction."""
         return self._entries.pop(rid, None)
+
+    def finished(self, rid: str, app_id: str | None, output_tokens: int) -> _Entry | None:
+        """A request answered in full: forget it and, when the predictor learns online (the
+        history default), teach it this answer's length. Returns the request's entry."""
+        if self._learns:
+            self.predictor.observe(app_id, output_tokens)  # type: ignore[attr-defined]
+        return self.forget(rid)
 
     def __len__(self) -> int:
         return len(self._entries)

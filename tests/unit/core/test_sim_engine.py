@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from scheduler.core.analyzer.spec import COLD_START, live_length_bounds
 from scheduler.core.perf_model import constant_model, linear_model
 from scheduler.core.plan_path import DECODE, PREFILL, settings_for
 from scheduler.core.policies import make_policy
@@ -174,3 +175,29 @@ def test_a_step_is_charged_for_the_kv_it_attends_as_the_emulator_keys_it() -> No
         else:
             expected = model.step_time(100, 0, 100)
         assert end - t == pytest.approx(expected)
+
+
+class BoundsSeen(CountingPolicy):
+    """Records the length bound each waiting request is planned with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bounds: dict[str, float | None] = {}
+
+    def plan(self, view: EngineView) -> StepPlan:
+        self.bounds.update({r.rid: r.predicted_output_len for r in view.waiting})
+        return StepPlan()
+
+
+def test_length_bounds_are_learned_from_answered_requests_as_the_server_learns_them() -> None:
+    policy = BoundsSeen()
+    config = EngineConfig(max_running_requests=1, chunk_size=64)
+    lengths = live_length_bounds("history:0.9")
+    e = SimEngine(policy, constant_model(TAU), config, settings_for(policy), lengths=lengths)  # type: ignore[arg-type]
+    t = 0.0
+    for i in range(COLD_START + 5):  # one at a time: each is planned after the ones before answered
+        e.add(SimRequest(f"r{i}", SloSpec(), t, prompt_len=8, output_len=30, max_new_tokens=1024))
+        t = run(e, t)
+    assert policy.bounds["r0"] is None  # nothing learned yet: the client's cap bounds it
+    assert policy.bounds[f"r{COLD_START}"] == 30.0  # every answer so far had 30 tokens
+    assert len(lengths) == 0  # answered requests are forgotten

@@ -1,0 +1,51 @@
+"""A length predictor named on a command line: the same spelling for the engine and the router.
+
+`history:Q` (the default of both): the Q-quantile of recent answers' lengths, learned online from
+completions, an upper bound in the spirit of Tempo's and JITServe's QRF bounds (§4.1) that needs
+no training; `history`: their mean; `none`: no prediction (policies fall back to the client's
+max_new_tokens); anything else: a saved analyzer artifact (QRF, MoE).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from scheduler.core.analyzer.base import LengthPredictor, load_predictor, make_predictor
+
+if TYPE_CHECKING:
+    from scheduler.core.analyzer.online import LiveLengthBounds
+
+DEFAULT_LENGTH_PREDICTOR = "history:0.9"
+COLD_START = 20  # finished answers the history predictor needs before it predicts
+
+
+def predictor_from_spec(spec: str | None) -> LengthPredictor | None:
+    """A fresh predictor for `spec` (None or "none": no predictor). A bad spec is a ValueError
+    naming it; an unreadable artifact raises what loading it raised."""
+    if spec is None or spec == "none":
+        return None
+    kind, sep, quantile = spec.partition(":")
+    if kind == "history":
+        try:
+            # No guess before COLD_START answers: the first to finish are the short ones, and a
+            # bound learned from them would call long answers short; until then the cap rules.
+            return make_predictor(
+                "history", quantile=float(quantile) if sep else None, default=math.inf, min_global=COLD_START
+            )
+        except ValueError as e:
+            raise ValueError(f"{spec}: {e}") from None
+    return load_predictor(spec)
+
+
+def live_length_bounds(spec: str | None) -> LiveLengthBounds | None:
+    """Per-request bounds from a fresh predictor for `spec`, as one server keeps them (None: none)."""
+    from scheduler.core.analyzer.online import LiveLengthBounds
+
+    predictor = predictor_from_spec(spec)
+    return None if predictor is None else LiveLengthBounds(predictor)
+
+
+def learns_online(predictor: object) -> bool:
+    """Whether completions teach this predictor (the history predictor); trained artifacts are fixed."""
+    return callable(getattr(predictor, "observe", None))
