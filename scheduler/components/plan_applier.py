@@ -6,7 +6,8 @@ Reads `rid` from each waiting request; the queue is sorted in place (SGLang admi
 from __future__ import annotations
 
 import logging
-from itertools import repeat
+from collections.abc import Iterable
+from itertools import filterfalse, repeat
 from typing import Any
 
 from scheduler.components.request_state import RequestStates
@@ -18,25 +19,37 @@ logger = logging.getLogger("sglang_slo.scheduler")
 def order_waiting(waiting: list[Any], plan: FinalPlan, states: RequestStates) -> None:
     """Admitted requests first in the policy's order (unlisted ones after them, in queue order);
     the best-effort tier runs on what is left of the step's budget (SLOs-Serve §4.1), so
-    declined requests still run, last. Linear in the queue, no sort; the tier is split on the
-    plan's rids, so each request is looked at once."""
+    declined requests still run, last. Linear in the queue, no sort: the order is split on the
+    plan's rids and mapped to requests in C loops."""
     tier = plan.best_effort
     rids = [r.rid for r in waiting]
+    queued: Iterable[str] = rids
     if plan.order is not None or tier:
-        by_rid = dict(zip(rids, waiting))
+        index = dict(zip(rids, waiting))
+        queued = index.keys()
         order = plan.order or ()
-        listed, listed_tier = order, ()
-        if tier:
-            listed, listed_tier = [rid for rid in order if rid not in tier], [rid for rid in order if rid in tier]
-        pop = by_rid.pop  # a rid listed twice, or not waiting, is skipped
-        head = [r for r in map(pop, listed, repeat(None)) if r is not None]
-        tail = [r for r in map(pop, listed_tier, repeat(None)) if r is not None]
+        listed, listed_tier = (
+            (list(filterfalse(tier.__contains__, order)), list(filter(tier.__contains__, order)))
+            if tier
+            else (order, ())
+        )
+        by_rid = index.copy()
+        try:  # the plan lists each waiting rid once, as finish_plan leaves it
+            head, tail = list(map(by_rid.pop, listed)), list(map(by_rid.pop, listed_tier))
+        except KeyError:  # a rid listed twice, or not waiting: skipped
+            by_rid = index.copy()
+            head, tail = _take(by_rid, listed), _take(by_rid, listed_tier)
         for r in by_rid.values():  # unlisted, in queue order, each on its side of the tier
-            (tail if tier and r.rid in tier else head).append(r)
+            (tail if r.rid in tier else head).append(r)
         waiting[:] = head + tail
-    states.mark_tier(rids, tier)  # the tier a request starts in is the one it runs in
+    states.mark_tier(queued, tier)  # the tier a request starts in is the one it runs in
     if logger.isEnabledFor(logging.DEBUG) and waiting:
         logger.debug("order: %s; best-effort tier: %s", [r.rid for r in waiting[:8]], sorted(tier)[:8])
+
+
+def _take(by_rid: dict[str, Any], rids: Iterable[str]) -> list[Any]:
+    """by_rid's requests for `rids`, in order, each taken out; a rid no longer there is skipped."""
+    return [r for r in map(by_rid.pop, rids, repeat(None)) if r is not None]
 
 
 def split_dropped(waiting: list[Any], drop: dict[str, str]) -> tuple[list[Any], list[tuple[Any, str]]]:

@@ -3,13 +3,15 @@
 A request's SLO and arrival are read once from the `custom_params` the HTTP edge injected; the
 benchmark-only true length (the hidden hint) and the client cap it lowered are kept here too,
 as is the tier the policy's last plan put the request in while it waited (the tier it starts
-in is the one it runs in).
+in is the one it runs in): one set of rids, so a pass touches only the requests whose tier
+changed.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +30,6 @@ class RequestState:
     arrival: float  # unix time, the same domain as the scheduler's clock
     hinted: bool = False  # a benchmark's hidden true length lowered the engine's max_new_tokens
     client_cap: int | None = None  # ... and this was the client's own (what policies see)
-    declined: bool = False  # the policy's last plan put it in the best-effort tier
     stage_deadline: Any = _UNSET  # compound: D_s fixed when the stage is first seen (float | None)
 
     @property
@@ -58,6 +59,7 @@ class RequestStates:
     def __init__(self) -> None:
         self._states: dict[str, RequestState] = {}
         self._caps: dict[str, int | None] = {}  # set at arrival, before a state exists
+        self._declined: set[str] = set()  # known rids the last plan put in the best-effort tier
 
     def __len__(self) -> int:
         return len(self._states)
@@ -95,23 +97,35 @@ class RequestStates:
         state = self._states.get(rid)
         return rid in self._caps or (state is not None and state.hinted)
 
-    def mark_tier(self, rids: Iterable[str], tier: Collection[str]) -> None:
-        """These waiting requests are in the best-effort tier iff listed in `tier`."""
-        get = self._states.get
-        for rid in rids:
-            state = get(rid)
-            if state is not None:
-                state.declined = rid in tier
+    def mark_tier(self, waiting: Iterable[str], tier: AbstractSet[str]) -> None:
+        """The known requests among `waiting` are in the best-effort tier iff in `tier`; the
+        others keep theirs (a running request stays in the tier it started in). Costs what
+        changed since the last plan, plus one pass over the tier."""
+        declined = self._declined
+        if not tier and not declined:
+            return
+        left, joined = declined - tier, tier - declined
+        if not (left or joined):
+            return
+        queued = waiting if isinstance(waiting, AbstractSet) else set(waiting)
+        declined -= left & queued
+        declined |= (joined & queued) & self._states.keys()
+
+    @property
+    def declined(self) -> AbstractSet[str]:
+        """The known rids in the best-effort tier (read-only: `mark_tier` sets it)."""
+        return self._declined
 
     def is_declined(self, rid: str) -> bool:
-        state = self._states.get(rid)
-        return state is not None and state.declined
+        return rid in self._declined
 
     def forget(self, rid: str) -> RequestState | None:
         self._caps.pop(rid, None)
+        self._declined.discard(rid)
         return self._states.pop(rid, None)
 
     def keep_only(self, live: set[str]) -> None:
         """Drop the states of requests that left without passing through `forget` (aborts)."""
         self._states = {rid: s for rid, s in self._states.items() if rid in live}
         self._caps = {rid: c for rid, c in self._caps.items() if rid in live}
+        self._declined &= live

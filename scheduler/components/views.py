@@ -55,7 +55,7 @@ class ViewBuilder:
         self.lengths = lengths
         self.decode_text = decode_text
         self.oracle = oracle  # benchmarks' *_oracle policies only: they are given the true length
-        # rid -> [view, the prefix_indices object and output length it was refreshed with, state,
+        # rid -> [view, the prefix_indices object and output length it was refreshed with,
         # whether its SLO is best effort]
         self._cache: dict[str, list[Any]] = {}
 
@@ -70,30 +70,31 @@ class ViewBuilder:
         entry = self._cache.get(req.rid)
         if entry is None:
             view = self.request_view(req)
-            state = self.states.get(req.rid)
-            self._cache[req.rid] = [view, req.prefix_indices, len(req.output_ids), state, view.slo.is_best_effort]
+            self._cache[req.rid] = [view, req.prefix_indices, len(req.output_ids), view.slo.is_best_effort]
             return view
         view = entry[0]
         prefix, n_out = req.prefix_indices, len(req.output_ids)
         if prefix is not entry[1] or n_out != entry[2]:
             self._refresh(view, req, n_out)
             entry[1], entry[2] = prefix, n_out
-        view.best_effort_tier = entry[4] or entry[3].declined
+        view.best_effort_tier = entry[3] or req.rid in self.states.declined
         return view
 
     def views(self, reqs: Sequence[Any]) -> list[RequestView]:
         """`cached_view` of each request, with the unchanged case inlined: at thousands waiting
         this loop is a visible share of a pass."""
         get = self._cache.get
+        declined = self.states.declined
         out: list[RequestView] = []
         append = out.append
         for req in reqs:
-            entry = get(req.rid)
+            rid = req.rid
+            entry = get(rid)
             if entry is None or req.prefix_indices is not entry[1] or len(req.output_ids) != entry[2]:
                 append(self.cached_view(req))
                 continue
             view = entry[0]
-            view.best_effort_tier = entry[4] or entry[3].declined
+            view.best_effort_tier = entry[3] or rid in declined
             append(view)
         return out
 
@@ -145,7 +146,7 @@ class ViewBuilder:
             program_arrival=program_arrival,
             attained_service=float(len(req.origin_input_ids) + len(req.output_ids)),
             stage_deadline=stage_deadline,
-            best_effort_tier=spec.is_best_effort or state.declined,
+            best_effort_tier=spec.is_best_effort or self.states.is_declined(req.rid),
             oracle_output_len=oracle_hint(req.sampling_params) if self.oracle else None,
         )
         if self.lengths is not None:

@@ -14,6 +14,7 @@ builds the views keeps a `RowCache` (see its contract); the rest is read every p
 from __future__ import annotations
 
 import math
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +41,19 @@ _CLASS_BY_ID = {
     id(SloClass.COMPOUND): COMPOUND,
     id(SloClass.BEST_EFFORT): BEST_EFFORT,
 }
+
+
+def _bools(values: Sequence[object], n: int) -> np.ndarray:
+    """The truth of these n values, packed as `estimates._floats` packs numbers."""
+    out = np.empty(n, dtype=np.bool_)
+    struct.pack_into(f"{n}?", out.data, 0, *values)
+    return out
+
+
+def _int64s(values: Sequence[int], n: int) -> np.ndarray:
+    out = np.empty(n, dtype=np.int64)
+    struct.pack_into(f"{n}q", out.data, 0, *values)
+    return out
 
 
 class SloTable:
@@ -69,19 +83,19 @@ class SloTable:
     def rows(self, reqs: Sequence[RequestView]) -> np.ndarray:
         """Column index in `cols` of each request's spec, adding the specs not cached yet."""
         get = self._index.get
-        rows: Sequence[int | None] = [get(id(r.slo)) for r in reqs]
-        if None in rows:
+        rows = [get(id(r.slo), -1) for r in reqs]
+        if rows and min(rows) < 0:
             slos = [r.slo for r in reqs]
             if len(self._specs) > 2 * len(slos) + self.slack:
                 self._clear()  # evict specs no longer in use
-                rows = [None] * len(slos)
+                rows = [-1] * len(slos)
             rows = self._add(slos, rows)
-        return np.fromiter(rows, dtype=np.int64, count=len(rows))
+        return _int64s(rows, len(rows))
 
-    def _add(self, slos: list[SloSpec], rows: Sequence[int | None]) -> list[int]:
+    def _add(self, slos: list[SloSpec], rows: Sequence[int]) -> list[int]:
         index, specs = self._index, self._specs
         first_new = len(specs)
-        new = list({id(s): s for s, row in zip(slos, rows, strict=True) if row is None}.values())
+        new = list({id(s): s for s, row in zip(slos, rows, strict=True) if row < 0}.values())
         index.update(zip(map(id, new), range(first_new, first_new + len(new))))
         specs.extend(new)
         get = index.__getitem__
@@ -144,7 +158,7 @@ def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[
 
 
 class RowCache:
-    """Each view's static numbers (`static_rows`), kept across passes by view identity.
+    """Each view's static numbers (`static_rows`), kept across passes for the same view object.
 
     Contract with the engine that builds the views and keeps this cache: once a RequestView
     exists, its rid, slo, arrival, prompt_len, max_new_tokens, program_arrival and
@@ -152,9 +166,10 @@ class RowCache:
     SimEngine keep to it: across passes they refresh only generated, prefix_cached,
     first_token_time, predicted_output_len, attained_service and best_effort_tier, which
     ViewColumns reads every pass. A request whose static fields change gets a new view (the
-    oracle variant's `dataclasses.replace`, a cluster's re-routed request). The cache holds a
-    reference to every view it knows, so an id is never reused while cached; views no longer
-    seen are dropped when the cache grows well past the live set."""
+    oracle variant's `dataclasses.replace`, a cluster's re-routed request), which the cache
+    reads as new: a row is found by rid and used only if it holds that very view (the cache
+    keeps a reference to every view it knows). Views no longer seen are dropped when the cache
+    grows well past the live set."""
 
     def __init__(self, slack: int = 4096) -> None:
         self.slack = slack
@@ -162,8 +177,8 @@ class RowCache:
         self._clear()
 
     def _clear(self) -> None:
-        self._index: dict[int, int] = {}
-        self._views: list[RequestView] = []
+        self._index: dict[str, int] = {}  # rid -> row of the view last read under it
+        self._views: list[RequestView] = []  # row -> view (held: identity checks stay exact)
         self._groups: dict[tuple[object, object], int] = {}
         self._cols = np.empty((STATIC_ROWS, 0))
         self._rids = np.empty(0, dtype=object)
@@ -173,22 +188,23 @@ class RowCache:
 
     def lookup(self, reqs: Sequence[RequestView]) -> tuple[np.ndarray, np.ndarray]:
         """(static numbers, rids as an object array) of these views, reading the views not
-        cached yet."""
-        get = self._index.get
-        rows: Sequence[int | None] = [get(id(r)) for r in reqs]
-        if None in rows:
-            if len(self._views) > 2 * len(reqs) + self.slack:
+        cached yet. Found by rid (a string key hashes once), kept only if it is the same view."""
+        get, views = self._index.get, self._views
+        rows = _int64s([row if (row := get(r.rid, -1)) >= 0 and views[row] is r else -1 for r in reqs], len(reqs))
+        if rows.size and rows.min() < 0:
+            if len(views) > 2 * len(reqs) + self.slack:
                 self._clear()  # evict views no longer in use
-                rows = [None] * len(reqs)
+                rows[:] = -1
             rows = self._add(reqs, rows)
-        idx = np.fromiter(rows, dtype=np.int64, count=len(rows))
-        return self._cols[:, idx], self._rids[idx]
+        return np.take(self._cols, rows, axis=1), self._rids[rows]
 
-    def _add(self, reqs: Sequence[RequestView], rows: Sequence[int | None]) -> list[int]:
-        new = list({id(r): r for r, row in zip(reqs, rows, strict=True) if row is None}.values())
+    def _add(self, reqs: Sequence[RequestView], rows: np.ndarray) -> np.ndarray:
+        missing = np.flatnonzero(rows < 0).tolist()
+        new = list({id(r): r for r in (reqs[i] for i in missing)}.values())  # each new view once
         first = len(self._views)
-        self._index.update(zip(map(id, new), range(first, first + len(new))))
+        row_of = {id(r): row for row, r in enumerate(new, first)}
         self._views.extend(new)
+        self._index.update((r.rid, row_of[id(r)]) for r in new)
         size = len(self._views)
         if size > self._cols.shape[1]:  # grow by doubling: a pass adds a few arrivals
             cap = max(size, 2 * self._cols.shape[1], 64)
@@ -197,8 +213,8 @@ class RowCache:
             self._cols, self._rids = cols, rids
         self._cols[:, first:size] = static_rows(new, self.slos, self._groups)
         self._rids[first:size] = [r.rid for r in new]
-        get = self._index.__getitem__
-        return [get(id(r)) for r in reqs]
+        rows[missing] = [row_of[id(reqs[i])] for i in missing]
+        return rows
 
 
 class ViewColumns:
@@ -261,7 +277,7 @@ class ViewColumns:
 
     @cached_property
     def started(self) -> np.ndarray:
-        return np.fromiter([r.first_token_time is not None for r in self.reqs], dtype=bool, count=self.n)
+        return _bools([r.first_token_time is not None for r in self.reqs], self.n)
 
     @cached_property
     def predicted(self) -> np.ndarray:
@@ -270,7 +286,7 @@ class ViewColumns:
 
     @cached_property
     def be_tier(self) -> np.ndarray:
-        return np.fromiter([r.best_effort_tier for r in self.reqs], dtype=bool, count=self.n)
+        return _bools([r.best_effort_tier for r in self.reqs], self.n)
 
     @cached_property
     def attained(self) -> np.ndarray:

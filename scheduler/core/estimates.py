@@ -13,6 +13,7 @@ policy is given none), so policies work without a fitted profile.
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, overload
@@ -257,8 +258,12 @@ class Speeds:
         return np.ceil(tokens / self.chunk) * self.prefill_fixed + tokens * self.prefill_per_token
 
 
-def _floats(values: list, n: int) -> np.ndarray:
-    return np.fromiter(values, dtype=np.float64, count=n)
+def _floats(values: Sequence[float], n: int) -> np.ndarray:
+    """These n Python numbers as float64: struct packs them several times faster than numpy
+    converts a list, to the same doubles."""
+    out = np.empty(n)
+    struct.pack_into(f"{n}d", out.data, 0, *values)
+    return out
 
 
 def remaining_prefill(a: ReqArrays) -> np.ndarray:

@@ -41,11 +41,11 @@ def held_lost_causes(
     c = columns if columns is not None else columns_of(view)
     nw, rids = c.n_waiting, c.rids
     past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
-    lost = [rid for i in np.flatnonzero(past).tolist() if (rid := rids[i]) in best_effort]
+    lost = frozenset(best_effort).intersection(c.rid_array[:nw][past].tolist())
     if not lost:
         return frozenset()
     cls = c.cls
     slo_work = bool(np.any(~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT))) or any(
         rids[i] not in best_effort for i in np.flatnonzero(cls[:nw] != BEST_EFFORT).tolist()
     )
-    return frozenset(lost) if slo_work else frozenset()
+    return lost if slo_work else frozenset()

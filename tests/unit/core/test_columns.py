@@ -112,3 +112,14 @@ def test_sharing_the_columns_changes_no_plan(name: str, mixed: bool) -> None:
         for view in view_passes(seed, nw, nr, passes=3):
             planned = plan_pass(view, shared, settings, KnobModel(perf), cache=cache)
             assert planned == finalize_plan(view, alone.plan(view), settings, KnobModel(perf))
+
+
+def test_a_new_view_under_a_known_rid_is_read_anew() -> None:
+    cache = RowCache()
+    view = next(view_passes(2, 5, 3))
+    ViewColumns.read(view.waiting, view.running, cache)
+    first = view.waiting[0]
+    moved = replace(first, arrival=first.arrival - 7.0, prompt_len=9, slo=replace(first.slo, weight=3.0))
+    again = replace(view, waiting=[moved, *view.waiting[1:], first])  # the old view too, under the same rid
+    for _ in range(2):
+        _assert_columns_are_the_views(ViewColumns.read(again.waiting, again.running, cache), again)

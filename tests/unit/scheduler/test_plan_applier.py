@@ -48,7 +48,8 @@ def test_the_queue_and_the_tier_flags_are_the_per_request_ones(seed: int) -> Non
         states = RequestStates()
         known = {f"r{i}" for i in range(18) if rng.random() < 0.8}
         for rid in sorted(known):
-            states.of(_Stub(rid), 0.0).declined = rng.random() < 0.5
+            states.of(_Stub(rid), 0.0)
+        states.mark_tier(known, frozenset(rid for rid in sorted(known) if rng.random() < 0.5))
         before = {rid: states.is_declined(rid) for rid in known}
         queue = list(waiting)
         order_waiting(queue, plan, states)

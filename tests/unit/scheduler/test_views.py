@@ -36,9 +36,9 @@ def test_the_tier_follows_the_latest_plan_and_forgotten_requests_are_rebuilt() -
     views, states = _builder()
     req = StandInReq("a", 100, ttft_ms=500, tpot_ms=50)
     assert not views.engine_view([req], [], LIMITS).waiting[0].best_effort_tier
-    states.get("a").declined = True
+    states.mark_tier(["a"], frozenset({"a"}))  # the last plan put it in the best-effort tier
     assert views.engine_view([req], [], LIMITS).waiting[0].best_effort_tier
-    states.get("a").declined = False
+    states.mark_tier(["a"], frozenset())
     old = views.engine_view([req], [], LIMITS).waiting[0]
     assert not old.best_effort_tier
     views.forget("a")
