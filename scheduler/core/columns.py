@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
+from itertools import repeat
+from operator import is_
 
 import numpy as np
 
@@ -178,41 +180,55 @@ class RowCache:
 
     def _clear(self) -> None:
         self._index: dict[str, int] = {}  # rid -> row of the view last read under it
-        self._views: list[RequestView] = []  # row -> view (held: identity checks stay exact)
         self._groups: dict[tuple[object, object], int] = {}
-        self._cols = np.empty((STATIC_ROWS, 0))
-        self._rids = np.empty(0, dtype=object)
+        self._size = 0
+        self.cols = np.empty((STATIC_ROWS, 0))  # static numbers, a column per row
+        self.rid_array = np.empty(0, dtype=object)  # row -> rid
+        self._views = np.empty(0, dtype=object)  # row -> view (held: identity checks stay exact)
 
     def __len__(self) -> int:
-        return len(self._views)
+        return self._size
 
-    def lookup(self, reqs: Sequence[RequestView]) -> tuple[np.ndarray, np.ndarray]:
-        """(static numbers, rids as an object array) of these views, reading the views not
-        cached yet. Found by rid (a string key hashes once), kept only if it is the same view."""
-        get, views = self._index.get, self._views
-        rows = _int64s([row if (row := get(r.rid, -1)) >= 0 and views[row] is r else -1 for r in reqs], len(reqs))
-        if rows.size and rows.min() < 0:
-            if len(views) > 2 * len(reqs) + self.slack:
+    def rows(self, reqs: Sequence[RequestView], rids: Sequence[str]) -> np.ndarray:
+        """The row in `cols` of each view (`rids`: theirs), reading the views not cached yet.
+        A row is found by rid (a string key hashes once) and kept only for that very view."""
+        n = len(reqs)
+        rows = _int64s(list(map(self._index.get, rids, repeat(-1))), n)
+        if self._size:
+            held = self._views[rows].tolist()  # -1 (unknown rid): the last view, never this one
+            stale = ~_bools(list(map(is_, held, reqs)), n)
+        else:
+            stale = np.ones(n, dtype=bool)
+        if stale.any():
+            if self._size > 2 * n + self.slack:
                 self._clear()  # evict views no longer in use
-                rows[:] = -1
-            rows = self._add(reqs, rows)
-        return np.take(self._cols, rows, axis=1), self._rids[rows]
+                stale[:] = True
+            rows = self._add(reqs, rows, np.flatnonzero(stale).tolist())
+        return rows
 
-    def _add(self, reqs: Sequence[RequestView], rows: np.ndarray) -> np.ndarray:
-        missing = np.flatnonzero(rows < 0).tolist()
+    def _add(self, reqs: Sequence[RequestView], rows: np.ndarray, missing: list[int]) -> np.ndarray:
         new = list({id(r): r for r in (reqs[i] for i in missing)}.values())  # each new view once
-        first = len(self._views)
+        first = self._size
+        size = self._size = first + len(new)
         row_of = {id(r): row for row, r in enumerate(new, first)}
-        self._views.extend(new)
         self._index.update((r.rid, row_of[id(r)]) for r in new)
-        size = len(self._views)
-        if size > self._cols.shape[1]:  # grow by doubling: a pass adds a few arrivals
-            cap = max(size, 2 * self._cols.shape[1], 64)
-            cols, rids = np.empty((STATIC_ROWS, cap)), np.empty(cap, dtype=object)
-            cols[:, :first], rids[:first] = self._cols[:, :first], self._rids[:first]
-            self._cols, self._rids = cols, rids
-        self._cols[:, first:size] = static_rows(new, self.slos, self._groups)
-        self._rids[first:size] = [r.rid for r in new]
+        if size > self.cols.shape[1]:  # grow by doubling: a pass adds a few arrivals
+            cap = max(size, 2 * self.cols.shape[1], 64)
+            cols, rid_array, views = (
+                np.empty((STATIC_ROWS, cap)),
+                np.empty(cap, dtype=object),
+                np.empty(cap, dtype=object),
+            )
+            cols[:, :first], rid_array[:first], views[:first] = (
+                self.cols[:, :first],
+                self.rid_array[:first],
+                self._views[:first],
+            )
+            self.cols, self.rid_array, self._views = cols, rid_array, views
+        # Rows are only ever appended: a ViewColumns holding the previous arrays stays right.
+        self.cols[:, first:size] = static_rows(new, self.slos, self._groups)
+        self.rid_array[first:size] = [r.rid for r in new]
+        self._views[first:size] = new
         rows[missing] = [row_of[id(reqs[i])] for i in missing]
         return rows
 
@@ -223,23 +239,21 @@ class ViewColumns:
     pass pays only for the columns someone asks for."""
 
     def __init__(
-        self, waiting: Sequence[RequestView], running: Sequence[RequestView], static: np.ndarray, rids: np.ndarray
+        self,
+        waiting: Sequence[RequestView],
+        running: Sequence[RequestView],
+        rids: list[str],
+        static: np.ndarray,
+        rows: np.ndarray | None = None,
+        rid_array: np.ndarray | None = None,
     ) -> None:
+        """`static`: the static numbers (`static_rows`), the requests' own or, with `rows`, a
+        RowCache's (request i at column rows[i]; `rid_array`: the cache's rids)."""
         self.reqs = [*waiting, *running]
         self.n = len(self.reqs)
         self.n_waiting = len(waiting)
-        self.rid_array = rids  # object array: a gather of rids is one numpy call
-        self.arrival, self.prompt, self.max_new, self.base, self.deadline, self._group_key = static[:_SPEC]
-        spec = static[_SPEC:]
-        self.deadline_s = spec[SloTable.DEADLINE_S]
-        self.ttft_s = spec[SloTable.TTFT_S]  # nan: none
-        self.tpot_s = spec[SloTable.TPOT_S]  # 0: none
-        self.ttft_ms = spec[SloTable.TTFT_MS]  # nan: none
-        self.tpot_ms = spec[SloTable.TPOT_MS]  # nan: none
-        self.weight = spec[SloTable.WEIGHT]
-        self.max_queue_s = spec[SloTable.MAX_QUEUE_S]  # nan: none
-        self._cls = spec[SloTable.CLS]
-        self._rejects = spec[SloTable.REJECTS]
+        self.rids = rids
+        self._static, self._rows, self._rid_source = static, rows, rid_array
         self._total_out: dict[float, np.ndarray] = {}
 
     @classmethod
@@ -253,17 +267,73 @@ class ViewColumns:
         """Columns of these views: static numbers from `cache` when given, else read now
         (with `slos` when given: a long-lived table reads each spec once)."""
         reqs = [*waiting, *running]
+        rids = [r.rid for r in reqs]
         if cache is not None:
-            static, rids = cache.lookup(reqs)
-        else:
-            static = static_rows(reqs, slos if slos is not None else SloTable(), {})
-            rids = np.empty(len(reqs), dtype=object)
-            rids[:] = [r.rid for r in reqs]
-        return cls(waiting, running, static, rids)
+            rows = cache.rows(reqs, rids)  # may grow the cache's arrays: take them after
+            return cls(waiting, running, rids, cache.cols, rows, cache.rid_array)
+        return cls(waiting, running, rids, static_rows(reqs, slos if slos is not None else SloTable(), {}))
+
+    def _gather(self, row: int) -> np.ndarray:
+        """Static row `row` of these requests, gathered on first use (a pass reads only some)."""
+        numbers = self._static[row]
+        return numbers if self._rows is None else numbers.take(self._rows)
 
     @cached_property
-    def rids(self) -> list[str]:
-        return self.rid_array.tolist()
+    def rid_array(self) -> np.ndarray:
+        """The rids as an object array: a gather of rids is then one numpy call."""
+        if self._rid_source is not None and self._rows is not None:
+            return self._rid_source[self._rows]
+        out = np.empty(self.n, dtype=object)
+        out[:] = self.rids
+        return out
+
+    # -- static: never change for a view ------------------------------------------------------
+
+    @cached_property
+    def arrival(self) -> np.ndarray:
+        return self._gather(_ARRIVAL)
+
+    @cached_property
+    def prompt(self) -> np.ndarray:
+        return self._gather(_PROMPT)
+
+    @cached_property
+    def max_new(self) -> np.ndarray:
+        return self._gather(_MAX_NEW)  # nan: none
+
+    @cached_property
+    def base(self) -> np.ndarray:
+        """`estimates.deadline_base` where a deadline exists, arrival elsewhere."""
+        return self._gather(_BASE)
+
+    @cached_property
+    def deadline(self) -> np.ndarray:
+        """`estimates.request_deadline` (nan: none)."""
+        return self._gather(_DEADLINE)
+
+    @cached_property
+    def ttft_s(self) -> np.ndarray:
+        return self._gather(_SPEC + SloTable.TTFT_S)  # nan: none
+
+    @cached_property
+    def tpot_s(self) -> np.ndarray:
+        return self._gather(_SPEC + SloTable.TPOT_S)  # 0: none
+
+    @cached_property
+    def ttft_ms(self) -> np.ndarray:
+        return self._gather(_SPEC + SloTable.TTFT_MS)  # nan: none
+
+    @cached_property
+    def tpot_ms(self) -> np.ndarray:
+        return self._gather(_SPEC + SloTable.TPOT_MS)  # nan: none
+
+    @cached_property
+    def weight(self) -> np.ndarray:
+        return self._gather(_SPEC + SloTable.WEIGHT)
+
+    @cached_property
+    def max_queue_s(self) -> np.ndarray:
+        return self._gather(_SPEC + SloTable.MAX_QUEUE_S)  # nan: none
 
     # -- per pass: read from the views on first use --------------------------------------------
 
@@ -297,12 +367,12 @@ class ViewColumns:
     @cached_property
     def cls(self) -> np.ndarray:
         """Class codes (estimates.LATENCY, DEADLINE, COMPOUND, BEST_EFFORT)."""
-        return self._cls.astype(np.int64)
+        return self._gather(_SPEC + SloTable.CLS).astype(np.int64)
 
     @cached_property
     def rejects(self) -> np.ndarray:
         """`on_infeasible: reject`."""
-        return self._rejects != 0
+        return self._gather(_SPEC + SloTable.REJECTS) != 0
 
     @cached_property
     def running(self) -> np.ndarray:
@@ -313,7 +383,7 @@ class ViewColumns:
     @cached_property
     def group(self) -> np.ndarray:
         """Compound (program, stage) group index, -1 otherwise (only the partition means anything)."""
-        key = self._group_key
+        key = self._gather(_GROUP_KEY)
         gidx = np.full(self.n, -1, dtype=np.int64)
         comp = key >= 0
         if comp.any():

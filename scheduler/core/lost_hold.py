@@ -13,6 +13,7 @@ were declined but may still make it are not held: admission reconsiders them eve
 from __future__ import annotations
 
 from collections.abc import Collection
+from itertools import compress
 
 import numpy as np
 
@@ -41,7 +42,7 @@ def held_lost_causes(
     c = columns if columns is not None else columns_of(view)
     nw, rids = c.n_waiting, c.rids
     past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
-    lost = frozenset(best_effort).intersection(c.rid_array[:nw][past].tolist())
+    lost = frozenset(best_effort).intersection(compress(rids, past.tolist()))
     if not lost:
         return frozenset()
     cls = c.cls
