@@ -20,13 +20,13 @@ class PassPlanner:
         self.settings = settings
         self.errors = 0
         # The views come from the adapter's ViewBuilder, which keeps RowCache's contract.
-        self.rows = RowCache()
+        self.row_cache = RowCache()
 
     def plan(
         self, view: EngineView, knob_model: KnobModel | None, wait_model: PerfModel | None = None
     ) -> FinalPlan | None:
         try:
-            return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.rows)
+            return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.row_cache)
         except Exception:
             self.errors += 1
             logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)

@@ -233,6 +233,20 @@ class RowCache:
         return rows
 
 
+class _Static:
+    """A static row of ViewColumns, gathered on first use and then kept on the instance."""
+
+    def __init__(self, row: int) -> None:
+        self.row = row
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, columns: ViewColumns, owner: type | None = None) -> np.ndarray:
+        value = columns.__dict__[self.name] = columns._gather(self.row)
+        return value
+
+
 class ViewColumns:
     """Requests as columns, waiting first, then running. Static numbers come with it (see
     `static_rows`); what may change between passes is read from the views on first use, so a
@@ -289,51 +303,17 @@ class ViewColumns:
 
     # -- static: never change for a view ------------------------------------------------------
 
-    @cached_property
-    def arrival(self) -> np.ndarray:
-        return self._gather(_ARRIVAL)
-
-    @cached_property
-    def prompt(self) -> np.ndarray:
-        return self._gather(_PROMPT)
-
-    @cached_property
-    def max_new(self) -> np.ndarray:
-        return self._gather(_MAX_NEW)  # nan: none
-
-    @cached_property
-    def base(self) -> np.ndarray:
-        """`estimates.deadline_base` where a deadline exists, arrival elsewhere."""
-        return self._gather(_BASE)
-
-    @cached_property
-    def deadline(self) -> np.ndarray:
-        """`estimates.request_deadline` (nan: none)."""
-        return self._gather(_DEADLINE)
-
-    @cached_property
-    def ttft_s(self) -> np.ndarray:
-        return self._gather(_SPEC + SloTable.TTFT_S)  # nan: none
-
-    @cached_property
-    def tpot_s(self) -> np.ndarray:
-        return self._gather(_SPEC + SloTable.TPOT_S)  # 0: none
-
-    @cached_property
-    def ttft_ms(self) -> np.ndarray:
-        return self._gather(_SPEC + SloTable.TTFT_MS)  # nan: none
-
-    @cached_property
-    def tpot_ms(self) -> np.ndarray:
-        return self._gather(_SPEC + SloTable.TPOT_MS)  # nan: none
-
-    @cached_property
-    def weight(self) -> np.ndarray:
-        return self._gather(_SPEC + SloTable.WEIGHT)
-
-    @cached_property
-    def max_queue_s(self) -> np.ndarray:
-        return self._gather(_SPEC + SloTable.MAX_QUEUE_S)  # nan: none
+    arrival = _Static(_ARRIVAL)
+    prompt = _Static(_PROMPT)
+    max_new = _Static(_MAX_NEW)  # nan: none
+    base = _Static(_BASE)  # `estimates.deadline_base` where a deadline exists, arrival elsewhere
+    deadline = _Static(_DEADLINE)  # `estimates.request_deadline` (nan: none)
+    ttft_s = _Static(_SPEC + SloTable.TTFT_S)  # nan: none
+    tpot_s = _Static(_SPEC + SloTable.TPOT_S)  # 0: none
+    ttft_ms = _Static(_SPEC + SloTable.TTFT_MS)  # nan: none
+    tpot_ms = _Static(_SPEC + SloTable.TPOT_MS)  # nan: none
+    weight = _Static(_SPEC + SloTable.WEIGHT)
+    max_queue_s = _Static(_SPEC + SloTable.MAX_QUEUE_S)  # nan: none
 
     # -- per pass: read from the views on first use --------------------------------------------
 

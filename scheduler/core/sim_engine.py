@@ -218,7 +218,7 @@ class SimEngine:
         self.knob_model = KnobModel(self.plan_perf)
         # A state's view keeps RowCache's contract (only per-pass fields are refreshed); a
         # recorded trace builds new views every pass, which a cache would only pile up.
-        self._rows = None if record_trace else RowCache()
+        self._row_cache = None if record_trace else RowCache()
         self.waiting: list[_State] = []
         self.running: dict[int, _State] = {}  # admitted_seq -> state: admission order, O(1) removal
         self.prefilling: list[_State] = []  # running requests still prefilling, in admission order
@@ -339,7 +339,7 @@ class SimEngine:
         if self.waiting or self.prefilling:  # as the adapter: a chunked prefill's next chunk is planned
             view = self.view(now)
             knobs = self.spec.knob_model(self.plan_perf) if self.spec is not None else self.knob_model
-            plan = plan_pass(view, self.policy, self.settings, knobs, cache=self._rows)
+            plan = plan_pass(view, self.policy, self.settings, knobs, cache=self._row_cache)
             if plan.preempt or plan.drop:
                 self.plans.append((self.steps, plan))
             if self.record_trace:
