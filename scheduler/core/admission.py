@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import ViewColumns, columns_of
+from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import output_bound, request_deadline
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.slo import SloClass
@@ -145,13 +145,14 @@ def certainly_late(
 ) -> list[str]:
     """Waiting requests with `on_infeasible: reject` that cannot make their SLO any more.
 
-    `perf` None (no trusted model yet): only those whose due time has already passed."""
-    c = columns if columns is not None else columns_of(view)
-    nw = c.n_waiting
-    rejects = c.rejects[:nw]
-    if not rejects.any():
-        return []
-    candidates = np.flatnonzero(rejects & ~c.started[:nw]).tolist()
+    `perf` None (no trusted model yet): only those whose due time has already passed. The
+    candidates are found on `columns` when given, else on the views."""
+    if columns is None:
+        candidates = [i for i, r in enumerate(view.waiting) if r.slo.rejects_when_infeasible and not r.started]
+    elif (rejects := columns.rejects[: columns.n_waiting]).any():
+        candidates = np.flatnonzero(rejects & ~columns.started[: columns.n_waiting]).tolist()
+    else:
+        candidates = []
     if not candidates:
         return []
     now = view.now

@@ -417,6 +417,13 @@ def sharing(view: EngineView, cache: RowCache | None = None) -> Iterator[None]:
         _PASS.view, _PASS.columns, _PASS.cache = saved
 
 
+def columns_read(view: EngineView) -> ViewColumns | None:
+    """`view`'s columns if this pass has read them already (inside `sharing(view)`), else None:
+    a check that needs little of them may be cheaper on the views themselves."""
+    shared = _PASS
+    return shared.columns if shared.view is view else None
+
+
 def columns_of(view: EngineView, slos: SloTable | None = None) -> ViewColumns:
     """`view`'s columns: the pass's shared copy inside `sharing(view)`, else read now."""
     shared = _PASS

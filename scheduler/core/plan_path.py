@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
-from scheduler.core.columns import RowCache, ViewColumns, columns_of, sharing
+from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
 from scheduler.core.lost_hold import held_lost_causes
-from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_rids
+from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 
 MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"  # an engine's role (PD workers: prefill/decode)
@@ -90,13 +90,14 @@ def finalize_plan(
     """`plan` completed with what every policy gets; `knob_model` None: no trusted model yet.
     `wait_model` predicts the drops' waits (any estimate beats none there; default: the
     knob model's)."""
-    c = columns_of(view)
-    waiting = set(c.rids[: c.n_waiting])
+    c = columns_read(view)  # the policy's read of this pass, if it made one
+    waiting = set(c.rids[: c.n_waiting]) if c is not None else {r.rid for r in view.waiting}
     drop: dict[str, str] = {}
     waits: dict[str, float] = {}
     if settings.role != DECODE:  # a PD decode request already holds transferred KV
         drop = {rid: reason for rid, reason in plan.drop.items() if rid in waiting}
-        for rid in expired_rids(c, view.now):
+        expired = expired_rids(c, view.now) if c is not None else expired_in_queue(view.waiting, view.now)
+        for rid in expired:
             drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
         trusted = None if knob_model is None else knob_model.perf
         for rid in certainly_late(view, trusted, plan.order, plan.best_effort, columns=c):
@@ -111,8 +112,10 @@ def finalize_plan(
         order = tuple(rid for rid in plan.order if rid not in drop) if drop else tuple(plan.order)
     preempt: tuple[str, ...] = ()
     if settings.role != DECODE and plan.preempt:
-        running = set(c.rids[c.n_waiting :])
+        running = {r.rid for r in view.running}
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
+    if settings.levers and c is None:
+        c = columns_of(view)  # the knobs and the hold read most of them
     cap, chunk, prefill = _knobs(view, plan, settings, knob_model, c)
     best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
     hold: frozenset[str] = frozenset()
@@ -146,7 +149,7 @@ def plan_pass(
 
 
 def _knobs(
-    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None, c: ViewColumns
+    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None, c: ViewColumns | None
 ) -> tuple[int | None, int | None, bool]:
     """Batch cap, prefill chunk and prefill gate: the plan's own, else the perf model's, within
     the engine's limits."""

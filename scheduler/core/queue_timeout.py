@@ -27,5 +27,10 @@ def expired_rids(c: ViewColumns, now: float) -> list[str]:
 
 
 def expired_in_queue(waiting: Iterable[RequestView], now: float) -> list[str]:
-    """Waiting requests whose max_queue_ms has passed before they started."""
-    return expired_rids(ViewColumns.read(list(waiting), []), now)
+    """Waiting requests whose max_queue_ms has passed before they started (`expired_rids` on
+    the views themselves: cheaper when no columns were read)."""
+    return [
+        r.rid
+        for r in waiting
+        if r.slo.max_queue_ms is not None and not r.started and now - r.arrival > r.slo.max_queue_ms / 1000.0
+    ]

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.core.columns import RowCache, ViewColumns, columns_of, sharing
+from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
 from scheduler.core.estimates import (
     DEFAULT_OUTPUT_LEN,
     deadline_base,
@@ -89,14 +89,15 @@ def test_one_copy_of_the_columns_per_pass_and_none_outside_it() -> None:
     view = next(view_passes(1, 5, 3))
     assert columns_of(view) is not columns_of(view)  # no scope: read afresh every time
     with sharing(view, RowCache()):
+        assert columns_read(view) is None  # nobody has read them yet this pass
         shared = columns_of(view)
-        assert columns_of(view) is shared
+        assert columns_of(view) is shared and columns_read(view) is shared
         other = replace(view)  # another view, even an equal one, is not this pass's
         assert columns_of(other) is not columns_of(other)
         with sharing(other):
             assert columns_of(other) is columns_of(other) and columns_of(view) is not shared
         assert columns_of(view) is shared
-    assert columns_of(view) is not shared
+    assert columns_of(view) is not shared and columns_read(view) is None
 
 
 @pytest.mark.parametrize("mixed", [True, False], ids=["mixed", "separate"])

@@ -18,6 +18,7 @@ from scheduler.core.perf_model import constant_model, default_model, linear_mode
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.gmax import GmaxPolicy
 from scheduler.core.policies.slos import SlosServePolicy
+from scheduler.core.queue_timeout import expired_in_queue, expired_rids
 from scheduler.core.slo import SloClass
 from scheduler.core.slos_serve.items import demand, prefill_deadline
 from scheduler.core.types import EngineView, PerfModel, RequestView
@@ -119,9 +120,13 @@ def test_the_batch_knobs_inputs_are_the_per_request_ones(seed: int, nw: int, nr:
 
 
 @pytest.mark.parametrize("seed,nw,nr", CASES)
-def test_admission_without_a_model_rejects_the_per_request_lost_ones(seed: int, nw: int, nr: int) -> None:
+def test_admission_on_the_columns_is_admission_on_the_views(seed: int, nw: int, nr: int) -> None:
     for view in view_passes(seed, nw, nr):
-        assert certainly_late(view, None) == _late_without_model(view)
+        c = ViewColumns.read(view.waiting, view.running)
+        assert certainly_late(view, None) == certainly_late(view, None, columns=c) == _late_without_model(view)
+        for perf in MODELS:
+            assert certainly_late(view, perf) == certainly_late(view, perf, columns=c)
+        assert expired_rids(c, view.now) == expired_in_queue(view.waiting, view.now)
 
 
 # -- the policies' own per-request work -------------------------------------------------------
