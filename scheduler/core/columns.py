@@ -58,6 +58,11 @@ def _int64s(values: Sequence[int], n: int) -> np.ndarray:
     return out
 
 
+def _none_is_zero(ms: np.ndarray) -> np.ndarray:
+    """`x or 0.0` of a column with nan for None (an infinite value stays infinite)."""
+    return np.where(np.isnan(ms), 0.0, ms)
+
+
 class SloTable:
     """Per-SloSpec numbers, cached across passes by object identity, so each spec is read once.
 
@@ -110,7 +115,7 @@ class SloTable:
             add[self.TPOT_MS] = _floats([nan if (x := s.tpot_ms) is None else x for s in new], m)
             add[self.DEADLINE_S] = _floats([nan if (x := s.deadline_ms) is None else x for s in new], m) / 1000.0
             add[self.TTFT_S] = add[self.TTFT_MS] / 1000.0
-            add[self.TPOT_S] = np.nan_to_num(add[self.TPOT_MS], nan=0.0) / 1000.0
+            add[self.TPOT_S] = _none_is_zero(add[self.TPOT_MS]) / 1000.0
             add[self.WEIGHT] = _floats([s.weight for s in new], m)
             add[self.CLS] = [_CLASS_BY_ID[id(s.slo_class)] for s in new]
             add[self.MAX_QUEUE_S] = _floats([nan if (x := s.max_queue_ms) is None else x for s in new], m) / 1000.0
@@ -381,7 +386,7 @@ class ViewColumns:
     def token_due(self, index: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         """`estimates.token_due` of output token `index` of the requests at `rows` (nan without
         a TTFT), with the scalar form's arithmetic: arrival + (TTFT + index·TPOT) / 1000."""
-        tpot = np.nan_to_num(self.tpot_ms[rows], nan=0.0)
+        tpot = _none_is_zero(self.tpot_ms[rows])
         return self.arrival[rows] + (self.ttft_ms[rows] + index * tpot) / 1000.0
 
     def total_out(self, default_output_len: float) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
@@ -20,7 +21,7 @@ from scheduler.core.estimates import (
 from scheduler.core.perf_model import default_model
 from scheduler.core.plan_path import KnobModel, finalize_plan, plan_pass, settings_for
 from scheduler.core.policies import POLICIES, make_policy
-from scheduler.core.slo import SloClass
+from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
 from tests.unit.core.view_cases import SHAPES, view_passes
 
@@ -28,7 +29,8 @@ CASES = [pytest.param(seed, nw, nr, id=f"{nw}w{nr}r") for seed, (nw, nr) in enum
 
 
 def _same(vector: float, scalar: float | None) -> bool:
-    return math.isnan(vector) if scalar is None else vector == scalar
+    """Equal, with nan in the vector form for None (or nan) in the scalar one."""
+    return math.isnan(vector) if scalar is None or math.isnan(scalar) else vector == scalar
 
 
 def _groups(c: ViewColumns) -> list[frozenset[int]]:
@@ -124,3 +126,17 @@ def test_a_new_view_under_a_known_rid_is_read_anew() -> None:
     again = replace(view, waiting=[moved, *view.waiting[1:], first])  # the old view too, under the same rid
     for _ in range(2):
         _assert_columns_are_the_views(ViewColumns.read(again.waiting, again.running, cache), again)
+
+
+def test_infinite_targets_keep_the_scalar_forms_arithmetic() -> None:
+    """SloSpec built in code may hold an infinite TPOT or deadline (the HTTP edge refuses them):
+    0·∞ is nan there too, not a huge finite number."""
+    inf = math.inf
+    specs = [
+        SloSpec(ttft_ms=100.0, tpot_ms=inf, slo_class=SloClass.LATENCY),
+        SloSpec(deadline_ms=inf, slo_class=SloClass.DEADLINE),
+    ]
+    reqs = [RequestView(f"r{i}", s, 10.0, 5, generated=g) for i, s in enumerate(specs) for g in (0, 3)]
+    view = EngineView(11.0, reqs, [], 4, 512, 1000, 1000)
+    with np.errstate(invalid="ignore"):  # numpy says so when it makes 0·∞ nan
+        _assert_columns_are_the_views(ViewColumns.read(view.waiting, view.running, RowCache()), view)
