@@ -18,6 +18,11 @@ from scheduler.core.slo import SloSpec
 
 @dataclass
 class RequestView:
+    """One request as a policy sees it. Engines keep a view across passes and refresh only
+    generated, prefix_cached, first_token_time, predicted_output_len, attained_service and
+    best_effort_tier; the other fields never change once the view exists (a request whose
+    static fields change gets a new view), which columns.RowCache relies on."""
+
     rid: str
     slo: SloSpec
     arrival: float  # seconds, same domain as the injected clock
