@@ -19,8 +19,6 @@ import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from functools import cached_property
-from itertools import repeat
-from operator import is_
 
 import numpy as np
 
@@ -165,7 +163,7 @@ def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[
 
 
 class RowCache:
-    """Each view's static numbers (`static_rows`), kept across passes for the same view object.
+    """Each view's static numbers (`static_rows`), kept across passes by view identity.
 
     Contract with the engine that builds the views and keeps this cache: once a RequestView
     exists, its rid, slo, arrival, prompt_len, max_new_tokens, program_arrival and
@@ -174,9 +172,8 @@ class RowCache:
     first_token_time, predicted_output_len, attained_service and best_effort_tier, which
     ViewColumns reads every pass. A request whose static fields change gets a new view (the
     oracle variant's `dataclasses.replace`, a cluster's re-routed request), which the cache
-    reads as new: a row is found by rid and used only if it holds that very view (the cache
-    keeps a reference to every view it knows). Views no longer seen are dropped when the cache
-    grows well past the live set."""
+    reads as new. The cache holds a reference to every view it knows, so an id is never reused
+    while cached; views no longer seen are dropped when the cache grows well past the live set."""
 
     def __init__(self, slack: int = 4096) -> None:
         self.slack = slack
@@ -184,39 +181,36 @@ class RowCache:
         self._clear()
 
     def _clear(self) -> None:
-        self._index: dict[str, int] = {}  # rid -> row of the view last read under it
+        self._index: dict[int, int] = {}  # id(view) -> row
         self._groups: dict[tuple[object, object], int] = {}
         self._size = 0
         self.cols = np.empty((STATIC_ROWS, 0))  # static numbers, a column per row
         self.rid_array = np.empty(0, dtype=object)  # row -> rid
-        self._views = np.empty(0, dtype=object)  # row -> view (held: identity checks stay exact)
+        self._views = np.empty(0, dtype=object)  # row -> view: held, so no id is reused while cached
 
     def __len__(self) -> int:
         return self._size
 
-    def rows(self, reqs: Sequence[RequestView], rids: Sequence[str]) -> np.ndarray:
-        """The row in `cols` of each view (`rids`: theirs), reading the views not cached yet.
-        A row is found by rid (a string key hashes once) and kept only for that very view."""
+    def rows(self, reqs: Sequence[RequestView]) -> np.ndarray:
+        """The row in `cols` of each view, reading the views not cached yet. Found by identity,
+        which reads no view: a queue in the policy's order is scattered in memory, and at
+        thousands of requests each walk over the views costs a cache miss per view."""
         n = len(reqs)
-        rows = _int64s(list(map(self._index.get, rids, repeat(-1))), n)
-        if self._size:
-            held = self._views[rows].tolist()  # -1 (unknown rid): the last view, never this one
-            stale = ~_bools(list(map(is_, held, reqs)), n)
-        else:
-            stale = np.ones(n, dtype=bool)
-        if stale.any():
+        get = self._index.get
+        rows = _int64s([get(id(r), -1) for r in reqs], n)
+        if n and rows.min() < 0:
             if self._size > 2 * n + self.slack:
                 self._clear()  # evict views no longer in use
-                stale[:] = True
-            rows = self._add(reqs, rows, np.flatnonzero(stale).tolist())
+                rows[:] = -1
+            rows = self._add(reqs, rows)
         return rows
 
-    def _add(self, reqs: Sequence[RequestView], rows: np.ndarray, missing: list[int]) -> np.ndarray:
+    def _add(self, reqs: Sequence[RequestView], rows: np.ndarray) -> np.ndarray:
+        missing = np.flatnonzero(rows < 0).tolist()
         new = list({id(r): r for r in (reqs[i] for i in missing)}.values())  # each new view once
         first = self._size
         size = self._size = first + len(new)
-        row_of = {id(r): row for row, r in enumerate(new, first)}
-        self._index.update((r.rid, row_of[id(r)]) for r in new)
+        self._index.update(zip(map(id, new), range(first, size)))
         if size > self.cols.shape[1]:  # grow by doubling: a pass adds a few arrivals
             cap = max(size, 2 * self.cols.shape[1], 64)
             cols, rid_array, views = (
@@ -234,7 +228,8 @@ class RowCache:
         self.cols[:, first:size] = static_rows(new, self.slos, self._groups)
         self.rid_array[first:size] = [r.rid for r in new]
         self._views[first:size] = new
-        rows[missing] = [row_of[id(reqs[i])] for i in missing]
+        index = self._index
+        rows[missing] = [index[id(reqs[i])] for i in missing]
         return rows
 
 
@@ -261,18 +256,18 @@ class ViewColumns:
         self,
         waiting: Sequence[RequestView],
         running: Sequence[RequestView],
-        rids: list[str],
+        rid_array: np.ndarray,
         static: np.ndarray,
         rows: np.ndarray | None = None,
-        rid_array: np.ndarray | None = None,
     ) -> None:
-        """`static`: the static numbers (`static_rows`), the requests' own or, with `rows`, a
-        RowCache's (request i at column rows[i]; `rid_array`: the cache's rids)."""
+        """`rid_array`: the rids as an object array (a gather of rids is then one numpy call);
+        `static`: the static numbers (`static_rows`), the requests' own or, with `rows`, a
+        RowCache's (request i at column rows[i])."""
         self.reqs = [*waiting, *running]
         self.n = len(self.reqs)
         self.n_waiting = len(waiting)
-        self.rids = rids
-        self._static, self._rows, self._rid_source = static, rows, rid_array
+        self.rid_array = rid_array
+        self._static, self._rows = static, rows
         self._total_out: dict[float, np.ndarray] = {}
 
     @classmethod
@@ -286,10 +281,11 @@ class ViewColumns:
         """Columns of these views: static numbers from `cache` when given, else read now
         (with `slos` when given: a long-lived table reads each spec once)."""
         reqs = [*waiting, *running]
-        rids = [r.rid for r in reqs]
         if cache is not None:
-            rows = cache.rows(reqs, rids)  # may grow the cache's arrays: take them after
-            return cls(waiting, running, rids, cache.cols, rows, cache.rid_array)
+            rows = cache.rows(reqs)  # may grow the cache's arrays: take them after
+            return cls(waiting, running, cache.rid_array[rows], cache.cols, rows)
+        rids = np.empty(len(reqs), dtype=object)
+        rids[:] = [r.rid for r in reqs]
         return cls(waiting, running, rids, static_rows(reqs, slos if slos is not None else SloTable(), {}))
 
     def _gather(self, row: int) -> np.ndarray:
@@ -298,13 +294,8 @@ class ViewColumns:
         return numbers if self._rows is None else numbers.take(self._rows)
 
     @cached_property
-    def rid_array(self) -> np.ndarray:
-        """The rids as an object array: a gather of rids is then one numpy call."""
-        if self._rid_source is not None and self._rows is not None:
-            return self._rid_source[self._rows]
-        out = np.empty(self.n, dtype=object)
-        out[:] = self.rids
-        return out
+    def rids(self) -> list[str]:
+        return self.rid_array.tolist()
 
     # -- static: never change for a view ------------------------------------------------------
 

@@ -93,8 +93,6 @@ class ReqArrays:
 
     def rids_at(self, idx: np.ndarray) -> list[str]:
         """The rids at these positions, in that order."""
-        if self._rid_array is None and self._columns is not None:
-            self._rid_array = self._columns.rid_array
         if self._rid_array is not None:
             return self._rid_array[idx].tolist()
         rids = self.rids
@@ -160,7 +158,7 @@ class ReqArrays:
             group=c.group,
             max_queue_s=c.max_queue_s,
         )
-        out._columns = c
+        out._columns, out._rid_array = c, c.rid_array
         return out
 
     @classmethod
