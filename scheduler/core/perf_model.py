@@ -198,6 +198,34 @@ def _nnls(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
     return best
 
 
+def _max_affine_error(terms: Sequence[np.ndarray], x: np.ndarray, y: np.ndarray, w: np.ndarray) -> float:
+    predicted = np.max(x @ np.stack(terms).T, axis=1)
+    return float(np.sum(w * (predicted - y) ** 2))
+
+
+def _prune_terms(
+    terms: list[np.ndarray], x: np.ndarray, y: np.ndarray, w: np.ndarray, tolerance: float = 1e-9
+) -> list[np.ndarray]:
+    """Drop terms the fit is no worse without, and fall back to one term over all samples when
+    that fits better. Max-affine regression can leave a term fitted to a handful of samples
+    that overshoots every other one (collinear features, e.g. decode-only iterations where
+    tokens = sequences, break its ties by rounding noise: measured, a 5x prediction error on one
+    host and none on another); the max then picks that term everywhere."""
+    terms = list(terms)
+    err = _max_affine_error(terms, x, y, w)
+    while len(terms) > 1:
+        trials = [(_max_affine_error(terms[:i] + terms[i + 1 :], x, y, w), i) for i in range(len(terms))]
+        best_err, drop = min(trials)
+        if best_err > err * (1.0 + tolerance) + 1e-30:
+            break
+        terms.pop(drop)
+        err = best_err
+    single = _nnls(x, y, w)
+    if np.any(single > 0) and _max_affine_error([single], x, y, w) < err * (1.0 - tolerance):
+        return [single]
+    return terms
+
+
 class RooflinePerfModel(StepTimeModel):
     """T = max over terms of (k_tokens·#tokens + k_spec·#spec + k_kv·#kv + b + k_seqs·#decodes), ≥ 0."""
 
@@ -273,7 +301,7 @@ class RooflinePerfModel(StepTimeModel):
             if np.array_equal(new_groups, groups):
                 break
             groups = new_groups
-        keep = [row for row in theta if np.any(row > 0)] or [theta[0]]
+        keep = _prune_terms([row for row in theta if np.any(row > 0)] or [theta[0]], x, y, w)
         return cls([RooflineTerm(*map(float, row)) for row in keep])
 
     def to_dict(self) -> dict[str, Any]:

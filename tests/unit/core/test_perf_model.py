@@ -19,6 +19,8 @@ from scheduler.core.perf_model import (
     Sample,
     StepTimeModel,
     TablePerfModel,
+    _features,
+    _prune_terms,
     constant_model,
     default_model,
     linear_model,
@@ -351,3 +353,18 @@ def test_default_model_is_the_named_coefficients_and_never_shared() -> None:
     assert a is not b  # a model may learn online: each caller gets its own
     assert a.terms == DEFAULT_COEFFICIENTS.model().terms
     assert a.step_time(0, 1, 0) == pytest.approx(DEFAULT_COEFFICIENTS.base_s + 1.5e-4)
+
+
+def test_a_term_that_overshoots_the_data_is_pruned_from_a_fit() -> None:
+    """Decode-only iterations (tokens = sequences = KV/100) make every support an exact fit;
+    rounding noise can then leave a second term fitted to the one-request samples alone, which
+    the max picks for every larger batch. The fit keeps only terms the data needs."""
+    samples = [(d, 0.02 + 0.002 * d) for d in range(1, 17)]
+    x = np.stack([_features(0, d, 100 * d, 0) for d, _ in samples])
+    y = np.array([t for _, t in samples])
+    line = np.array([0.002, 0.0, 0.0, 0.02, 0.0])
+    overshoot = np.array([0.022, 0.0, 0.0, 0.0, 0.0])  # exact at one request, 5x high at 8
+    kept = _prune_terms([line, overshoot], x, y, 1.0 / y**2)
+    assert len(kept) == 1 and np.allclose(kept[0], line)
+    model = RooflinePerfModel([RooflineTerm(*row) for row in kept])
+    assert model.step_time(0, 8, 800) == pytest.approx(0.036)
