@@ -169,7 +169,7 @@ def plot(out_dir: str | Path, runs: Sequence[dict[str, Any]]) -> list[Path]:
         ax.set(xlabel="offered load (req/s)", ylabel="goodput (attained req/s)", title="Goodput vs load")
         ax.grid(alpha=0.3)
         ax.legend()
-        written.append(_save(fig, out / "goodput_vs_rate.png"))
+        written.append(save_figure(fig, out / "goodput_vs_rate.png"))
 
     last = {k: max(v, key=_rate_key) for k, v in by_label.items()}
     if any(r.get("timeline") for r in last.values()):
@@ -187,11 +187,11 @@ def plot(out_dir: str | Path, runs: Sequence[dict[str, Any]]) -> list[Path]:
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
         top.legend()
-        written.append(_save(fig, out / "over_time.png"))
+        written.append(save_figure(fig, out / "over_time.png"))
     return written
 
 
-def _save(fig: Any, path: Path) -> Path:
+def save_figure(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
