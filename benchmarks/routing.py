@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import sys
@@ -53,6 +52,7 @@ from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, S
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.report import markdown_table, plot, read_results, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.policy_params import policy_overrides
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES
 from launch_cluster import Cluster, RouterSpec, WorkerSpec, parse_cluster
@@ -148,29 +148,11 @@ def resolve_options(args: argparse.Namespace) -> None:
         raise ValueError("--slowdown must be >= 1")
     args.slo_scale = args.slo_scale or args.slowdown
     args.client_max_tokens = args.client_max_tokens or args.max_output
-    args.overrides = policy_overrides(args.policy_param)
+    args.overrides = policy_overrides(args.policy_param, ROUTING_POLICIES)
     args.workers = worker_specs(args)  # an unknown card fails here, before anything starts
     # What compare.run_once reads besides the above.
     args.control = uniform_length_control(args.length_control, [])
     args.duration, args.bin_s = None, None
-
-
-def policy_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
-    """`POLICY:KEY=JSON` items as {policy: {key: value}} (a value that is not JSON stays a string)."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in items:
-        head, sep, raw = item.partition("=")
-        policy, colon, key = head.partition(":")
-        if not (sep and colon and policy and key):
-            raise ValueError(f"--policy-param takes POLICY:KEY=VALUE, got {item!r}")
-        if policy not in ROUTING_POLICIES:
-            raise ValueError(f"--policy-param: unknown routing policy {policy!r}")
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.setdefault(policy, {})[key] = value
-    return out
 
 
 # --------------------------------------------------------------------------------------------

@@ -19,13 +19,15 @@ import argparse
 import json
 import statistics
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from benchmarks.goodput.metrics import RunMetrics, score
 from benchmarks.goodput.mixes import MIXES, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.policy_params import policy_overrides
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.perf_model import PerfModel, load_perf_model, load_profile, profile_path
 from scheduler.core.plan_path import settings_for
@@ -127,14 +129,16 @@ def simulate(
     horizon_s: float | None = None,
     overlap: bool = True,
     length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR,
+    policy_params: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> list[RequestRecord]:
     """One policy over one planned workload on one card. fcfs is stock SGLang: no knobs, and
     separate prefill steps (SGLang's default) unless `stock_fcfs` is False; `overlap` is
     SGLang's overlap schedule (its GPU default: see scheduler.core.sim_engine); `length_predictor`
-    is the server's --slo-length-predictor (a fresh one per run, as a freshly started server)."""
+    is the server's --slo-length-predictor (a fresh one per run, as a freshly started server);
+    `policy_params` the server's --slo-policy-param, per policy."""
     if policy == "fcfs" and stock_fcfs:
         mixed = False
-    engine_policy = make_policy(policy, card.plan_with)
+    engine_policy = make_policy(policy, card.plan_with, **(policy_params or {}).get(policy, {}))
     sim = Simulator(
         engine_policy,
         card.pace,
@@ -188,8 +192,16 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_LENGTH_PREDICTOR,
         help="the server's --slo-length-predictor (history[:Q], none, or an artifact)",
     )
+    ap.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="POLICY:KEY=VALUE",
+        help="a policy parameter, as the server's --slo-policy-param (repeatable)",
+    )
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
+    overrides = policy_overrides(args.policy_param, POLICIES)
     card = Card.load(args.gpu)
     policies = [p for p in args.policies.split(",") if p]
     rows: dict[tuple[float, str], list[RunMetrics]] = {}
@@ -214,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_running=args.max_running,
                 chunk=args.chunk,
                 length_predictor=args.length_predictor,
+                policy_params=overrides,
             )
             for name, m in results.items():
                 rows.setdefault((rate, name), []).append(m)

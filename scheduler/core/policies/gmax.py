@@ -40,6 +40,7 @@ from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
+OBJECTIVES = ("tokens", "requests")  # JITServe §6 reports both token- and request-level goodput
 
 
 def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) -> np.ndarray:
@@ -74,9 +75,11 @@ class GmaxParams:
     enforce_max_queue: bool = True
     fairness: float = 0.0
     default_output_len: float = DEFAULT_OUTPUT_LEN
+    objective: str = "tokens"  # goodput(r): its on-time tokens, or 1 if it meets its SLO
 
     def __post_init__(self) -> None:
         require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
+        require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)
         require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
 
 
@@ -93,6 +96,7 @@ class GmaxPolicy:
         self.enforce_max_queue = params.enforce_max_queue
         self.fairness = params.fairness
         self.default_output_len = params.default_output_len
+        self.per_request = params.objective == "requests"
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})
         epoch_steps = params.tune_epoch_frames * params.frame_steps
         self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
@@ -115,14 +119,21 @@ class GmaxPolicy:
         t_pref, t_gen = remaining_work(a, sp)
         t_gen = np.maximum(t_gen, sp.decode_s)
         tokens = a.prompt + a.total_out
+        # Request-level goodput is token-level goodput per token of the request: a request is
+        # worth its weight, and δ ages it by the same share of its value as in token mode.
+        unit = 1.0 / tokens if self.per_request else 1.0
 
-        goodput = a.weight * tokens  # best effort: full value, no deadline gate
+        goodput = a.weight * tokens * unit  # best effort: full value, no deadline gate
         has_dl = np.isfinite(a.deadline) & ((a.cls == DEADLINE) | (a.cls == COMPOUND))
         finish = now + group_reduce(t_gen, a.group, "max")  # a stage's calls run side by side
         goodput = np.where(has_dl, np.where(finish <= a.deadline + 1e-9, goodput, 0.0), goodput)
         first_emit = now + np.where(t_pref > 0, t_pref, sp.decode_s)
         lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)
-        goodput = np.where(lat, a.weight * latency_on_time_tokens(a, first_emit, sp.decode_s), goodput)
+        on_time = latency_on_time_tokens(a, first_emit, sp.decode_s)
+        if self.per_request:  # met only if every remaining token is on time
+            remaining = np.maximum(a.total_out, a.generated + 1.0) - a.generated
+            on_time = np.where(on_time >= remaining, 1.0, 0.0)
+        goodput = np.where(lat, a.weight * on_time, goodput)
 
         # Compound: a stage is scored as a whole (aggregated goodput over aggregated work).
         comp = a.group >= 0
@@ -131,7 +142,7 @@ class GmaxPolicy:
             t_gen = np.where(comp, group_reduce(t_gen, a.group, "sum"), t_gen)
 
         frame_s = max(self.frame_steps, 1) * sp.decode_s
-        aged = goodput + self.aging_delta * np.maximum(now - a.arrival, 0.0) / frame_s
+        aged = goodput + self.aging_delta * unit * np.maximum(now - a.arrival, 0.0) / frame_s
         prio = aged / t_gen
         if self.fairness > 0:
             prio = fairness_blend(prio, a.attained, self.fairness)
@@ -229,7 +240,10 @@ class GmaxPolicy:
         cls, generated, weight = c.cls[run], c.generated[run], c.weight[run]
         next_due = c.token_due(generated, run)  # nan without a TTFT: never late
         late = (cls == LATENCY) & (view.now > next_due)
-        worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (c.prompt[run] + generated + 1.0))
+        if self.per_request:
+            worth = weight.astype(float)
+        else:
+            worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (c.prompt[run] + generated + 1.0))
         worth = np.where(late, 0.0, worth)
         has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(c.deadline[run])
         due = np.where(has_due, c.deadline[run], np.inf)

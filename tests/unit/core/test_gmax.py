@@ -207,3 +207,35 @@ def test_gmax_tuner_credits_requests_that_left_before_their_deadline(deadline_ms
     pol.plan(_view([], [r], step=1, now=1.0))
     pol.plan(_view([], [], step=2, now=2.0))  # r left both queues: it finished at about t = 2
     assert (pol.tuner.scores[pol.tuner.best] > 0) is rewarded
+
+
+# -- request-level objective (JITServe §6: request goodput) ------------------------------------
+
+
+def test_request_objective_prefers_the_cheaper_request_that_tokens_rank_second():
+    # A long prompt is many tokens for little generation time: token goodput ranks it first,
+    # request goodput (one met SLO each) the request that frees the card sooner.
+    heavy = deadline_request("heavy", prompt=4000, out=100)
+    light = deadline_request("light", prompt=10, out=20)
+    view = _view([heavy, light])
+    by_tokens = GmaxPolicy(GmaxParams(aging_delta=0.0), perf_model=small_gpu()).priorities(view)
+    by_requests = GmaxPolicy(GmaxParams(aging_delta=0.0, objective="requests"), perf_model=small_gpu()).priorities(view)
+    assert by_tokens[0] > by_tokens[1]
+    assert by_requests[1] > by_requests[0]
+
+
+def test_request_objective_gives_a_latency_request_with_a_late_token_no_goodput():
+    perf = small_gpu()  # ~8 ms per decode iteration: a 5 ms TPOT loses its later tokens
+
+    def lat(rid, tpot):
+        slo = SloSpec(ttft_ms=500, tpot_ms=tpot, slo_class=SloClass.LATENCY)
+        return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=200)
+
+    pol = GmaxPolicy(GmaxParams(aging_delta=0.0, objective="requests"), perf_model=perf)
+    p = pol.priorities(_view([lat("easy", 100), lat("hard", 5)]))
+    assert p[0] > 0 and p[1] == 0  # token mode gives "hard" its early on-time tokens
+
+
+def test_unknown_objective_names_the_field():
+    with pytest.raises(ValueError, match="objective"):
+        GmaxParams(objective="bogus")
