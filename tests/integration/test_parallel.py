@@ -2,10 +2,11 @@
 each TP rank its own core (SGLANG_CPU_OMP_THREADS_BIND "0|1" on a 2-core machine; SGLang refuses
 more ranks than NUMA nodes without it).
 
-- TP=2 under tempo and slos, two running slots and a concurrent mixed-SLO workload (tempo with a
-  preemption point every 4 steps): every request's tokens equal a TP=1 server's (greedy), and the
-  ranks stay in step: the leading rank's plan is applied verbatim by the other (a rank that
-  dropped, ordered or preempted differently would hang the forward's collectives or diverge).
+- TP=2 under slos, two running slots and a concurrent mixed-SLO workload: every request's tokens
+  equal a TP=1 server's (greedy), and the ranks stay in step: the leading rank's plan (order,
+  admission tier, batch knobs) is applied verbatim by the other (a rank that dropped, ordered or
+  preempted differently would hang the forward's collectives or diverge). One policy is enough:
+  the plan crosses ranks the same way for every policy, and the LAS run below adds preemption.
 - TP=2 with preemption for certain (LAS, test_preemption's scenario): the preempted requests
   resume token-identical to an un-preempted run.
 - DP=2: two replicas, each publishing its scheduler status on its own address (one address for
@@ -50,12 +51,11 @@ def reference(tiny_server: ServerProcess) -> dict[int, list[int]]:
     return {i: _generate(tiny_server.url, ids) for i, ids in enumerate(PROMPTS)}
 
 
-@pytest.fixture(scope="module", params=["tempo", "slos"])
-def tp2(request: pytest.FixtureRequest) -> Iterator[tuple[str, ServerProcess]]:
-    policy = request.param
-    extra = ["--slo-quanta", "4"] if policy == "tempo" else []
+@pytest.fixture(scope="module")
+def tp2() -> Iterator[tuple[str, ServerProcess]]:
+    policy = "slos"
     with ServerProcess(
-        "--model-path", "tiny", "--tp-size", "2", "--slo-policy", policy, "--max-running-requests", "2", *extra,
+        "--model-path", "tiny", "--tp-size", "2", "--slo-policy", policy, "--max-running-requests", "2",
         name=f"tp2-{policy}",
     ) as server:  # fmt: skip
         yield policy, server

@@ -25,7 +25,7 @@ from server.process import ServerProcess
 from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
 MIXED_ON_ENGINE = ("las",)  # test_policies_on_engine's engine run for LAS happens here
-LONG_TOKENS = 720  # far past LEVEL, so a long request is preempted with most of its tokens still to come
+LONG_TOKENS = 360  # far past LEVEL, so a long request is preempted with most of its tokens still to come
 SHORT_TOKENS = 8
 LEVEL = 48  # attained service (prompt + generated tokens) where the second LAS level starts
 LONG_PROMPTS = ("the long request number one", "the long request number two")
