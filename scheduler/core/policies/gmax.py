@@ -2,7 +2,9 @@
 
 Priority(r) = goodput(r) / t_gen(r): the goodput still achievable by finishing r per second of
 generation it needs (upper-bound length), with goodput inflated by δ per frame waited so nothing
-starves. Batches are formed by keeping requests with priority >= p · (B-th highest priority),
+starves. Goodput is request-level by default (a met SLO is worth the request's weight) or, with
+objective="tokens", token-level (JITServe §3 leaves the definition to the operator).
+Batches are formed by keeping requests with priority >= p · (B-th highest priority),
 sorting them by context length and taking the window of B with the largest priority sum
 (homogeneous lengths batch faster). p is tuned online by hill-climbing on the goodput observed
 per epoch. Running requests can be swapped out only at frame boundaries and only when the gain
@@ -75,7 +77,10 @@ class GmaxParams:
     enforce_max_queue: bool = True
     fairness: float = 0.0
     default_output_len: float = DEFAULT_OUTPUT_LEN
-    objective: str = "tokens"  # goodput(r): its on-time tokens, or 1 if it meets its SLO
+    # goodput(r): 1 (its weight) if it can still meet its SLO, as /slo/status attainment counts;
+    # "tokens": its on-time tokens (JITServe's token-level goodput, which under overload
+    # favours few long requests and starves latency work)
+    objective: str = "requests"
 
     def __post_init__(self) -> None:
         require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)

@@ -97,7 +97,8 @@ def test_latency_goodput_counts_only_tokens_that_can_be_on_time():
         slo = SloSpec(ttft_ms=500, tpot_ms=tpot, slo_class=SloClass.LATENCY)
         return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=200)
 
-    p = GmaxPolicy(GmaxParams(aging_delta=0.0), perf_model=perf).priorities(_view([lat("easy", 100), lat("hard", 5)]))
+    pol = GmaxPolicy(GmaxParams(aging_delta=0.0, objective="tokens"), perf_model=perf)
+    p = pol.priorities(_view([lat("easy", 100), lat("hard", 5)]))
     assert p[0] > p[1] > 0
 
 
@@ -209,7 +210,7 @@ def test_gmax_tuner_credits_requests_that_left_before_their_deadline(deadline_ms
     assert (pol.tuner.scores[pol.tuner.best] > 0) is rewarded
 
 
-# -- request-level objective (JITServe §6: request goodput) ------------------------------------
+# -- request-level objective (the default; JITServe §6: request goodput) ------------------------------------
 
 
 def test_request_objective_prefers_the_cheaper_request_that_tokens_rank_second():
@@ -218,8 +219,8 @@ def test_request_objective_prefers_the_cheaper_request_that_tokens_rank_second()
     heavy = deadline_request("heavy", prompt=4000, out=100)
     light = deadline_request("light", prompt=10, out=20)
     view = _view([heavy, light])
-    by_tokens = GmaxPolicy(GmaxParams(aging_delta=0.0), perf_model=small_gpu()).priorities(view)
-    by_requests = GmaxPolicy(GmaxParams(aging_delta=0.0, objective="requests"), perf_model=small_gpu()).priorities(view)
+    by_tokens = GmaxPolicy(GmaxParams(aging_delta=0.0, objective="tokens"), perf_model=small_gpu()).priorities(view)
+    by_requests = GmaxPolicy(GmaxParams(aging_delta=0.0), perf_model=small_gpu()).priorities(view)
     assert by_tokens[0] > by_tokens[1]
     assert by_requests[1] > by_requests[0]
 

@@ -174,9 +174,10 @@ def test_slos_tiers_and_queue_triage_are_the_per_request_ones(seed: int, nw: int
             assert all(queue.view(rid) is r for rid, r in by_rid.items())
 
 
+@pytest.mark.parametrize("objective", ["requests", "tokens"])
 @pytest.mark.parametrize("seed,nw,nr", CASES)
-def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: int, nr: int) -> None:
-    policy = make_policy("gmax", default_model())
+def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: int, nr: int, objective: str) -> None:
+    policy = make_policy("gmax", default_model(), objective=objective)
     assert isinstance(policy, GmaxPolicy)
     for view in view_passes(seed, nw, nr):
         policy.plan(view)
@@ -186,8 +187,10 @@ def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: in
             due = request_deadline(r) if cls in (SloClass.DEADLINE, SloClass.COMPOUND) else None
             if cls is SloClass.LATENCY:
                 nxt = next_token_due(r)
-                worth = r.slo.weight * (r.generated + 1) if nxt is None or view.now <= nxt else 0.0
+                on_time = nxt is None or view.now <= nxt
+                tokens = r.generated + 1 if objective == "tokens" else 1
+                worth = r.slo.weight * tokens if on_time else 0.0
             else:
-                worth = r.slo.weight * (r.prompt_len + r.generated + 1)
+                worth = r.slo.weight * ((r.prompt_len + r.generated + 1) if objective == "tokens" else 1)
             expected[r.rid] = (worth, due if due is not None else math.inf)
         assert policy._seen == expected
