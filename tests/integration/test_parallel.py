@@ -52,24 +52,21 @@ def reference(tiny_server: ServerProcess) -> dict[int, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def tp2() -> Iterator[tuple[str, ServerProcess]]:
-    policy = "slos"
+def tp2() -> Iterator[ServerProcess]:
     with ServerProcess(
-        "--model-path", "tiny", "--tp-size", "2", "--slo-policy", policy, "--max-running-requests", "2",
-        name=f"tp2-{policy}",
+        "--model-path", "tiny", "--tp-size", "2", "--slo-policy", "slos", "--max-running-requests", "2",
+        name="tp2-slos",
     ) as server:  # fmt: skip
-        yield policy, server
+        yield server
 
 
-def test_tp2_serves_the_tokens_of_tp1_under_contention(
-    tp2: tuple[str, ServerProcess], reference: dict[int, list[int]]
-) -> None:
-    policy, server = tp2
+def test_tp2_serves_the_tokens_of_tp1_under_contention(tp2: ServerProcess, reference: dict[int, list[int]]) -> None:
+    server = tp2
     with ThreadPoolExecutor(len(PROMPTS)) as pool:
         futures = {i: pool.submit(_generate, server.url, ids, SLOS[i % len(SLOS)]) for i, ids in enumerate(PROMPTS)}
         outputs = {i: f.result(timeout=600) for i, f in futures.items()}
     for i, ids in outputs.items():
-        assert ids == reference[i], f"{policy}, TP=2: prompt {i} diverged from TP=1"
+        assert ids == reference[i], f"slos, TP=2: prompt {i} diverged from TP=1"
     engine = server.status_when(lambda s: s["engine"].get("running") == 0 and s["engine"].get("steps", 0) > 0)["engine"]
     assert engine["plan_errors"] == 0 and engine["running"] == 0 and engine["waiting"] == 0
     assert requests.get(server.url + "/health", timeout=10).status_code == 200

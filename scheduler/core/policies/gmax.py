@@ -128,7 +128,7 @@ class GmaxPolicy:
         # worth its weight, and δ ages it by the same share of its value as in token mode.
         unit = 1.0 / tokens if self.per_request else 1.0
 
-        goodput = a.weight * tokens * unit  # best effort: full value, no deadline gate
+        goodput = a.weight * (1.0 if self.per_request else tokens)  # best effort: full value, no gate
         has_dl = np.isfinite(a.deadline) & ((a.cls == DEADLINE) | (a.cls == COMPOUND))
         finish = now + group_reduce(t_gen, a.group, "max")  # a stage's calls run side by side
         goodput = np.where(has_dl, np.where(finish <= a.deadline + 1e-9, goodput, 0.0), goodput)
