@@ -26,9 +26,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from benchmarks.goodput.mixes import MIXES, Scale, profile_zero_load
-from benchmarks.goodput.simulated import Card, sim_requests
-from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.goodput.mixes import Scale, profile_zero_load
+from benchmarks.goodput.simulated import Card, add_workload_args, sim_requests, workload_spec
+from benchmarks.goodput.workload import plan
 from scheduler.core.perf_model import PerfModel
 from scheduler.core.sim import SimRequest
 
@@ -90,30 +90,13 @@ def ceiling(reqs: Sequence[SimRequest], perf: PerfModel, rate: float, seed: int,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--gpu", default="h100")
-    ap.add_argument("--mix", default="tempo", choices=sorted(MIXES))
-    ap.add_argument("--trace", default="azure-conv")
-    ap.add_argument("--units", type=int, default=2400)
-    ap.add_argument("--rates", default="10,20,30,45", help="arrival units per second, comma-separated")
-    ap.add_argument("--seeds", default="0,1,2")
-    ap.add_argument("--max-running", type=int, default=256)
-    ap.add_argument("--max-prompt", type=int, default=4096)
-    ap.add_argument("--max-output", type=int, default=1024)
-    ap.add_argument("--json", action="store_true")
+    add_workload_args(ap, units=2400, rates="10,20,30,45")
     args = ap.parse_args(argv)
     card = Card.load(args.gpu)
     scale = Scale(1.0, profile_zero_load(args.gpu))
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
-        spec = WorkloadSpec(
-            trace=args.trace,
-            units=args.units,
-            mix=args.mix,
-            seed=seed,
-            max_prompt=args.max_prompt,
-            max_output=args.max_output,
-            arrivals="poisson",
-        )
+        spec = workload_spec(args, seed)
         for rate in [float(r) for r in args.rates.split(",")]:
             reqs = sim_requests(plan(spec, rate, scale))
             rows.append(ceiling(reqs, card.pace, rate, seed, args.max_running))

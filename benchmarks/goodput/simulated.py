@@ -172,21 +172,41 @@ def run_point(
     return {name: score(simulate(planned, name, card, **engine), duration_s=window) for name in policies}  # type: ignore[arg-type]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_workload_args(ap: argparse.ArgumentParser, units: int, rates: str) -> None:
+    """The flags that pick a planned workload and the card it runs on (shared with the ceiling
+    estimate, which must see the same requests)."""
     ap.add_argument("--gpu", default="h100")
     ap.add_argument("--mix", default="tempo", choices=sorted(MIXES))
     ap.add_argument("--trace", default="azure-conv")
-    ap.add_argument("--units", type=int, default=300)
-    ap.add_argument("--rates", default="2,4,8", help="arrival units per second, comma-separated")
+    ap.add_argument("--units", type=int, default=units)
+    ap.add_argument("--rates", default=rates, help="arrival units per second, comma-separated")
     ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--max-running", type=int, default=256)
+    ap.add_argument("--max-prompt", type=int, default=4096)
+    ap.add_argument("--max-output", type=int, default=1024)
+    ap.add_argument("--json", action="store_true")
+
+
+def workload_spec(args: argparse.Namespace, seed: int) -> WorkloadSpec:
+    """The workload `add_workload_args`' flags describe, for one seed (Poisson arrivals)."""
+    return WorkloadSpec(
+        trace=args.trace,
+        units=args.units,
+        mix=args.mix,
+        seed=seed,
+        max_prompt=args.max_prompt,
+        max_output=args.max_output,
+        arrivals="poisson",
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_workload_args(ap, units=300, rates="2,4,8")
     ap.add_argument("--policies", default=",".join(n for n in POLICIES if not n.endswith("_oracle")))
     ap.add_argument("--batching", choices=["mixed", "separate"], default="mixed")
     ap.add_argument("--fcfs-batching", choices=["stock", "same"], default="stock", help="stock: separate steps")
-    ap.add_argument("--max-running", type=int, default=256)
     ap.add_argument("--chunk", type=int, default=8192)
-    ap.add_argument("--max-prompt", type=int, default=4096)
-    ap.add_argument("--max-output", type=int, default=1024)
     ap.add_argument(
         "--length-predictor",
         default=DEFAULT_LENGTH_PREDICTOR,
@@ -199,22 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         metavar="POLICY:KEY=VALUE",
         help="a policy parameter, as the server's --slo-policy-param (repeatable)",
     )
-    ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     overrides = policy_overrides(args.policy_param, POLICIES)
     card = Card.load(args.gpu)
     policies = [p for p in args.policies.split(",") if p]
     rows: dict[tuple[float, str], list[RunMetrics]] = {}
     for seed in [int(s) for s in args.seeds.split(",")]:
-        spec = WorkloadSpec(
-            trace=args.trace,
-            units=args.units,
-            mix=args.mix,
-            seed=seed,
-            max_prompt=args.max_prompt,
-            max_output=args.max_output,
-            arrivals="poisson",
-        )
+        spec = workload_spec(args, seed)
         for rate in [float(r) for r in args.rates.split(",")]:
             results = run_point(
                 spec,
