@@ -26,9 +26,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from benchmarks.goodput.mixes import Scale, profile_zero_load
-from benchmarks.goodput.simulated import Card, add_workload_args, sim_requests, workload_spec
-from benchmarks.goodput.workload import plan
+from benchmarks.goodput.simulated import Card, add_workload_args, planned_workload, sim_requests, workload_spec
 from scheduler.core.perf_model import PerfModel
 from scheduler.core.sim import SimRequest
 
@@ -93,12 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     add_workload_args(ap, units=2400, rates="10,20,30,45")
     args = ap.parse_args(argv)
     card = Card.load(args.gpu)
-    scale = Scale(1.0, profile_zero_load(args.gpu))
     rows = []
     for seed in [int(s) for s in args.seeds.split(",")]:
         spec = workload_spec(args, seed)
         for rate in [float(r) for r in args.rates.split(",")]:
-            reqs = sim_requests(plan(spec, rate, scale))
+            reqs = sim_requests(planned_workload(spec, rate, card))
             rows.append(ceiling(reqs, card.pace, rate, seed, args.max_running))
     if args.json:
         json.dump([asdict(r) for r in rows], sys.stdout, indent=1)

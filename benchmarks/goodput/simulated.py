@@ -161,12 +161,17 @@ def simulate(
     return [to_record(p, result.records.get(p.req.rid), program_starts) for p in planned]
 
 
+def planned_workload(spec: WorkloadSpec, rate: float, card: Card) -> list[PlannedRequest]:
+    """What the load generator would send at `rate`, its SLOs scaled to `card`'s zero-load speed
+    (shared with the ceiling estimate, which must see the same requests)."""
+    return plan(spec, rate, Scale(1.0, profile_zero_load(card.name.split("/")[0])))
+
+
 def run_point(
     spec: WorkloadSpec, rate: float, policies: Sequence[str], card: Card, **engine: object
 ) -> dict[str, RunMetrics]:
     """Every policy on the same planned workload; goodput is per offered second."""
-    scale = Scale(1.0, profile_zero_load(card.name.split("/")[0]))
-    planned = plan(spec, rate, scale)
+    planned = planned_workload(spec, rate, card)
     arrivals = [p.req.arrival_s for p in planned]
     window = max(arrivals) - min(arrivals) if len(arrivals) > 1 else None
     return {name: score(simulate(planned, name, card, **engine), duration_s=window) for name in policies}  # type: ignore[arg-type]
