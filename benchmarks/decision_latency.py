@@ -17,7 +17,8 @@ own latency budget (GoodServe reports 5 ms at 512 instances).
 
 Plan path: what the SGLang adapter does per scheduling pass with 100, 1 000 and 10 000 waiting
 and 256 running requests of SGLang's shape (rid, sampling_params with the injected SLO,
-origin_input_ids, output_ids, token stamps, prefix indices): build the views from them, ask the
+origin_input_ids, output_ids, token stamps, prefix indices), each running one a token further
+every pass, as after a decode step: build the views from them, ask the
 policy and finish its plan on the one plan path (with the perf model's default knobs), and apply
 it to the waiting queue (drops split off, the queue sorted, tiers marked). Target: <= 1 ms per
 pass at 1 000 waiting, <= 10 ms at 10 000; an H100 decode step of Llama-3-8B is ~7 ms.
@@ -116,10 +117,13 @@ def make_view(queued: int, running: int, seed: int = 0) -> EngineView:
     )
 
 
-def median_ms(fn: Callable[[], object], repeats: int) -> float:
+def median_ms(fn: Callable[[], object], repeats: int, between: Callable[[], object] | None = None) -> float:
+    """Median ms of `fn` (after one warm-up call); `between` runs untimed before each call."""
     fn()  # warm caches and lazy state once
     samples = []
     for _ in range(repeats):
+        if between is not None:
+            between()
         t0 = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t0) * 1000.0)
@@ -326,6 +330,22 @@ class _Req:
         self.customized_info = {TOKEN_TS_KEY: stamps} if stamps else None
         self.prefix_indices = range(view.prefix_cached)
 
+    def decode_one(self, now_unix: float) -> None:
+        """What a decode step does to a running request: one more output token, stamped."""
+        self.output_ids.append(0)
+        if self.customized_info is None:
+            self.customized_info = {TOKEN_TS_KEY: []}
+        self.customized_info[TOKEN_TS_KEY].append(now_unix)
+
+
+def _decode_step(running: Sequence[_Req], clock: WallClock) -> Callable[[], None]:
+    def step() -> None:
+        now = clock.now()
+        for req in running:
+            req.decode_one(now)
+
+    return step
+
 
 def bench_plan_path(
     queued: Sequence[int] = QUEUED, running: int = 256, passes: int = 15
@@ -363,7 +383,9 @@ def bench_plan_path(
                     order_waiting(kept, plan, states)
 
             try:
-                out[name][n] = median_ms(one_pass, max(3, passes if n < 10_000 else 5))
+                # Every pass, each running request has one more token (the views refresh them).
+                between = _decode_step(running_reqs, clock)
+                out[name][n] = median_ms(one_pass, max(3, passes if n < 10_000 else 5), between)
                 if planner.errors:
                     out[name][n] = f"error: {planner.errors} failed plans"
             except Exception as exc:  # report, keep measuring the others

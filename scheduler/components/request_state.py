@@ -60,6 +60,7 @@ class RequestStates:
         self._states: dict[str, RequestState] = {}
         self._caps: dict[str, int | None] = {}  # set at arrival, before a state exists
         self._declined: set[str] = set()  # known rids the last plan put in the best-effort tier
+        self._tier_changed: set[str] = set()  # rids in or out of `_declined` since `take_tier_changes`
 
     def __len__(self) -> int:
         return len(self._states)
@@ -108,8 +109,17 @@ class RequestStates:
         if not (left or joined):
             return
         queued = waiting if isinstance(waiting, AbstractSet) else set(waiting)
-        declined -= left & queued
-        declined |= (joined & queued) & self._states.keys()
+        gone, came = left & queued, (joined & queued) & self._states.keys()
+        declined -= gone
+        declined |= came
+        self._tier_changed |= gone
+        self._tier_changed |= came
+
+    def take_tier_changes(self) -> set[str]:
+        """The rids whose tier changed since the last call: what a view builder refreshes,
+        instead of asking every waiting request every pass."""
+        changed, self._tier_changed = self._tier_changed, set()
+        return changed
 
     @property
     def declined(self) -> AbstractSet[str]:
@@ -121,7 +131,9 @@ class RequestStates:
 
     def forget(self, rid: str) -> RequestState | None:
         self._caps.pop(rid, None)
-        self._declined.discard(rid)
+        if rid in self._declined:
+            self._declined.discard(rid)
+            self._tier_changed.add(rid)
         return self._states.pop(rid, None)
 
     def keep_only(self, live: set[str]) -> None:

@@ -8,6 +8,10 @@ request's view is built once and kept: every pass refreshes only what can change
 request changes only when SGLang re-matches its prefix (a new `prefix_indices` object) or when
 it comes back from a retraction with more output; a running one gains tokens every pass. Views
 are therefore mutable and shared across passes: a policy must not keep one beyond its plan().
+
+The builder also keeps every view's numbers in a RowCache as it refreshes them, and hands the
+pass their rows (`EngineView.known_rows`): the plan path then reads its columns without
+walking the views again (scheduler/core/columns.py).
 """
 
 from __future__ import annotations
@@ -16,9 +20,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from scheduler.components.request_state import RequestStates, oracle_hint
 from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.clock import Clock
+from scheduler.core.columns import PassRows, RowCache
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.types import EngineView, RequestView
@@ -56,8 +63,10 @@ class ViewBuilder:
         self.decode_text = decode_text
         self.oracle = oracle  # benchmarks' *_oracle policies only: they are given the true length
         # rid -> [view, the prefix_indices object and output length it was refreshed with,
-        # whether its SLO is best effort]
+        # whether its SLO is best effort, its row in `rows` (-1 until the pass that made it ends)]
         self._cache: dict[str, list[Any]] = {}
+        self.rows = RowCache()
+        self.row_slack = 4096  # rows of departed requests kept before the cache is rebuilt
 
     def forget(self, rid: str) -> None:
         self._cache.pop(rid, None)
@@ -65,42 +74,71 @@ class ViewBuilder:
     def keep_only(self, live: set[str]) -> None:
         self._cache = {rid: entry for rid, entry in self._cache.items() if rid in live}
 
-    def cached_view(self, req: Any) -> RequestView:
-        """The request's view, refreshed where SGLang may have changed it since the last pass."""
-        entry = self._cache.get(req.rid)
-        if entry is None:
-            view = self.request_view(req)
-            self._cache[req.rid] = [view, req.prefix_indices, len(req.output_ids), view.slo.is_best_effort]
-            return view
-        view = entry[0]
-        prefix, n_out = req.prefix_indices, len(req.output_ids)
-        if prefix is not entry[1] or n_out != entry[2]:
-            self._refresh(view, req, n_out)
-            entry[1], entry[2] = prefix, n_out
-        view.best_effort_tier = entry[3] or req.rid in self.states.declined
-        return view
-
-    def views(self, reqs: Sequence[Any]) -> list[RequestView]:
-        """`cached_view` of each request, with the unchanged case inlined: at thousands waiting
-        this loop is a visible share of a pass."""
+    def views(self, reqs: Sequence[Any], pass_rows: _PassRowsBuilder | None = None) -> list[RequestView]:
+        """Each request's view, refreshed where SGLang may have changed it since the last pass
+        (the unchanged case costs a few lookups: at thousands waiting this loop is a visible
+        share of a pass). `pass_rows` collects their rows and which views changed."""
+        rows = pass_rows if pass_rows is not None else _PassRowsBuilder()
+        if pass_rows is None:
+            self._retier(rows)
         get = self._cache.get
-        declined = self.states.declined
+        plain = self.lengths is None  # then a decode step changes a started view's count only
         out: list[RequestView] = []
-        append = out.append
+        append, row_append = out.append, rows.rows.append
         for req in reqs:
-            rid = req.rid
-            entry = get(rid)
-            if entry is None or req.prefix_indices is not entry[1] or len(req.output_ids) != entry[2]:
-                append(self.cached_view(req))
-                continue
-            view = entry[0]
-            view.best_effort_tier = entry[3] or rid in declined
-            append(view)
+            entry = get(req.rid)
+            if entry is None:
+                view = self.request_view(req)
+                entry = self._cache[req.rid] = [
+                    view,
+                    req.prefix_indices,
+                    len(req.output_ids),
+                    view.slo.is_best_effort,
+                    -1,
+                ]
+                rows.new.append(entry)
+            else:
+                prefix, n_out = req.prefix_indices, len(req.output_ids)
+                if prefix is entry[1] and n_out == entry[2]:
+                    pass  # unchanged: most of the waiting queue
+                elif prefix is entry[1] and plain and entry[0].first_token_time is not None:
+                    view = entry[0]  # a running request one step further: most of the batch
+                    view.generated, entry[2] = n_out, n_out
+                    view.attained_service = float(view.prompt_len + n_out)
+                    if entry[4] >= 0:
+                        rows.grew(entry[4], n_out, view.attained_service)
+                else:
+                    self._refresh(entry[0], req, n_out)
+                    entry[1], entry[2] = prefix, n_out
+                    if entry[4] >= 0:
+                        rows.stale_rows.append(entry[4])
+                        rows.stale_views.append(entry[0])
+            if entry[4] < 0:
+                rows.unplaced.append((len(rows.rows), entry))
+            row_append(entry[4])
+            append(entry[0])
+        if pass_rows is None:
+            rows.finish(self.rows)
         return out
+
+    def _retier(self, rows: _PassRowsBuilder) -> None:
+        """The views whose tier the last plan changed (RequestStates tracks them): a view's
+        tier is its SLO's best effort or the states' declined set."""
+        declined = self.states.declined
+        for rid in self.states.take_tier_changes():
+            entry = self._cache.get(rid)
+            if entry is None:
+                continue  # not seen yet: its view will read the tier when made
+            view, tier = entry[0], entry[3] or rid in declined
+            if tier is not view.best_effort_tier:
+                view.best_effort_tier = tier
+                if entry[4] >= 0:
+                    rows.stale_rows.append(entry[4])
+                    rows.stale_views.append(view)
 
     def _refresh(self, view: RequestView, req: Any, n_out: int) -> None:
         view.generated = n_out
-        view.attained_service = float(len(req.origin_input_ids) + n_out)
+        view.attained_service = float(view.prompt_len + n_out)
         prefix = getattr(req, "prefix_indices", None)
         view.prefix_cached = len(prefix) if prefix is not None else 0
         if view.first_token_time is None:
@@ -154,13 +192,58 @@ class ViewBuilder:
         return view
 
     def engine_view(self, waiting: Sequence[Any], running: Sequence[Any], limits: EngineLimits) -> EngineView:
+        if len(self.rows) > 2 * len(self._cache) + self.row_slack:
+            self._rebuild_rows()
+        pass_rows = _PassRowsBuilder()
+        self._retier(pass_rows)
+        waiting_views = self.views(waiting, pass_rows)
+        running_views = self.views(running, pass_rows)
         return EngineView(
             now=self.clock.now() + limits.card_busy_s,  # when this pass runs, not when it is planned
-            waiting=self.views(waiting),
-            running=self.views(running),
+            waiting=waiting_views,
+            running=running_views,
             max_running_requests=limits.max_running_requests,
             chunk_size=limits.chunk_size,
             free_kv_tokens=limits.free_kv_tokens,
             total_kv_tokens=limits.total_kv_tokens,
             step=limits.step,
+            known_rows=PassRows(self.rows, pass_rows.finish(self.rows), waiting_views, running_views),
         )
+
+    def _rebuild_rows(self) -> None:
+        """A fresh RowCache holding only the live views: rows of departed requests are dropped."""
+        entries = list(self._cache.values())
+        self.rows = RowCache()
+        for entry, row in zip(entries, self.rows.append([e[0] for e in entries]).tolist(), strict=True):
+            entry[4] = row
+
+
+class _PassRowsBuilder:
+    """One pass's rows as the view loop finds them: views new this pass get theirs at the end,
+    in one read; views that changed are read again."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.new: list[list[Any]] = []  # entries made this pass
+        self.unplaced: list[tuple[int, list[Any]]] = []  # (position, entry) still without a row
+        self.stale_rows: list[int] = []
+        self.stale_views: list[RequestView] = []
+        self.grown: tuple[list[int], list[int], list[float]] = ([], [], [])  # rows, generated, attained
+
+    def grew(self, row: int, generated: int, attained: float) -> None:
+        """A view whose output count (and so its attained service) alone changed."""
+        rows, gen, att = self.grown
+        rows.append(row)
+        gen.append(generated)
+        att.append(attained)
+
+    def finish(self, cache: RowCache) -> np.ndarray:
+        cache.rewrite(self.stale_rows, self.stale_views)
+        if self.grown[0]:
+            cache.set_generated(*self.grown)
+        if self.new:
+            for entry, row in zip(self.new, cache.append([e[0] for e in self.new]).tolist(), strict=True):
+                entry[4] = row
+            for pos, entry in self.unplaced:
+                self.rows[pos] = entry[4]
+        return np.array(self.rows, dtype=np.int64)

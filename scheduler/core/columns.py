@@ -18,6 +18,7 @@ import struct
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -162,6 +163,25 @@ def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[
     return out
 
 
+# Row layout of a request's per-pass numbers (what an engine refreshes between passes).
+_GENERATED, _CACHED, _STARTED, _PREDICTED, _BE_TIER, _ATTAINED = range(6)
+DYNAMIC_ROWS = 6
+
+
+def dynamic_rows(reqs: Sequence[RequestView]) -> np.ndarray:
+    """(DYNAMIC_ROWS, len(reqs)): these views' per-pass numbers as they are now."""
+    n = len(reqs)
+    out = np.empty((DYNAMIC_ROWS, n))
+    nan = math.nan
+    out[_GENERATED] = _floats([r.generated for r in reqs], n)
+    out[_CACHED] = _floats([r.prefix_cached for r in reqs], n)
+    out[_STARTED] = _bools([r.first_token_time is not None for r in reqs], n)
+    out[_PREDICTED] = _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
+    out[_BE_TIER] = _bools([r.best_effort_tier for r in reqs], n)
+    out[_ATTAINED] = _floats([r.attained_service for r in reqs], n)
+    return out
+
+
 class RowCache:
     """Each view's static numbers (`static_rows`), kept across passes by view identity.
 
@@ -185,6 +205,7 @@ class RowCache:
         self._groups: dict[tuple[object, object], int] = {}
         self._size = 0
         self.cols = np.empty((STATIC_ROWS, 0))  # static numbers, a column per row
+        self.dyn = np.empty((DYNAMIC_ROWS, 0))  # per-pass numbers, as of their last `rewrite`
         self.rid_array = np.empty(0, dtype=object)  # row -> rid
         self._views = np.empty(0, dtype=object)  # row -> view: held, so no id is reused while cached
 
@@ -207,30 +228,59 @@ class RowCache:
 
     def _add(self, reqs: Sequence[RequestView], rows: np.ndarray) -> np.ndarray:
         missing = np.flatnonzero(rows < 0).tolist()
-        new = list({id(r): r for r in (reqs[i] for i in missing)}.values())  # each new view once
+        self.append(list({id(r): r for r in (reqs[i] for i in missing)}.values()))  # each new view once
+        index = self._index
+        rows[missing] = [index[id(reqs[i])] for i in missing]
+        return rows
+
+    def append(self, new: Sequence[RequestView]) -> np.ndarray:
+        """Rows for views this cache has not seen (the caller knows they are new), read now.
+        Rows are only ever appended: a ViewColumns holding the previous arrays stays right."""
         first = self._size
         size = self._size = first + len(new)
         self._index.update(zip(map(id, new), range(first, size)))
         if size > self.cols.shape[1]:  # grow by doubling: a pass adds a few arrivals
             cap = max(size, 2 * self.cols.shape[1], 64)
-            cols, rid_array, views = (
-                np.empty((STATIC_ROWS, cap)),
-                np.empty(cap, dtype=object),
-                np.empty(cap, dtype=object),
-            )
-            cols[:, :first], rid_array[:first], views[:first] = (
-                self.cols[:, :first],
-                self.rid_array[:first],
-                self._views[:first],
-            )
-            self.cols, self.rid_array, self._views = cols, rid_array, views
-        # Rows are only ever appended: a ViewColumns holding the previous arrays stays right.
+            self.cols = _grown(self.cols, cap, first)
+            self.dyn = _grown(self.dyn, cap, first)
+            self.rid_array = _grown(self.rid_array, cap, first)
+            self._views = _grown(self._views, cap, first)
         self.cols[:, first:size] = static_rows(new, self.slos, self._groups)
+        self.dyn[:, first:size] = dynamic_rows(new)
         self.rid_array[first:size] = [r.rid for r in new]
         self._views[first:size] = new
-        index = self._index
-        rows[missing] = [index[id(reqs[i])] for i in missing]
-        return rows
+        return np.arange(first, size)
+
+    def rewrite(self, rows: Sequence[int], views: Sequence[RequestView]) -> None:
+        """The per-pass numbers of these views (at these rows) changed: read them again."""
+        if views:
+            self.dyn[:, rows] = dynamic_rows(views)
+
+    def set_generated(self, rows: Sequence[int], generated: Sequence[int], attained: Sequence[float]) -> None:
+        """These views' output counts and attained service changed, nothing else (a decode step)."""
+        self.dyn[_GENERATED, rows] = generated
+        self.dyn[_ATTAINED, rows] = attained
+
+
+def _grown(a: np.ndarray, cap: int, used: int) -> np.ndarray:
+    """`a` with room for `cap` entries along its last axis, the first `used` kept."""
+    out = np.empty((*a.shape[:-1], cap), dtype=a.dtype)
+    out[..., :used] = a[..., :used]
+    return out
+
+
+@dataclass(frozen=True)
+class PassRows:
+    """Where an engine that keeps a RowCache up to date itself (the SGLang adapter's
+    ViewBuilder) has this pass's views: `rows[i]` is the row of `[*waiting, *running][i]`, whose
+    static and per-pass numbers are current in `cache`. Then a pass reads no view at all for
+    its columns. Holds only for these very lists: a view made from another list (an oracle
+    variant's, a test's `replace`) is read as usual."""
+
+    cache: RowCache
+    rows: np.ndarray
+    waiting: Sequence[RequestView]
+    running: Sequence[RequestView]
 
 
 class _Static:
@@ -259,15 +309,17 @@ class ViewColumns:
         rid_array: np.ndarray,
         static: np.ndarray,
         rows: np.ndarray | None = None,
+        dynamic: np.ndarray | None = None,
     ) -> None:
         """`rid_array`: the rids as an object array (a gather of rids is then one numpy call);
         `static`: the static numbers (`static_rows`), the requests' own or, with `rows`, a
-        RowCache's (request i at column rows[i])."""
+        RowCache's (request i at column rows[i]); `dynamic`: the per-pass numbers
+        (`dynamic_rows`) when known, else they are read from the views on first use."""
         self.reqs = [*waiting, *running]
         self.n = len(self.reqs)
         self.n_waiting = len(waiting)
         self.rid_array = rid_array
-        self._static, self._rows = static, rows
+        self._static, self._rows, self._dynamic = static, rows, dynamic
         self._total_out: dict[float, np.ndarray] = {}
 
     @classmethod
@@ -277,9 +329,14 @@ class ViewColumns:
         running: Sequence[RequestView],
         cache: RowCache | None = None,
         slos: SloTable | None = None,
+        known: PassRows | None = None,
     ) -> ViewColumns:
-        """Columns of these views: static numbers from `cache` when given, else read now
-        (with `slos` when given: a long-lived table reads each spec once)."""
+        """Columns of these views: every number from `known` when it holds for these lists,
+        else static numbers from `cache` when given, else read now (with `slos` when given: a
+        long-lived table reads each spec once)."""
+        if known is not None and known.waiting is waiting and known.running is running:
+            rows, held = known.rows, known.cache
+            return cls(waiting, running, held.rid_array[rows], held.cols, rows, held.dyn.take(rows, axis=1))
         reqs = [*waiting, *running]
         if cache is not None:
             rows = cache.rows(reqs)  # may grow the cache's arrays: take them after
@@ -315,28 +372,38 @@ class ViewColumns:
 
     @cached_property
     def generated(self) -> np.ndarray:
-        return _floats([r.generated for r in self.reqs], self.n)
+        d = self._dynamic
+        return d[_GENERATED] if d is not None else _floats([r.generated for r in self.reqs], self.n)
 
     @cached_property
     def cached(self) -> np.ndarray:
-        return _floats([r.prefix_cached for r in self.reqs], self.n)
+        d = self._dynamic
+        return d[_CACHED] if d is not None else _floats([r.prefix_cached for r in self.reqs], self.n)
 
     @cached_property
     def started(self) -> np.ndarray:
-        return _bools([r.first_token_time is not None for r in self.reqs], self.n)
+        d = self._dynamic
+        return (
+            d[_STARTED] != 0 if d is not None else _bools([r.first_token_time is not None for r in self.reqs], self.n)
+        )
 
     @cached_property
     def predicted(self) -> np.ndarray:
+        d = self._dynamic
+        if d is not None:
+            return d[_PREDICTED]
         nan = math.nan
         return _floats([nan if (x := r.predicted_output_len) is None else x for r in self.reqs], self.n)
 
     @cached_property
     def be_tier(self) -> np.ndarray:
-        return _bools([r.best_effort_tier for r in self.reqs], self.n)
+        d = self._dynamic
+        return d[_BE_TIER] != 0 if d is not None else _bools([r.best_effort_tier for r in self.reqs], self.n)
 
     @cached_property
     def attained(self) -> np.ndarray:
-        return _floats([r.attained_service for r in self.reqs], self.n)
+        d = self._dynamic
+        return d[_ATTAINED] if d is not None else _floats([r.attained_service for r in self.reqs], self.n)
 
     # -- derived -----------------------------------------------------------------------------------
 
@@ -424,7 +491,7 @@ def columns_of(view: EngineView, slos: SloTable | None = None) -> ViewColumns:
     """`view`'s columns: the pass's shared copy inside `sharing(view)`, else read now."""
     shared = _PASS
     if shared.view is not view:
-        return ViewColumns.read(view.waiting, view.running, None, slos)
+        return ViewColumns.read(view.waiting, view.running, None, slos, view.known_rows)
     if shared.columns is None:
-        shared.columns = ViewColumns.read(view.waiting, view.running, shared.cache, slos)
+        shared.columns = ViewColumns.read(view.waiting, view.running, shared.cache, slos, view.known_rows)
     return shared.columns

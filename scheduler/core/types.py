@@ -10,10 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from scheduler.core.perf_model import PerfModel as PerfModel  # re-exported: policies see it with the views
 from scheduler.core.slo import SloSpec
+
+if TYPE_CHECKING:
+    from scheduler.core.columns import PassRows
 
 
 @dataclass
@@ -53,6 +56,9 @@ class EngineView:
     free_kv_tokens: int
     total_kv_tokens: int
     step: int = 0  # scheduling steps taken so far (quanta, frames)
+    # Where the engine keeps these views' numbers current, if it does (columns.PassRows): a
+    # pass then reads no view for its columns.
+    known_rows: PassRows | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
