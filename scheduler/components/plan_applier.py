@@ -22,6 +22,10 @@ def order_waiting(waiting: list[Any], plan: FinalPlan, states: RequestStates) ->
     declined requests still run, last. Linear in the queue, no sort: the order is split on the
     plan's rids and mapped to requests in C loops."""
     tier = plan.best_effort
+    if plan.order is None and not tier:  # nothing to reorder (stock fcfs): only a stale tier to clear
+        if states.declined:
+            states.mark_tier([r.rid for r in waiting], tier)
+        return
     rids = [r.rid for r in waiting]
     queued: Iterable[str] = rids
     if plan.order is not None or tier:

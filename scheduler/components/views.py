@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -83,8 +84,8 @@ class ViewBuilder:
             self._retier(rows)
         get = self._cache.get
         plain = self.lengths is None  # then a decode step changes a started view's count only
-        out: list[RequestView] = []
-        append, row_append = out.append, rows.rows.append
+        first = len(rows.entries)
+        append = rows.entries.append
         for req in reqs:
             entry = get(req.rid)
             if entry is None:
@@ -113,13 +114,10 @@ class ViewBuilder:
                     if entry[4] >= 0:
                         rows.stale_rows.append(entry[4])
                         rows.stale_views.append(entry[0])
-            if entry[4] < 0:
-                rows.unplaced.append((len(rows.rows), entry))
-            row_append(entry[4])
-            append(entry[0])
+            append(entry)
         if pass_rows is None:
             rows.finish(self.rows)
-        return out
+        return list(map(_VIEW, rows.entries[first:]))
 
     def _retier(self, rows: _PassRowsBuilder) -> None:
         """The views whose tier the last plan changed (RequestStates tracks them): a view's
@@ -218,14 +216,16 @@ class ViewBuilder:
             entry[4] = row
 
 
+_VIEW, _ROW = itemgetter(0), itemgetter(4)  # of a builder's entry
+
+
 class _PassRowsBuilder:
     """One pass's rows as the view loop finds them: views new this pass get theirs at the end,
     in one read; views that changed are read again."""
 
     def __init__(self) -> None:
-        self.rows: list[int] = []
-        self.new: list[list[Any]] = []  # entries made this pass
-        self.unplaced: list[tuple[int, list[Any]]] = []  # (position, entry) still without a row
+        self.entries: list[list[Any]] = []  # the pass's requests' entries, in order
+        self.new: list[list[Any]] = []  # entries made this pass (no row yet)
         self.stale_rows: list[int] = []
         self.stale_views: list[RequestView] = []
         self.grown: tuple[list[int], list[int], list[float]] = ([], [], [])  # rows, generated, attained
@@ -244,6 +244,4 @@ class _PassRowsBuilder:
         if self.new:
             for entry, row in zip(self.new, cache.append([e[0] for e in self.new]).tolist(), strict=True):
                 entry[4] = row
-            for pos, entry in self.unplaced:
-                self.rows[pos] = entry[4]
-        return np.array(self.rows, dtype=np.int64)
+        return np.fromiter(map(_ROW, self.entries), dtype=np.int64, count=len(self.entries))

@@ -91,7 +91,11 @@ def finalize_plan(
     `wait_model` predicts the drops' waits (any estimate beats none there; default: the
     knob model's)."""
     c = columns_read(view)  # the policy's read of this pass, if it made one
-    waiting = set(c.rids[: c.n_waiting]) if c is not None else {r.rid for r in view.waiting}
+    if c is None and view.known_rows is not None:
+        c = columns_of(view)  # the engine keeps them current: cheaper than one walk of the views
+    waiting: set[str] = set()  # the waiting rids, needed only to check the plan's own rids
+    if plan.drop or plan.best_effort:
+        waiting = set(c.rids[: c.n_waiting]) if c is not None else {r.rid for r in view.waiting}
     drop: dict[str, str] = {}
     waits: dict[str, float] = {}
     if settings.role != DECODE:  # a PD decode request already holds transferred KV

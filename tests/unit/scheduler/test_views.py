@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 import torch
 
 from scheduler.components.request_state import RequestStates
@@ -12,6 +13,10 @@ from scheduler.components.views import EngineLimits, ViewBuilder
 from scheduler.core.clock import ManualClock
 from scheduler.core.columns import ViewColumns
 from scheduler.core.compound import CompoundDeadlines
+from scheduler.core.perf_model import default_model
+from scheduler.core.plan_path import KnobModel, finalize_plan, plan_pass, settings_for
+from scheduler.core.policies import POLICIES, make_policy
+from scheduler.core.slo import REJECT_WHEN_INFEASIBLE, SloClass, SloSpec
 from scheduler.core.types import EngineView
 from tests.unit.scheduler._stand_in_engine import StandInReq
 from wire import TOKEN_TS_KEY
@@ -101,3 +106,50 @@ def test_a_view_built_from_other_lists_reads_its_own_views() -> None:
     view = views.engine_view([StandInReq("a", 10), StandInReq("b", 20)], [], LIMITS)
     other = replace(view, waiting=view.waiting[::-1])  # e.g. an oracle variant's copy
     assert ViewColumns.read(other.waiting, other.running, known=other.known_rows).rids == ["b", "a"]
+
+
+def _mixed_requests(n: int) -> list[StandInReq]:
+    """Every kind of SLO the plan path treats apart: tight and loose latency, deadlines that
+    reject when infeasible, queue timeouts, best effort."""
+    specs = [
+        SloSpec(ttft_ms=300, tpot_ms=40, slo_class=SloClass.LATENCY),
+        SloSpec(ttft_ms=2000, tpot_ms=200, slo_class=SloClass.LATENCY, max_queue_ms=1500),
+        SloSpec(deadline_ms=4000, slo_class=SloClass.DEADLINE, on_infeasible=REJECT_WHEN_INFEASIBLE),
+        SloSpec(deadline_ms=60_000, slo_class=SloClass.DEADLINE),
+        SloSpec(),
+    ]
+    return [
+        StandInReq(f"r{i}", 40 + 37 * i % 500, spec=specs[i % len(specs)], arrival=0.3 * i, cached=(i % 4) * 8)
+        for i in range(n)
+    ]
+
+
+@pytest.mark.parametrize("name", list(POLICIES))
+def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> None:
+    """The plan path reads the rows the builder kept (and finishes every policy's plan on
+    them): pass after pass, each plan is what the views alone give."""
+    perf = default_model()
+    kept, alone = make_policy(name, perf), make_policy(name, perf)
+    settings = settings_for(kept)
+    clock = ManualClock(5.0)
+    states = RequestStates()
+    views = ViewBuilder(states, clock, CompoundDeadlines())
+    reqs = _mixed_requests(30)
+    waiting, running = list(reqs[:24]), []
+    for step in range(10):
+        clock.advance(0.4)
+        if waiting and step % 2 == 0:
+            req = waiting.pop(0)
+            req.customized_info = {TOKEN_TS_KEY: [clock.now()]}
+            running.append(req)
+        for req in running:
+            req.output_ids.append(1)
+            req.customized_info[TOKEN_TS_KEY].append(clock.now())  # type: ignore[index]
+        if step == 5:
+            waiting.extend(reqs[24:])
+        limits = replace(LIMITS, step=step, max_running_requests=4)
+        view = views.engine_view(waiting, running, limits)
+        planned = plan_pass(view, kept, settings, KnobModel(perf))
+        bare = replace(view, known_rows=None)
+        assert planned == finalize_plan(bare, alone.plan(bare), settings, KnobModel(perf))
+        states.mark_tier([r.rid for r in waiting], planned.best_effort)
