@@ -168,22 +168,49 @@ _GENERATED, _CACHED, _STARTED, _PREDICTED, _BE_TIER, _ATTAINED = range(6)
 DYNAMIC_ROWS = 6
 
 
+def _read_generated(reqs: Sequence[RequestView]) -> np.ndarray:
+    return _floats([r.generated for r in reqs], len(reqs))
+
+
+def _read_cached(reqs: Sequence[RequestView]) -> np.ndarray:
+    return _floats([r.prefix_cached for r in reqs], len(reqs))
+
+
+def _read_started(reqs: Sequence[RequestView]) -> np.ndarray:
+    return _bools([r.first_token_time is not None for r in reqs], len(reqs))
+
+
+def _read_predicted(reqs: Sequence[RequestView]) -> np.ndarray:
+    nan = math.nan
+    return _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], len(reqs))
+
+
+def _read_be_tier(reqs: Sequence[RequestView]) -> np.ndarray:
+    return _bools([r.best_effort_tier for r in reqs], len(reqs))
+
+
+def _read_attained(reqs: Sequence[RequestView]) -> np.ndarray:
+    return _floats([r.attained_service for r in reqs], len(reqs))
+
+
 def dynamic_rows(reqs: Sequence[RequestView]) -> np.ndarray:
     """(DYNAMIC_ROWS, len(reqs)): these views' per-pass numbers as they are now."""
-    n = len(reqs)
-    out = np.empty((DYNAMIC_ROWS, n))
-    nan = math.nan
-    out[_GENERATED] = _floats([r.generated for r in reqs], n)
-    out[_CACHED] = _floats([r.prefix_cached for r in reqs], n)
-    out[_STARTED] = _bools([r.first_token_time is not None for r in reqs], n)
-    out[_PREDICTED] = _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
-    out[_BE_TIER] = _bools([r.best_effort_tier for r in reqs], n)
-    out[_ATTAINED] = _floats([r.attained_service for r in reqs], n)
+    out = np.empty((DYNAMIC_ROWS, len(reqs)))
+    out[_GENERATED] = _read_generated(reqs)
+    out[_CACHED] = _read_cached(reqs)
+    out[_STARTED] = _read_started(reqs)
+    out[_PREDICTED] = _read_predicted(reqs)
+    out[_BE_TIER] = _read_be_tier(reqs)
+    out[_ATTAINED] = _read_attained(reqs)
     return out
 
 
 class RowCache:
-    """Each view's static numbers (`static_rows`), kept across passes by view identity.
+    """Each view's static numbers (`static_rows`), kept across passes by view identity, and its
+    per-pass numbers (`dynamic_rows`, in `dyn`) as of when it was added or last rewritten: those
+    are current only where the cache's owner rewrites them as it changes the views (the
+    adapter's ViewBuilder, which then hands them over as `PassRows`); `rows()` users read the
+    per-pass numbers from the views.
 
     Contract with the engine that builds the views and keeps this cache: once a RequestView
     exists, its rid, slo, arrival, prompt_len, max_new_tokens, program_arrival and
@@ -373,37 +400,32 @@ class ViewColumns:
     @cached_property
     def generated(self) -> np.ndarray:
         d = self._dynamic
-        return d[_GENERATED] if d is not None else _floats([r.generated for r in self.reqs], self.n)
+        return d[_GENERATED] if d is not None else _read_generated(self.reqs)
 
     @cached_property
     def cached(self) -> np.ndarray:
         d = self._dynamic
-        return d[_CACHED] if d is not None else _floats([r.prefix_cached for r in self.reqs], self.n)
+        return d[_CACHED] if d is not None else _read_cached(self.reqs)
 
     @cached_property
     def started(self) -> np.ndarray:
         d = self._dynamic
-        return (
-            d[_STARTED] != 0 if d is not None else _bools([r.first_token_time is not None for r in self.reqs], self.n)
-        )
+        return d[_STARTED] != 0 if d is not None else _read_started(self.reqs)
 
     @cached_property
     def predicted(self) -> np.ndarray:
         d = self._dynamic
-        if d is not None:
-            return d[_PREDICTED]
-        nan = math.nan
-        return _floats([nan if (x := r.predicted_output_len) is None else x for r in self.reqs], self.n)
+        return d[_PREDICTED] if d is not None else _read_predicted(self.reqs)
 
     @cached_property
     def be_tier(self) -> np.ndarray:
         d = self._dynamic
-        return d[_BE_TIER] != 0 if d is not None else _bools([r.best_effort_tier for r in self.reqs], self.n)
+        return d[_BE_TIER] != 0 if d is not None else _read_be_tier(self.reqs)
 
     @cached_property
     def attained(self) -> np.ndarray:
         d = self._dynamic
-        return d[_ATTAINED] if d is not None else _floats([r.attained_service for r in self.reqs], self.n)
+        return d[_ATTAINED] if d is not None else _read_attained(self.reqs)
 
     # -- derived -----------------------------------------------------------------------------------
 
