@@ -21,7 +21,7 @@ MIXED_ON_ENGINE = {"edf": "edf_one_slot", "fcfs": "fcfs_one_slot"}
 def _blocker(server: ServerProcess) -> threading.Thread:
     """Occupies the only running slot long enough for the queue to build up behind it. The
     checks behind it need ~0.8 s (served_order's 4 arrivals 0.15 s apart; two 300 ms queue
-    timeouts back to back); 800 tokens last ~3 s at the ~250 tok/s seen here, and still ~1.6 s
+    timeouts back to back) before the queue drains; 800 tokens last ~3 s at the ~250 tok/s seen here, and still ~1.6 s
     on a CPU twice as fast. Returns once its first token has streamed back: then it holds the
     slot for certain (/slo/status is published periodically, so a request that just finished
     can still show there as running)."""
@@ -50,8 +50,15 @@ def _blocker(server: ServerProcess) -> threading.Thread:
     return t
 
 
+# Each queued request holds the one slot this long, so the first tokens of consecutive requests
+# are ~0.2 s apart: far more than the jitter of reading them from client clocks on 2 busy cores
+# (4 tokens, ~20 ms apart, once let two swap).
+QUEUED_TOKENS = 48
+
+
 def served_order(server: ServerProcess) -> list[int]:
-    """Queue requests i = 0..n-1 in arrival order with deadlines decreasing in i."""
+    """Queue requests i = 0..n-1 in arrival order with deadlines decreasing in i; the order
+    their first tokens came out in."""
     finished: list[tuple[float, int]] = []
     lock = threading.Lock()
 
@@ -60,7 +67,11 @@ def served_order(server: ServerProcess) -> list[int]:
             server.url + "/generate",
             json={
                 "text": f"request {i}",
-                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True, "temperature": 0},
+                "sampling_params": {
+                    "max_new_tokens": QUEUED_TOKENS,
+                    "ignore_eos": True,
+                    "temperature": 0,
+                },
                 "slo": {"deadline_ms": 60_000 - 10_000 * i},
             },
             timeout=300,
