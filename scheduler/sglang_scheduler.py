@@ -148,6 +148,12 @@ class SloSchedulerMixin:
         tokenizer = getattr(self, "tokenizer", None)
         if tokenizer is not None:  # a text-reading length predictor sees prompts and outputs as text
             slo.views.decode_text = tokenizer.decode
+        # The view builder skips waiting requests SGLang cannot have touched since the last pass:
+        # only true while SGLang's own policy neither re-sorts nor re-matches the whole queue.
+        slo.views.queue.enabled = not (
+            getattr(self, "enable_priority_scheduling", False)
+            or getattr(self.tree_cache, "supports_fast_match_prefix", lambda: False)()
+        )
         role = _disagg_role(self)
         slo.planner.settings = settings_for(slo.planner.policy, mixed_batching=bool(self.is_mixed_chunk), role=role)
         slo.chunk_budget = self.chunked_prefill_size
@@ -268,6 +274,7 @@ class SloSchedulerMixin:
             return admit()
         held = [r for r in self.waiting_queue if r.rid in hold]
         self.waiting_queue[:] = [r for r in self.waiting_queue if r.rid not in hold]
+        self.slo.views.queue.to_tail(hold)
         try:
             return admit()
         finally:
@@ -422,12 +429,15 @@ class SloSchedulerMixin:
         slo = self.slo
         if plan.preempt:
             slo.pending_preempt = set(plan.preempt)
+        queue = slo.views.queue
         if plan.drop:
             keep, dropped = split_dropped(self.waiting_queue, plan.drop)
             for req, reason in dropped:
                 self._slo_abort_waiting(req, reason, plan.waits.get(req.rid))
             self.waiting_queue[:] = keep
-        order_waiting(self.waiting_queue, plan, slo.states)
+            queue.forget()  # the viewed queue is not this one: the next pass looks at everyone
+        perm = order_waiting(self.waiting_queue, plan, slo.states, slo.views.waiting_rids(self.waiting_queue))
+        queue.applied(self.waiting_queue, perm)
         slo.best_effort_waiting = len(plan.best_effort)
         slo.hold, slo.held_waiting = plan.hold, len(plan.hold)
         slo.lost_held_passes += bool(plan.hold)

@@ -16,44 +16,46 @@ from scheduler.core.plan_path import FinalPlan
 logger = logging.getLogger("sglang_slo.scheduler")
 
 
-def order_waiting(waiting: list[Any], plan: FinalPlan, states: RequestStates) -> None:
+def order_waiting(
+    waiting: list[Any], plan: FinalPlan, states: RequestStates, rids: list[str] | None = None
+) -> list[int] | None:
     """Admitted requests first in the policy's order (unlisted ones after them, in queue order);
     the best-effort tier runs on what is left of the step's budget (SLOs-Serve §4.1), so
     declined requests still run, last. Linear in the queue, no sort: the order is split on the
-    plan's rids and mapped to requests in C loops."""
+    plan's rids and mapped to positions in C loops. `rids`: the queue's rids when the caller
+    has them already (the view builder does). Returns the permutation applied (the request now
+    at i was at perm[i]), None where the queue was left as it was."""
     tier = plan.best_effort
     if plan.order is None and not tier:  # nothing to reorder (stock fcfs): only a stale tier to clear
         if states.declined:
-            states.mark_tier([r.rid for r in waiting], tier)
-        return
-    rids = [r.rid for r in waiting]
-    queued: Iterable[str] = rids
-    if plan.order is not None or tier:
-        index = dict(zip(rids, waiting))
-        queued = index.keys()
-        order = plan.order or ()
-        listed, listed_tier = (
-            (list(filterfalse(tier.__contains__, order)), list(filter(tier.__contains__, order)))
-            if tier
-            else (order, ())
-        )
+            states.mark_tier(rids if rids is not None else [r.rid for r in waiting], tier)
+        return None
+    if rids is None:
+        rids = [r.rid for r in waiting]
+    index = dict(zip(rids, range(len(rids))))  # a rid queued twice keeps its last request
+    order = plan.order or ()
+    listed, listed_tier = (
+        (list(filterfalse(tier.__contains__, order)), list(filter(tier.__contains__, order))) if tier else (order, ())
+    )
+    by_rid = index.copy()
+    try:  # the plan lists each waiting rid once, as finish_plan leaves it
+        head, tail = list(map(by_rid.pop, listed)), list(map(by_rid.pop, listed_tier))
+    except KeyError:  # a rid listed twice, or not waiting: skipped
         by_rid = index.copy()
-        try:  # the plan lists each waiting rid once, as finish_plan leaves it
-            head, tail = list(map(by_rid.pop, listed)), list(map(by_rid.pop, listed_tier))
-        except KeyError:  # a rid listed twice, or not waiting: skipped
-            by_rid = index.copy()
-            head, tail = _take(by_rid, listed), _take(by_rid, listed_tier)
-        for r in by_rid.values():  # unlisted, in queue order, each on its side of the tier
-            (tail if r.rid in tier else head).append(r)
-        waiting[:] = head + tail
-    states.mark_tier(queued, tier)  # the tier a request starts in is the one it runs in
+        head, tail = _take(by_rid, listed), _take(by_rid, listed_tier)
+    for rid, at in by_rid.items():  # unlisted, in queue order, each on its side of the tier
+        (tail if rid in tier else head).append(at)
+    perm = head + tail
+    waiting[:] = list(map(waiting.__getitem__, perm))
+    states.mark_tier(index.keys(), tier)  # the tier a request starts in is the one it runs in
     if logger.isEnabledFor(logging.DEBUG) and waiting:
         logger.debug("order: %s; best-effort tier: %s", [r.rid for r in waiting[:8]], sorted(tier)[:8])
+    return perm
 
 
-def _take(by_rid: dict[str, Any], rids: Iterable[str]) -> list[Any]:
-    """by_rid's requests for `rids`, in order, each taken out; a rid no longer there is skipped."""
-    return [r for r in map(by_rid.pop, rids, repeat(None)) if r is not None]
+def _take(by_rid: dict[str, int], rids: Iterable[str]) -> list[int]:
+    """by_rid's positions for `rids`, in order, each taken out; a rid no longer there is skipped."""
+    return [at for at in map(by_rid.pop, rids, repeat(None)) if at is not None]
 
 
 def split_dropped(waiting: list[Any], drop: dict[str, str]) -> tuple[list[Any], list[tuple[Any, str]]]:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.components.queue_snapshot import QueueSnapshot
 from scheduler.components.request_state import RequestStates, oracle_hint
 from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.clock import Clock
@@ -68,6 +69,7 @@ class ViewBuilder:
         self._cache: dict[str, list[Any]] = {}
         self.rows = RowCache()
         self.row_slack = 4096  # rows of departed requests kept before the cache is rebuilt
+        self.queue = QueueSnapshot()  # the waiting requests no pass needs to look at again
 
     def forget(self, rid: str) -> None:
         self._cache.pop(rid, None)
@@ -84,8 +86,8 @@ class ViewBuilder:
             self._retier(rows)
         get = self._cache.get
         plain = self.lengths is None  # then a decode step changes a started view's count only
-        first = len(rows.entries)
-        append = rows.entries.append
+        entries: list[list[Any]] = []
+        append = entries.append
         for req in reqs:
             entry = get(req.rid)
             if entry is None:
@@ -115,9 +117,26 @@ class ViewBuilder:
                         rows.stale_rows.append(entry[4])
                         rows.stale_views.append(entry[0])
             append(entry)
+        rows.looked_at(entries)
         if pass_rows is None:
             rows.finish(self.rows)
-        return list(map(_VIEW, rows.entries[first:]))
+        return list(map(_VIEW, entries))
+
+    def _waiting_views(self, reqs: Sequence[Any], pass_rows: _PassRowsBuilder) -> list[RequestView]:
+        """`views` of the waiting queue, skipping the run the last applied order left untouched
+        (QueueSnapshot): only its first request, which the admission walk may have re-matched,
+        and what joined after it are looked at."""
+        run = self.queue.unchanged(reqs)
+        if run is None:
+            return self.views(reqs, pass_rows)
+        head = self.views(reqs[:1], pass_rows)
+        pass_rows.known(run.rows)
+        return head + run.views + self.views(reqs[run.stop :], pass_rows)
+
+    def waiting_rids(self, queue: Sequence[Any]) -> list[str] | None:
+        """The rids of `queue`, which the last `engine_view` saw as it is (None: not kept, or
+        not this queue)."""
+        return self.queue.viewed_rids(queue, self.rows.rid_array)
 
     def _retier(self, rows: _PassRowsBuilder) -> None:
         """The views whose tier the last plan changed (RequestStates tracks them): a view's
@@ -194,8 +213,10 @@ class ViewBuilder:
             self._rebuild_rows()
         pass_rows = _PassRowsBuilder()
         self._retier(pass_rows)
-        waiting_views = self.views(waiting, pass_rows)
+        waiting_views = self._waiting_views(waiting, pass_rows)
         running_views = self.views(running, pass_rows)
+        rows = pass_rows.finish(self.rows)
+        self.queue.viewed(waiting_views, rows[: len(waiting_views)])
         return EngineView(
             now=self.clock.now() + limits.card_busy_s,  # when this pass runs, not when it is planned
             waiting=waiting_views,
@@ -205,13 +226,14 @@ class ViewBuilder:
             free_kv_tokens=limits.free_kv_tokens,
             total_kv_tokens=limits.total_kv_tokens,
             step=limits.step,
-            known_rows=PassRows(self.rows, pass_rows.finish(self.rows), waiting_views, running_views),
+            known_rows=PassRows(self.rows, rows, waiting_views, running_views),
         )
 
     def _rebuild_rows(self) -> None:
         """A fresh RowCache holding only the live views: rows of departed requests are dropped."""
         entries = list(self._cache.values())
         self.rows = RowCache()
+        self.queue.forget()  # its rows are renumbered
         for entry, row in zip(entries, self.rows.append([e[0] for e in entries]).tolist(), strict=True):
             entry[4] = row
 
@@ -221,14 +243,21 @@ _VIEW, _ROW = itemgetter(0), itemgetter(4)  # of a builder's entry
 
 class _PassRowsBuilder:
     """One pass's rows as the view loop finds them: views new this pass get theirs at the end,
-    in one read; views that changed are read again."""
+    in one read; views that changed are read again; runs of views the loop skipped come with
+    their rows."""
 
     def __init__(self) -> None:
-        self.entries: list[list[Any]] = []  # the pass's requests' entries, in order
+        self.parts: list[list[list[Any]] | np.ndarray] = []  # entries looked at, or known rows, in order
         self.new: list[list[Any]] = []  # entries made this pass (no row yet)
         self.stale_rows: list[int] = []
         self.stale_views: list[RequestView] = []
         self.grown: tuple[list[int], list[int], list[float]] = ([], [], [])  # rows, generated, attained
+
+    def looked_at(self, entries: list[list[Any]]) -> None:
+        self.parts.append(entries)
+
+    def known(self, rows: np.ndarray) -> None:
+        self.parts.append(rows)
 
     def grew(self, row: int, generated: int, attained: float) -> None:
         """A view whose output count (and so its attained service) alone changed."""
@@ -244,4 +273,8 @@ class _PassRowsBuilder:
         if self.new:
             for entry, row in zip(self.new, cache.append([e[0] for e in self.new]).tolist(), strict=True):
                 entry[4] = row
-        return np.fromiter(map(_ROW, self.entries), dtype=np.int64, count=len(self.entries))
+        parts = [
+            part if isinstance(part, np.ndarray) else np.fromiter(map(_ROW, part), dtype=np.int64, count=len(part))
+            for part in self.parts
+        ]
+        return np.concatenate(parts) if len(parts) != 1 else parts[0]

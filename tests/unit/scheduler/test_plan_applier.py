@@ -52,9 +52,12 @@ def test_the_queue_and_the_tier_flags_are_the_per_request_ones(seed: int) -> Non
         states.mark_tier(known, frozenset(rid for rid in sorted(known) if rng.random() < 0.5))
         before = {rid: states.is_declined(rid) for rid in known}
         queue = list(waiting)
-        order_waiting(queue, plan, states)
+        rids = [r.rid for r in waiting] if rng.random() < 0.5 else None  # the view builder's, if given
+        perm = order_waiting(queue, plan, states, rids)
 
         expected, flags = _reference(waiting, plan)
         assert [id(r) for r in queue] == [id(r) for r in expected]
+        moved = list(range(len(waiting))) if perm is None else perm  # what the view builder follows
+        assert [id(waiting[i]) for i in moved] == [id(r) for r in queue]
         for rid in known:
             assert states.is_declined(rid) == flags.get(rid, before[rid])

@@ -3,18 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
+from scheduler.components.plan_applier import order_waiting
 from scheduler.components.request_state import RequestStates
 from scheduler.components.views import EngineLimits, ViewBuilder
 from scheduler.core.clock import ManualClock
 from scheduler.core.columns import ViewColumns
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.perf_model import default_model
-from scheduler.core.plan_path import KnobModel, finalize_plan, plan_pass, settings_for
+from scheduler.core.plan_path import FinalPlan, KnobModel, finalize_plan, plan_pass, settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.slo import REJECT_WHEN_INFEASIBLE, SloClass, SloSpec
 from scheduler.core.types import EngineView
@@ -145,11 +147,74 @@ def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> No
         for req in running:
             req.output_ids.append(1)
             req.customized_info[TOKEN_TS_KEY].append(clock.now())  # type: ignore[index]
+        if waiting and step % 3 == 1:  # the admission walk stopped at the head: re-matched its prefix
+            waiting[0].prefix_indices = torch.arange(step + 1)
         if step == 5:
             waiting.extend(reqs[24:])
         limits = replace(LIMITS, step=step, max_running_requests=4)
         view = views.engine_view(waiting, running, limits)
+        _assert_known_rows_are_the_views(view)
         planned = plan_pass(view, kept, settings, KnobModel(perf))
         bare = replace(view, known_rows=None)
         assert planned == finalize_plan(bare, alone.plan(bare), settings, KnobModel(perf))
-        states.mark_tier([r.rid for r in waiting], planned.best_effort)
+        _apply_as_the_adapter_does(views, waiting, planned, states)
+
+
+def _apply_as_the_adapter_does(views: ViewBuilder, waiting: list, plan: FinalPlan, states: RequestStates) -> None:
+    """The adapter's _slo_apply: drops leave the queue, the order and tier are applied, and the
+    view builder learns how the queue moved."""
+    if plan.drop:
+        waiting[:] = [r for r in waiting if r.rid not in plan.drop]
+        views.queue.forget()
+    views.queue.applied(waiting, order_waiting(waiting, plan, states, views.waiting_rids(waiting)))
+
+
+class _Watched(StandInReq):
+    """A request that notes when the view builder looks at it."""
+
+    def __init__(self, rid: str, looked: set[str], **kwargs: Any) -> None:
+        self.looked = looked
+        super().__init__(rid, **kwargs)
+
+    @property
+    def prefix_indices(self) -> torch.Tensor:
+        self.looked.add(self.rid)
+        return self._prefix
+
+    @prefix_indices.setter
+    def prefix_indices(self, value: torch.Tensor) -> None:
+        self._prefix = value
+
+
+def test_after_an_applied_order_only_what_sglang_may_have_touched_is_looked_at() -> None:
+    views, states = _builder()
+    looked: set[str] = set()
+    reqs = [_Watched(f"r{i}", looked, prompt=40 + i, ttft_ms=500, tpot_ms=50, cached=i) for i in range(14)]
+    waiting, running = list(reqs[:10]), []
+    view = views.engine_view(waiting, running, LIMITS)
+    _apply_as_the_adapter_does(views, waiting, FinalPlan(order=tuple(v.rid for v in view.waiting[::-1])), states)
+    assert [r.rid for r in waiting] == [f"r{i}" for i in range(9, -1, -1)]
+    # SGLang's walk admits the head, stops at the next request (re-matching its prefix); two arrive
+    running += waiting[:2]
+    del waiting[:2]
+    for req in running:
+        req.output_ids.append(1)
+        req.customized_info = {TOKEN_TS_KEY: [5.5]}
+    waiting[0].prefix_indices = torch.arange(30)
+    waiting += reqs[10:12]
+    looked.clear()
+    view = views.engine_view(waiting, running, LIMITS)
+    assert looked == {"r7", "r10", "r11", "r9", "r8"}  # the stopped head, the arrivals, the running
+    assert view.waiting[0].prefix_cached == 30
+    _assert_known_rows_are_the_views(view)
+    _apply_as_the_adapter_does(views, waiting, FinalPlan(), states)  # nothing reordered
+    del waiting[4]  # an abort from inside the queue, and an arrival: the next pass looks at everyone
+    waiting.append(reqs[12])
+    waiting[5].prefix_indices = torch.arange(3)
+    looked.clear()
+    view = views.engine_view(waiting, running, LIMITS)
+    assert looked >= {r.rid for r in waiting}
+    _assert_known_rows_are_the_views(view)
+    looked.clear()
+    views.engine_view(waiting, running, LIMITS)  # no order applied since: everyone again
+    assert looked >= {r.rid for r in waiting}
