@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
 from router.views import RouteRequest, RunningView, WorkerView  # noqa: E402
-from scheduler.components.plan_applier import order_waiting, split_dropped  # noqa: E402
+from scheduler.components.plan_applier import order_waiting  # noqa: E402
 from scheduler.components.planner import PassPlanner  # noqa: E402
 from scheduler.components.request_state import RequestStates  # noqa: E402
 from scheduler.components.views import EngineLimits, ViewBuilder  # noqa: E402
@@ -376,11 +376,11 @@ def bench_plan_path(
                 limits: EngineLimits = limits,
                 knobs: KnobModel = knobs,
             ) -> None:
+                queue[0].prefix_indices = range(queue[0].prefix_indices.stop)  # the admission walk's stop
                 engine_view = views.engine_view(queue, running_reqs, limits)
                 plan = planner.plan(engine_view, knobs)
-                if plan is not None:
-                    kept, _ = split_dropped(queue, {})  # drops would leave the queue: keep the load fixed
-                    order_waiting(kept, plan, states)
+                if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
+                    views.queue.applied(queue, order_waiting(queue, plan, states, views.waiting_rids(queue)))
 
             try:
                 # Every pass, each running request has one more token (the views refresh them).

@@ -10,6 +10,8 @@ from collections.abc import Iterable
 from itertools import filterfalse, repeat
 from typing import Any
 
+import numpy as np
+
 from scheduler.components.request_state import RequestStates
 from scheduler.core.plan_path import FinalPlan
 
@@ -30,6 +32,11 @@ def order_waiting(
         if states.declined:
             states.mark_tier(rids if rids is not None else [r.rid for r in waiting], tier)
         return None
+    if rids is not None and plan.order_at is not None and (plan.best_effort_at is not None or not tier):
+        perm = _positions(plan.order_at, plan.best_effort_at, len(waiting))
+        waiting[:] = list(map(waiting.__getitem__, perm))
+        states.mark_tier(rids, tier)
+        return perm
     if rids is None:
         rids = [r.rid for r in waiting]
     index = dict(zip(rids, range(len(rids))))  # a rid queued twice keeps its last request
@@ -51,6 +58,21 @@ def order_waiting(
     if logger.isEnabledFor(logging.DEBUG) and waiting:
         logger.debug("order: %s; best-effort tier: %s", [r.rid for r in waiting[:8]], sorted(tier)[:8])
     return perm
+
+
+def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int]:
+    """order_waiting's permutation from the plan's positions (each waiting position at most
+    once, as a policy ranks them): the listed ones, then the rest in queue order, the tier's
+    after everything else."""
+    listed = np.zeros(n, dtype=bool)
+    listed[order] = True
+    ranked = np.concatenate([order, np.flatnonzero(~listed)]) if len(order) < n else order
+    if tier is not None and len(tier):
+        in_tier = np.zeros(n, dtype=bool)
+        in_tier[tier] = True
+        last = in_tier[ranked]
+        ranked = np.concatenate([ranked[~last], ranked[last]])
+    return ranked.tolist()
 
 
 def _take(by_rid: dict[str, int], rids: Iterable[str]) -> list[int]:

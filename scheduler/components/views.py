@@ -88,6 +88,7 @@ class ViewBuilder:
         plain = self.lengths is None  # then a decode step changes a started view's count only
         entries: list[list[Any]] = []
         append = entries.append
+        grown_rows, grown_counts = rows.grown
         for req in reqs:
             entry = get(req.rid)
             if entry is None:
@@ -106,10 +107,11 @@ class ViewBuilder:
                     pass  # unchanged: most of the waiting queue
                 elif prefix is entry[1] and plain and entry[0].first_token_time is not None:
                     view = entry[0]  # a running request one step further: most of the batch
-                    view.generated, entry[2] = n_out, n_out
+                    view.generated = entry[2] = n_out
                     view.attained_service = float(view.prompt_len + n_out)
                     if entry[4] >= 0:
-                        rows.grew(entry[4], n_out, view.attained_service)
+                        grown_rows.append(entry[4])
+                        grown_counts.append(n_out)
                 else:
                     self._refresh(entry[0], req, n_out)
                     entry[1], entry[2] = prefix, n_out
@@ -251,20 +253,13 @@ class _PassRowsBuilder:
         self.new: list[list[Any]] = []  # entries made this pass (no row yet)
         self.stale_rows: list[int] = []
         self.stale_views: list[RequestView] = []
-        self.grown: tuple[list[int], list[int], list[float]] = ([], [], [])  # rows, generated, attained
+        self.grown: tuple[list[int], list[int]] = ([], [])  # rows whose output count alone changed, the count
 
     def looked_at(self, entries: list[list[Any]]) -> None:
         self.parts.append(entries)
 
     def known(self, rows: np.ndarray) -> None:
         self.parts.append(rows)
-
-    def grew(self, row: int, generated: int, attained: float) -> None:
-        """A view whose output count (and so its attained service) alone changed."""
-        rows, gen, att = self.grown
-        rows.append(row)
-        gen.append(generated)
-        att.append(attained)
 
     def finish(self, cache: RowCache) -> np.ndarray:
         cache.rewrite(self.stale_rows, self.stale_views)

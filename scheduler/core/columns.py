@@ -283,10 +283,13 @@ class RowCache:
         if views:
             self.dyn[:, rows] = dynamic_rows(views)
 
-    def set_generated(self, rows: Sequence[int], generated: Sequence[int], attained: Sequence[float]) -> None:
-        """These views' output counts and attained service changed, nothing else (a decode step)."""
-        self.dyn[_GENERATED, rows] = generated
-        self.dyn[_ATTAINED, rows] = attained
+    def set_generated(self, rows: Sequence[int], generated: Sequence[int]) -> None:
+        """These views' output counts changed, nothing else (a decode step), and with them their
+        attained service, which the adapter's views count as prompt + output."""
+        at = np.asarray(rows, dtype=np.int64)
+        counts = np.asarray(generated, dtype=np.float64)
+        self.dyn[_GENERATED, at] = counts
+        self.dyn[_ATTAINED, at] = self.cols[_PROMPT, at] + counts
 
 
 def _grown(a: np.ndarray, cap: int, used: int) -> np.ndarray:

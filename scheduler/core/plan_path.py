@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
@@ -78,6 +80,10 @@ class FinalPlan:
     batch_cap: int | None = None  # running-batch cap for this pass
     chunk_size: int | None = None  # prefill token budget for this pass (None: the start-up size)
     prefill: bool = True  # False: no prefill this pass (none started, none continued): decodes only
+    # `order` and `best_effort` as positions in the planned view's waiting list, when the policy
+    # gave them and nothing was dropped (StepPlan.order_at): for the engine that made the view
+    order_at: np.ndarray | None = field(default=None, compare=False)
+    best_effort_at: np.ndarray | None = field(default=None, compare=False)
 
 
 def finalize_plan(
@@ -94,7 +100,8 @@ def finalize_plan(
     if c is None and view.known_rows is not None:
         c = columns_of(view)  # the engine keeps them current: cheaper than one walk of the views
     waiting: set[str] = set()  # the waiting rids, needed only to check the plan's own rids
-    if plan.drop or plan.best_effort:
+    tier_at = plan.best_effort_at if plan.order_at is not None else None  # positions: all waiting
+    if plan.drop or (plan.best_effort and tier_at is None):
         waiting = set(c.rids[: c.n_waiting]) if c is not None else {r.rid for r in view.waiting}
     drop: dict[str, str] = {}
     waits: dict[str, float] = {}
@@ -121,7 +128,10 @@ def finalize_plan(
     if settings.levers and c is None:
         c = columns_of(view)  # the knobs and the hold read most of them
     cap, chunk, prefill = _knobs(view, plan, settings, knob_model, c)
-    best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
+    if tier_at is not None:  # the tier's rids are all waiting
+        best_effort = frozenset(plan.best_effort - drop.keys() if drop else plan.best_effort)
+    else:
+        best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
     hold: frozenset[str] = frozenset()
     if settings.levers and settings.role != DECODE:
         hold = held_lost_causes(view, best_effort, c)
@@ -135,6 +145,8 @@ def finalize_plan(
         batch_cap=cap,
         chunk_size=chunk,
         prefill=prefill,
+        order_at=None if drop else plan.order_at,
+        best_effort_at=None if drop else tier_at,
     )
 
 

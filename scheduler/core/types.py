@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from scheduler.core.perf_model import PerfModel as PerfModel  # re-exported: policies see it with the views
 from scheduler.core.slo import SloSpec
 
@@ -72,6 +74,10 @@ class StepPlan:
     chunk_size: int | None = None  # prefill chunk budget for this step
     preempt: list[str] = field(default_factory=list)  # running rids to retract (resume later)
     spec_steps: int | None = None  # speculation length for this batch
+    # `order` and `best_effort` as positions in view.waiting, where the policy ranked positions
+    # (Tempo, GMAX): the engine that made the view then applies the order without rid lookups
+    order_at: np.ndarray | None = field(default=None, compare=False)
+    best_effort_at: np.ndarray | None = field(default=None, compare=False)
 
 
 class Policy(Protocol):

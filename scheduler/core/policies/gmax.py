@@ -194,7 +194,10 @@ class GmaxPolicy:
         parts = []
         for part in (np.flatnonzero(chosen[:nw]), np.flatnonzero(~chosen[:nw])):
             parts.append(part[lexsort_fast((a.arrival[part], -prio[part]))])
-        plan.order = a.rids_at(np.concatenate(parts))
+        order_idx = np.concatenate(parts)
+        plan.order = a.rids_at(order_idx)
+        if a.n_waiting == len(view.waiting):  # nothing dropped: positions in the view's queue
+            plan.order_at = order_idx
 
         if at_frame and self.preempt and running and nw:
             plan.preempt = self._victims(a, sp, prio, chosen, batch)

@@ -160,7 +160,12 @@ class TempoPolicy:
         # Work that can still meet its SLO first; lost causes run after it, in the best-effort
         # tier (deferred, not dropped: their degraded gain is still worth leftover capacity).
         order_idx = np.concatenate([be_w[:k_be], slo_w, lost_w, be_w[k_be:]]).astype(np.int64)
-        plan = StepPlan(order=a.rids_at(order_idx), best_effort=set(a.rids_at(lost_w)))
+        plan = StepPlan(
+            order=a.rids_at(order_idx),
+            best_effort=set(a.rids_at(lost_w)),
+            order_at=order_idx,
+            best_effort_at=lost_w,
+        )
 
         if self.preempt and view.running and nw and quantum_boundary(view.step, self.quantum_steps):
             free = max(0, batch - len(view.running))

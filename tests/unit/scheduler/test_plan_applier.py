@@ -4,7 +4,9 @@ waiting request's tier flag, as a straightforward per-request pass would apply t
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from scheduler.components.plan_applier import order_waiting
@@ -61,3 +63,29 @@ def test_the_queue_and_the_tier_flags_are_the_per_request_ones(seed: int) -> Non
         assert [id(waiting[i]) for i in moved] == [id(r) for r in queue]
         for rid in known:
             assert states.is_declined(rid) == flags.get(rid, before[rid])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_plan_given_as_positions_moves_the_queue_as_its_rids_do(seed: int) -> None:
+    """A policy that ranked positions (Tempo, GMAX) hands them over with its rids: the engine
+    that made the view applies them without rid lookups, to the same queue and tier flags."""
+    rng = random.Random(seed)
+    for _ in range(50):
+        waiting = [_Req(f"r{i}") for i in range(rng.randrange(1, 14))]
+        n = len(waiting)
+        listed = rng.sample(range(n), rng.randrange(n + 1))
+        tier_at = np.array(sorted(rng.sample(listed, rng.randrange(len(listed) + 1))), dtype=np.int64)
+        order_at = np.array(listed, dtype=np.int64)
+        tier = frozenset(waiting[i].rid for i in tier_at.tolist())
+        by_rids = FinalPlan(order=tuple(waiting[i].rid for i in listed), best_effort=tier)
+        by_positions = replace(by_rids, order_at=order_at, best_effort_at=tier_at)
+        queues, flags = [], []
+        for plan in (by_rids, by_positions):
+            states = RequestStates()
+            for r in waiting:
+                states.of(_Stub(r.rid), 0.0)
+            queue = list(waiting)
+            order_waiting(queue, plan, states, [r.rid for r in waiting])
+            queues.append([r.rid for r in queue])
+            flags.append({r.rid: states.is_declined(r.rid) for r in waiting})
+        assert queues[0] == queues[1] and flags[0] == flags[1]
