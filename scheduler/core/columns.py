@@ -452,10 +452,13 @@ class ViewColumns:
     def group(self) -> np.ndarray:
         """Compound (program, stage) group index, -1 otherwise (only the partition means anything)."""
         key = self._gather(_GROUP_KEY)
-        gidx = np.full(self.n, -1, dtype=np.int64)
         comp = key >= 0
-        if comp.any():
-            gidx[comp] = np.unique(key[comp], return_inverse=True)[1]
+        if not comp.any():
+            return np.full(self.n, -1, dtype=np.int64)
+        if key.max() < 4 * self.n + 64:  # the table's keys are small already: used as they are
+            return np.where(comp, key, -1.0).astype(np.int64)
+        gidx = np.full(self.n, -1, dtype=np.int64)
+        gidx[comp] = np.unique(key[comp], return_inverse=True)[1]  # renumbered: group_reduce sizes by the top
         return gidx
 
     @cached_property

@@ -27,7 +27,7 @@ class ReqArrays:
 
     def __init__(
         self,
-        rids: list[str],
+        rids: list[str] | None,
         n_waiting: int,
         reqs: list[RequestView],
         arrival: np.ndarray,
@@ -46,7 +46,7 @@ class ReqArrays:
         group: np.ndarray,
         max_queue_s: np.ndarray,
     ) -> None:
-        self.rids = rids
+        self._rids = rids  # None: read from _rid_array on first use
         self.n_waiting = n_waiting
         self.reqs = reqs
         self.arrival = arrival
@@ -71,7 +71,14 @@ class ReqArrays:
 
     @property
     def n(self) -> int:
-        return len(self.rids)
+        return len(self.arrival)
+
+    @property
+    def rids(self) -> list[str]:
+        if self._rids is None:
+            assert self._rid_array is not None
+            self._rids = self._rid_array.tolist()
+        return self._rids
 
     @property
     def attained(self) -> np.ndarray:
@@ -139,7 +146,7 @@ class ReqArrays:
     def from_columns(cls, c: ViewColumns, default_output_len: float) -> ReqArrays:
         """The columns' arrays (shared, not copied: a policy must not write into them)."""
         out = cls(
-            rids=c.rids,
+            rids=c.__dict__.get("rids"),  # the list if the pass made it, else made when asked for
             n_waiting=c.n_waiting,
             reqs=c.reqs,
             arrival=c.arrival,

@@ -33,6 +33,7 @@ from scheduler.core.estimates import (
     group_reduce,
     lexsort_fast,
     lost_causes,
+    nan_as,
     preemption_pays,
     quantum_boundary,
     remaining_work,
@@ -96,7 +97,10 @@ class TempoPolicy:
     def densities(self, view: EngineView, a: ReqArrays | None = None, sp: Speeds | None = None) -> np.ndarray:
         """Service density per request, waiting first then running (best-effort: 0)."""
         a = a if a is not None else self._arrays(view)
-        sp = sp if sp is not None else Speeds.from_view(self.perf, view)
+        return self._densities(view, a, sp if sp is not None else Speeds.from_view(self.perf, view))[0]
+
+    def _densities(self, view: EngineView, a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray]:
+        """(`densities`, each request's remaining prefill seconds, which the plan reuses)."""
         now = view.now
         t_pref, work = remaining_work(a, sp)
         work = group_reduce(work, a.group, "max")  # a stage ends when its slowest call ends
@@ -115,7 +119,7 @@ class TempoPolicy:
 
         # Latency (Eq. 3): the next token's due time binds; prompt gain counts until the first token.
         g = a.generated
-        due = token_dues(a.arrival, np.nan_to_num(a.ttft_s, nan=0.0), a.tpot_s, g)
+        due = token_dues(a.arrival, nan_as(a.ttft_s, 0.0), a.tpot_s, g)
         to_next = np.where(t_pref > 0, t_pref, sp.decode_s)
         f_lat = degradations(due - a.arrival, now + to_next - a.arrival, self.alpha)
         rem_out = np.maximum(a.total_out - g, 1.0)
@@ -126,7 +130,7 @@ class TempoPolicy:
 
         is_lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)
         dens = np.where(is_lat, dens_lat, np.where(has_dl, dens_dl, gain_full / np.maximum(work, floor)))
-        return np.where(a.cls == BEST_EFFORT, 0.0, dens)
+        return np.where(a.cls == BEST_EFFORT, 0.0, dens), t_pref
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -136,7 +140,7 @@ class TempoPolicy:
     def plan(self, view: EngineView) -> StepPlan:
         a = self._arrays(view)
         sp = Speeds.from_view(self.perf, view)
-        dens = self.densities(view, a, sp)
+        dens, t_pref = self._densities(view, a, sp)
         prio = dens.copy()
         slo_mask = a.cls != BEST_EFFORT
         if self.fairness > 0 and slo_mask.any():
@@ -147,7 +151,7 @@ class TempoPolicy:
         is_be_w = a.cls[:nw] == BEST_EFFORT
         be_w = w_idx[is_be_w]
         be_w = be_w[lexsort_fast((a.arrival[be_w],))]  # FCFS (stable)
-        lost = lost_causes(a, sp, view.now) & ~is_be_w if self.defer_lost else np.zeros(nw, dtype=bool)
+        lost = lost_causes(a, sp, view.now, t_pref) & ~is_be_w if self.defer_lost else np.zeros(nw, dtype=bool)
         slo_w = w_idx[~is_be_w & ~lost]
         slo_w = slo_w[lexsort_fast((a.arrival[slo_w], -prio[slo_w]))]  # densest first
         lost_w = w_idx[lost]
