@@ -34,9 +34,10 @@ def order_waiting(
         return None
     if rids is not None and plan.order_at is not None and (plan.best_effort_at is not None or not tier):
         perm = _positions(plan.order_at, plan.best_effort_at, len(waiting))
-        waiting[:] = list(map(waiting.__getitem__, perm))
-        states.mark_tier(rids, tier)
-        return perm
+        if perm is not None:
+            waiting[:] = list(map(waiting.__getitem__, perm))
+            states.mark_tier(rids, tier)
+            return perm
     if rids is None:
         rids = [r.rid for r in waiting]
     index = dict(zip(rids, range(len(rids))))  # a rid queued twice keeps its last request
@@ -60,12 +61,14 @@ def order_waiting(
     return perm
 
 
-def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int]:
-    """order_waiting's permutation from the plan's positions (each waiting position at most
-    once, as a policy ranks them): the listed ones, then the rest in queue order, the tier's
-    after everything else."""
+def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int] | None:
+    """order_waiting's permutation from the plan's positions: the listed ones, then the rest in
+    queue order, the tier's after everything else. None when a position is listed twice (the
+    rids then say which listing counts)."""
     listed = np.zeros(n, dtype=bool)
     listed[order] = True
+    if np.count_nonzero(listed) != len(order):
+        return None
     ranked = np.concatenate([order, np.flatnonzero(~listed)]) if len(order) < n else order
     if tier is not None and len(tier):
         in_tier = np.zeros(n, dtype=bool)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import repeat
 
 import numpy as np
 
@@ -21,7 +22,7 @@ from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN, LAT
 from scheduler.core.perf_model import default_model
 from scheduler.core.slos_serve.batch_formation import EPS
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
-from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tier, expected_output
+from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tiers, expected_outputs
 from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
@@ -35,6 +36,12 @@ def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> list[str]:
     return [rids[i] for i in order.tolist()]
 
 
+def _positions(position: dict[str, int], rids: list[str]) -> np.ndarray | None:
+    """The waiting positions of `rids` (None if one is not waiting)."""
+    at = np.fromiter(map(position.get, rids, repeat(-1)), dtype=np.int64, count=len(rids))
+    return at if not rids or at.min() >= 0 else None
+
+
 @dataclass
 class _Queue:
     """The waiting queue as one step's admission sees it."""
@@ -44,7 +51,8 @@ class _Queue:
     declined: list[str]  # prefill deadline already past, in queue order
     forced: list[tuple[RequestView, Demand]]  # admitted earlier and still waiting, in queue order
     waiting: Sequence[RequestView]
-    position: dict[str, int]  # undecided rid -> its place in `waiting`
+    position: dict[str, int]  # undecided rid -> its place in `waiting` (every waiting rid if unique)
+    unique: bool  # no rid is queued twice
 
     def view(self, rid: str) -> RequestView:
         return self.waiting[self.position[rid]]
@@ -148,7 +156,10 @@ class SlosServePolicy:
         taken = set(admitted) | set(candidates)
         rest = [rid for rid in queue.undecided[len(candidates) :] if rid not in taken]
         order = admitted + rest + queue.no_target + declined
-        return StepPlan(order=order, best_effort=set(declined), **self._batch_knobs(budget, tuple(counts), view, kv))
+        plan = StepPlan(order=order, best_effort=set(declined), **self._batch_knobs(budget, tuple(counts), view, kv))
+        if queue.unique:  # hand the engine the positions too: it applies them without rid lookups
+            plan.order_at, plan.best_effort_at = _positions(queue.position, order), _positions(queue.position, declined)
+        return plan
 
     def _running_demands(
         self, view: EngineView, c: ViewColumns
@@ -165,9 +176,10 @@ class SlosServePolicy:
         paced = decoders & ((cls == DEADLINE) | (cls == COMPOUND)) & (left > 0)
         decoding: list[float | None] = (c.tpot_ms[run][latency] / 1000.0).tolist()
         decoding += [None] * int(np.count_nonzero(started & ~latency & ~paced))
-        for i, time_left in zip(np.flatnonzero(paced).tolist(), left[paced].tolist()):
-            out = expected_output(view.running[i], self.default_output)
-            decoding.append(derived_tier(time_left / out, self._floor))
+        if paced.any():
+            rows = nw + np.flatnonzero(paced)
+            out = expected_outputs(c.predicted[rows], c.max_new[rows], c.generated[rows], self.default_output)
+            decoding += derived_tiers(left[paced] / out, self._floor)
         prefilling: list[tuple[RequestView, Demand]] = []
         for i in np.flatnonzero(~started).tolist():
             r = view.running[i]
@@ -211,6 +223,7 @@ class SlosServePolicy:
             forced=forced,
             waiting=view.waiting,
             position=position,
+            unique=unique,
         )
 
     def _batch_knobs(self, budget: TierBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, request_deadline, token_due
 from scheduler.core.slo import SloClass
 from scheduler.core.types import RequestView
@@ -27,6 +29,28 @@ def quantize_tpot(tpot_s: float) -> float:
     ms = max(tpot_s * 1000.0, 1e-3)
     k = math.floor(math.log2(ms) * TIERS_PER_OCTAVE + 1e-9)
     return 2.0 ** (k / TIERS_PER_OCTAVE) / 1000.0
+
+
+def quantize_tpots(tpot_s: np.ndarray) -> np.ndarray:
+    """`quantize_tpot` of each entry, with the same float steps."""
+    ms = np.maximum(tpot_s * 1000.0, 1e-3)
+    k = np.floor(np.log2(ms) * TIERS_PER_OCTAVE + 1e-9)
+    return 2.0 ** (k / TIERS_PER_OCTAVE) / 1000.0
+
+
+def derived_tiers(tpot_s: np.ndarray, floor_s: float) -> list[float | None]:
+    """`derived_tier` of each entry."""
+    tiers = quantize_tpots(tpot_s).tolist()
+    return [None if fast else t for fast, t in zip((tpot_s < floor_s).tolist(), tiers, strict=True)]
+
+
+def expected_outputs(
+    predicted: np.ndarray, max_new: np.ndarray, generated: np.ndarray, default_tokens: int
+) -> np.ndarray:
+    """`expected_output` of requests as columns (nan: no prediction, no cap)."""
+    capped = np.where(np.isnan(max_new), float(default_tokens), np.minimum(max_new, default_tokens))
+    total = np.where(np.isnan(predicted), capped, predicted)
+    return np.maximum(1.0, total - generated)
 
 
 def expected_output(r: RequestView, default_tokens: int) -> float:

@@ -74,7 +74,9 @@ def test_a_plan_given_as_positions_moves_the_queue_as_its_rids_do(seed: int) -> 
         waiting = [_Req(f"r{i}") for i in range(rng.randrange(1, 14))]
         n = len(waiting)
         listed = rng.sample(range(n), rng.randrange(n + 1))
-        tier_at = np.array(sorted(rng.sample(listed, rng.randrange(len(listed) + 1))), dtype=np.int64)
+        if listed and rng.random() < 0.3:  # listed twice: the rids decide, as without positions
+            listed.insert(rng.randrange(len(listed) + 1), rng.choice(listed))
+        tier_at = np.array(sorted(rng.sample(sorted(set(listed)), rng.randrange(len(set(listed)) + 1))), dtype=np.int64)
         order_at = np.array(listed, dtype=np.int64)
         tier = frozenset(waiting[i].rid for i in tier_at.tolist())
         by_rids = FinalPlan(order=tuple(waiting[i].rid for i in listed), best_effort=tier)

@@ -138,6 +138,7 @@ def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> No
     views = ViewBuilder(states, clock, CompoundDeadlines())
     reqs = _mixed_requests(30)
     waiting, running = list(reqs[:24]), []
+    positioned = 0  # passes whose plan came with positions
     for step in range(10):
         clock.advance(0.4)
         if waiting and step % 2 == 0:
@@ -157,7 +158,14 @@ def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> No
         planned = plan_pass(view, kept, settings, KnobModel(perf))
         bare = replace(view, known_rows=None)
         assert planned == finalize_plan(bare, alone.plan(bare), settings, KnobModel(perf))
+        if planned.order_at is not None:  # the positions name the plan's own rids
+            positioned += 1
+            assert planned.order is not None
+            assert [view.waiting[i].rid for i in planned.order_at.tolist()] == list(planned.order)
+        if planned.best_effort_at is not None:
+            assert {view.waiting[i].rid for i in planned.best_effort_at.tolist()} == planned.best_effort
         _apply_as_the_adapter_does(views, waiting, planned, states)
+    assert positioned or name not in ("tempo", "gmax", "slos")  # they rank positions
 
 
 def _apply_as_the_adapter_does(views: ViewBuilder, waiting: list, plan: FinalPlan, states: RequestStates) -> None:
