@@ -32,16 +32,22 @@ def past_due(r: RequestView, now: float) -> bool:
 
 
 def held_lost_causes(
-    view: EngineView, best_effort: Collection[str], columns: ViewColumns | None = None
+    view: EngineView,
+    best_effort: Collection[str],
+    columns: ViewColumns | None = None,
+    tier_at: np.ndarray | None = None,
 ) -> frozenset[str]:
     """The waiting rids in the best-effort tier that are past due (`past_due`, on the view's
     columns), while SLO work is in the engine (running outside the tier, or waiting outside
-    it); empty otherwise."""
+    it); empty otherwise. `tier_at`: the tier as waiting positions, when the plan has them."""
     if not best_effort:
         return frozenset()
     c = columns if columns is not None else columns_of(view)
-    nw, rids = c.n_waiting, c.rids
+    nw = c.n_waiting
     past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
+    if tier_at is not None:
+        return _held_at(c, past, tier_at)
+    rids = c.rids
     lost = frozenset(best_effort).intersection(compress(rids, past.tolist()))
     if not lost:
         return frozenset()
@@ -50,3 +56,18 @@ def held_lost_causes(
         rids[i] not in best_effort for i in np.flatnonzero(cls[:nw] != BEST_EFFORT).tolist()
     )
     return lost if slo_work else frozenset()
+
+
+def _held_at(c: ViewColumns, past: np.ndarray, tier_at: np.ndarray) -> frozenset[str]:
+    """`held_lost_causes` with the tier as positions: masks instead of rid sets."""
+    nw = c.n_waiting
+    in_tier = np.zeros(nw, dtype=bool)
+    in_tier[tier_at] = True
+    lost = np.flatnonzero(in_tier & past)
+    if lost.size == 0:
+        return frozenset()
+    cls = c.cls
+    slo_work = bool(np.any(~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT))) or bool(
+        np.any(~in_tier & (cls[:nw] != BEST_EFFORT))
+    )
+    return frozenset(c.rid_array[lost].tolist()) if slo_work else frozenset()

@@ -134,7 +134,7 @@ def finalize_plan(
         best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
     hold: frozenset[str] = frozenset()
     if settings.levers and settings.role != DECODE:
-        hold = held_lost_causes(view, best_effort, c)
+        hold = held_lost_causes(view, best_effort, c, None if drop else tier_at)
     return FinalPlan(
         order=order,
         best_effort=best_effort,

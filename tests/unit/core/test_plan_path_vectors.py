@@ -7,6 +7,7 @@ import math
 import random
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from scheduler.core.admission import certainly_late
@@ -101,6 +102,8 @@ def test_the_hold_is_the_per_request_one(seed: int, nw: int, nr: int) -> None:
     for view in view_passes(seed, nw, nr):
         for tier in _tiers(view, rng):
             assert held_lost_causes(view, tier) == _held(view, tier)
+            at = np.array([i for i, r in enumerate(view.waiting) if r.rid in tier], dtype=np.int64)
+            assert held_lost_causes(view, tier, tier_at=at) == _held(view, tier)  # the plan's positions
 
 
 @pytest.mark.parametrize("seed,nw,nr", CASES)
