@@ -274,7 +274,7 @@ class SloSchedulerMixin:
             return admit()
         held = [r for r in self.waiting_queue if r.rid in hold]
         self.waiting_queue[:] = [r for r in self.waiting_queue if r.rid not in hold]
-        self.slo.views.queue.to_tail(hold)
+        self.slo.views.held_to_tail(hold)
         try:
             return admit()
         finally:

@@ -22,56 +22,55 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.core.types import RequestView
-
 
 @dataclass(frozen=True)
 class UnchangedRun:
-    """queue[1:stop] are as the last pass left them, with these views and cache rows."""
+    """queue[1:stop] are as the last pass left them, at these rows of the builder's RowCache."""
 
     stop: int
-    views: list[RequestView]
     rows: np.ndarray
 
 
 class QueueSnapshot:
+    """Kept as row numbers: the views behind them are the row cache's, so moving 10 000
+    requests costs one numpy gather, not a Python step per request."""
+
     def __init__(self) -> None:
         self.enabled = True
-        self._viewed: tuple[list[RequestView], np.ndarray] | None = None  # this pass, before its plan
-        self._applied: tuple[list[Any], list[RequestView], np.ndarray] | None = None
+        self._viewed: np.ndarray | None = None  # this pass's waiting rows, before its plan
+        self._applied: tuple[list[Any], np.ndarray] | None = None  # the queue as applied, its rows
 
-    def viewed(self, views: list[RequestView], rows: np.ndarray) -> None:
-        """This pass's waiting views and their cache rows, in queue order before the plan."""
-        self._viewed = (views, rows) if self.enabled else None
+    def viewed(self, rows: np.ndarray) -> None:
+        """This pass's waiting requests' cache rows, in queue order before the plan."""
+        self._viewed = rows if self.enabled else None
 
     def viewed_rids(self, queue: Sequence[Any], rids_of_rows: np.ndarray) -> list[str] | None:
         """The rids of `queue` when it is the viewed one, unchanged (`rids_of_rows`: the row
         cache's rid per row); else None."""
-        viewed = self._viewed
-        if viewed is None or len(viewed[0]) != len(queue):
+        rows = self._viewed
+        if rows is None or len(rows) != len(queue):
             return None
-        return rids_of_rows[viewed[1]].tolist()
+        return rids_of_rows[rows].tolist()
 
     def applied(self, queue: Sequence[Any], perm: list[int] | None) -> None:
         """The plan's order is applied: `queue` holds the viewed requests moved by `perm`
         (`order_waiting`'s; None: not moved)."""
-        viewed, self._viewed = self._viewed, None
-        if viewed is None or len(viewed[0]) != len(queue):
+        rows, self._viewed = self._viewed, None
+        if rows is None or len(rows) != len(queue):
             return
-        views, rows = viewed
         if perm is not None:
-            views, rows = list(map(views.__getitem__, perm)), rows[np.asarray(perm, dtype=np.int64)]
-        self._applied = (list(queue), views, rows)
+            rows = rows[np.asarray(perm, dtype=np.int64)]
+        self._applied = (list(queue), rows)
 
-    def to_tail(self, rids: Set[str]) -> None:
+    def to_tail(self, rids: Set[str], rids_of_rows: np.ndarray) -> None:
         """The admission walk runs with these requests set aside; they rejoin the queue's tail
         after it (the adapter's lost hold)."""
         if self._applied is None or not rids:
             return
-        queue, views, rows = self._applied
-        staying = [i for i, v in enumerate(views) if v.rid not in rids]
-        order = staying + [i for i, v in enumerate(views) if v.rid in rids]
-        self._applied = ([queue[i] for i in order], [views[i] for i in order], rows[order])
+        queue, rows = self._applied
+        held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
+        order = np.concatenate([np.flatnonzero(~held), np.flatnonzero(held)])
+        self._applied = (list(map(queue.__getitem__, order.tolist())), rows[order])
 
     def unchanged(self, queue: Sequence[Any]) -> UnchangedRun | None:
         """The run of `queue` the last applied order left untouched, if the queue still starts
@@ -79,7 +78,7 @@ class QueueSnapshot:
         applied, self._applied = self._applied, None
         if applied is None or not queue:
             return None
-        old, views, rows = applied
+        old, rows = applied
         try:
             head = old.index(queue[0])  # how many the walk admitted (a few): the scan stops there
         except ValueError:
@@ -87,7 +86,7 @@ class QueueSnapshot:
         stop = len(old) - head
         if stop < 2 or len(queue) < stop or list(queue[:stop]) != old[head:]:
             return None  # something left from inside the run (an abort, a timeout) or moved
-        return UnchangedRun(stop, views[head + 1 :], rows[head + 1 :])
+        return UnchangedRun(stop, rows[head + 1 :])
 
     def forget(self) -> None:
         """Rows were renumbered, or the queue changed outside the plan: look at everyone."""

@@ -16,7 +16,7 @@ walking the views again (scheduler/core/columns.py).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -133,12 +133,17 @@ class ViewBuilder:
             return self.views(reqs, pass_rows)
         head = self.views(reqs[:1], pass_rows)
         pass_rows.known(run.rows)
-        return head + run.views + self.views(reqs[run.stop :], pass_rows)
+        return head + self.rows.views_at(run.rows) + self.views(reqs[run.stop :], pass_rows)
 
     def waiting_rids(self, queue: Sequence[Any]) -> list[str] | None:
         """The rids of `queue`, which the last `engine_view` saw as it is (None: not kept, or
         not this queue)."""
         return self.queue.viewed_rids(queue, self.rows.rid_array)
+
+    def held_to_tail(self, rids: Set[str]) -> None:
+        """SGLang's admission walk runs with these waiting requests set aside; they rejoin the
+        queue's tail after it (QueueSnapshot.to_tail)."""
+        self.queue.to_tail(rids, self.rows.rid_array)
 
     def _retier(self, rows: _PassRowsBuilder) -> None:
         """The views whose tier the last plan changed (RequestStates tracks them): a view's
@@ -218,7 +223,7 @@ class ViewBuilder:
         waiting_views = self._waiting_views(waiting, pass_rows)
         running_views = self.views(running, pass_rows)
         rows = pass_rows.finish(self.rows)
-        self.queue.viewed(waiting_views, rows[: len(waiting_views)])
+        self.queue.viewed(rows[: len(waiting_views)])
         return EngineView(
             now=self.clock.now() + limits.card_busy_s,  # when this pass runs, not when it is planned
             waiting=waiting_views,

@@ -278,6 +278,10 @@ class RowCache:
         self._views[first:size] = new
         return np.arange(first, size)
 
+    def views_at(self, rows: np.ndarray) -> list[RequestView]:
+        """The views at these rows (one gather, no Python step per view)."""
+        return self._views[rows].tolist()
+
     def rewrite(self, rows: Sequence[int], views: Sequence[RequestView]) -> None:
         """The per-pass numbers of these views (at these rows) changed: read them again."""
         if views:

@@ -226,3 +226,23 @@ def test_after_an_applied_order_only_what_sglang_may_have_touched_is_looked_at()
     looked.clear()
     views.engine_view(waiting, running, LIMITS)  # no order applied since: everyone again
     assert looked >= {r.rid for r in waiting}
+
+
+def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail() -> None:
+    views, states = _builder()
+    looked: set[str] = set()
+    reqs = [_Watched(f"r{i}", looked, prompt=40 + i, ttft_ms=500, tpot_ms=50, cached=i) for i in range(10)]
+    waiting = list(reqs[:8])
+    views.engine_view(waiting, [], LIMITS)
+    _apply_as_the_adapter_does(views, waiting, FinalPlan(), states)
+    hold = {"r1", "r4"}
+    views.held_to_tail(hold)  # the adapter's _slo_admit: the walk runs without them
+    held = [r for r in waiting if r.rid in hold]
+    waiting[:] = [r for r in waiting if r.rid not in hold][1:] + held  # it admitted the head
+    waiting[0].prefix_indices = torch.arange(20)  # and stopped at the next one
+    waiting.append(reqs[8])  # an arrival, after the held ones
+    looked.clear()
+    view = views.engine_view(waiting, [], LIMITS)
+    assert looked == {"r2", "r8"}
+    assert [v.rid for v in view.waiting] == [r.rid for r in waiting]
+    _assert_known_rows_are_the_views(view)
