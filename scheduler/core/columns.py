@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 import struct
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cached_property
+from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
@@ -317,6 +317,28 @@ class PassRows:
     running: Sequence[RequestView]
 
 
+_T = TypeVar("_T")
+
+
+class _Once(Generic[_T]):
+    """functools.cached_property without its lock (3.11 takes one per first read, a visible
+    share of a pass that reads a dozen columns): ViewColumns live within one thread's pass."""
+
+    def __init__(self, read: Callable[[Any], _T]) -> None:
+        self.read = read
+        self.name = read.__name__
+
+    @overload
+    def __get__(self, columns: None, owner: type | None = None) -> _Once[_T]: ...
+    @overload
+    def __get__(self, columns: object, owner: type | None = None) -> _T: ...
+    def __get__(self, columns: object | None, owner: type | None = None) -> _Once[_T] | _T:
+        if columns is None:
+            return self
+        value = columns.__dict__[self.name] = self.read(columns)
+        return value
+
+
 class _Static:
     """A static row of ViewColumns, gathered on first use and then kept on the instance."""
 
@@ -384,7 +406,7 @@ class ViewColumns:
         numbers = self._static[row]
         return numbers if self._rows is None else numbers.take(self._rows)
 
-    @cached_property
+    @_Once
     def rids(self) -> list[str]:
         return self.rid_array.tolist()
 
@@ -404,55 +426,55 @@ class ViewColumns:
 
     # -- per pass: read from the views on first use --------------------------------------------
 
-    @cached_property
+    @_Once
     def generated(self) -> np.ndarray:
         d = self._dynamic
         return d[_GENERATED] if d is not None else _read_generated(self.reqs)
 
-    @cached_property
+    @_Once
     def cached(self) -> np.ndarray:
         d = self._dynamic
         return d[_CACHED] if d is not None else _read_cached(self.reqs)
 
-    @cached_property
+    @_Once
     def started(self) -> np.ndarray:
         d = self._dynamic
         return d[_STARTED] != 0 if d is not None else _read_started(self.reqs)
 
-    @cached_property
+    @_Once
     def predicted(self) -> np.ndarray:
         d = self._dynamic
         return d[_PREDICTED] if d is not None else _read_predicted(self.reqs)
 
-    @cached_property
+    @_Once
     def be_tier(self) -> np.ndarray:
         d = self._dynamic
         return d[_BE_TIER] != 0 if d is not None else _read_be_tier(self.reqs)
 
-    @cached_property
+    @_Once
     def attained(self) -> np.ndarray:
         d = self._dynamic
         return d[_ATTAINED] if d is not None else _read_attained(self.reqs)
 
     # -- derived -----------------------------------------------------------------------------------
 
-    @cached_property
+    @_Once
     def cls(self) -> np.ndarray:
         """Class codes (estimates.LATENCY, DEADLINE, COMPOUND, BEST_EFFORT)."""
         return self._gather(_SPEC + SloTable.CLS).astype(np.int64)
 
-    @cached_property
+    @_Once
     def rejects(self) -> np.ndarray:
         """`on_infeasible: reject`."""
         return self._gather(_SPEC + SloTable.REJECTS) != 0
 
-    @cached_property
+    @_Once
     def running(self) -> np.ndarray:
         mask = np.zeros(self.n, dtype=bool)
         mask[self.n_waiting :] = True
         return mask
 
-    @cached_property
+    @_Once
     def group(self) -> np.ndarray:
         """Compound (program, stage) group index, -1 otherwise (only the partition means anything)."""
         key = self._gather(_GROUP_KEY)
@@ -465,7 +487,7 @@ class ViewColumns:
         gidx[comp] = np.unique(key[comp], return_inverse=True)[1]  # renumbered: group_reduce sizes by the top
         return gidx
 
-    @cached_property
+    @_Once
     def next_due(self) -> np.ndarray:
         """`estimates.next_deadline` of each request (nan: none): the next token's due time for
         latency requests, the end-to-end (stage) deadline for deadline and compound ones."""
