@@ -36,7 +36,7 @@ def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> list[str]:
     return [rids[i] for i in order.tolist()]
 
 
-def _positions(position: dict[str, int], rids: list[str]) -> np.ndarray | None:
+def _waiting_positions(position: dict[str, int], rids: list[str]) -> np.ndarray | None:
     """The waiting positions of `rids` (None if one is not waiting)."""
     at = np.fromiter(map(position.get, rids, repeat(-1)), dtype=np.int64, count=len(rids))
     return at if not rids or at.min() >= 0 else None
@@ -158,7 +158,8 @@ class SlosServePolicy:
         order = admitted + rest + queue.no_target + declined
         plan = StepPlan(order=order, best_effort=set(declined), **self._batch_knobs(budget, tuple(counts), view, kv))
         if queue.unique:  # hand the engine the positions too: it applies them without rid lookups
-            plan.order_at, plan.best_effort_at = _positions(queue.position, order), _positions(queue.position, declined)
+            plan.order_at = _waiting_positions(queue.position, order)
+            plan.best_effort_at = _waiting_positions(queue.position, declined)
         return plan
 
     def _running_demands(
