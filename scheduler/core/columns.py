@@ -287,7 +287,7 @@ class RowCache:
         if views:
             self.dyn[:, rows] = dynamic_rows(views)
 
-    def set_generated(self, rows: Sequence[int], generated: Sequence[int]) -> None:
+    def set_generated(self, rows: Sequence[int] | np.ndarray, generated: Sequence[int] | np.ndarray) -> None:
         """These views' output counts changed, nothing else (a decode step), and with them their
         attained service, which the adapter's views count as prompt + output."""
         at = np.asarray(rows, dtype=np.int64)

@@ -246,3 +246,45 @@ def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail() -> N
     assert looked == {"r2", "r8"}
     assert [v.rid for v in view.waiting] == [r.rid for r in waiting]
     _assert_known_rows_are_the_views(view)
+
+
+def test_a_running_batch_that_only_decoded_keeps_its_views_current() -> None:
+    """A decode pass finds SGLang's batch as it was, one token longer: the views and rows follow
+    the counts; a request not yet started, a re-matched prefix or a changed batch is read whole."""
+    views, _ = _builder()
+    reqs = [StandInReq(f"r{i}", 30 + i, ttft_ms=500, tpot_ms=50) for i in range(6)]
+    running = reqs[:4]
+    for req in running[:3]:
+        req.customized_info = {TOKEN_TS_KEY: [5.1]}
+    passes: list[EngineView] = []
+    for step in range(8):
+        for req in running:
+            if step % 3 != 2 or req is not running[0]:  # one request stalls now and then
+                req.output_ids.append(1)
+        if step == 2:  # the fourth request's first token arrives
+            running[3].customized_info = {TOKEN_TS_KEY: [5.4]}
+        if step == 4:  # a running request's prefix object is replaced
+            running[1].prefix_indices = torch.arange(5)
+        if step == 6:  # the batch changes: one leaves, another joins at the same length
+            running[2] = reqs[4]
+            reqs[4].customized_info = {TOKEN_TS_KEY: [5.6]}
+            reqs[4].output_ids = [1, 1]
+        view = views.engine_view(reqs[5:], running, LIMITS)
+        _assert_known_rows_are_the_views(view)
+        got = [(v.rid, v.generated, v.attained_service, v.first_token_time, v.prefix_cached) for v in view.running]
+        assert got == [
+            (
+                r.rid,
+                len(r.output_ids),
+                30.0 + int(r.rid[1:]) + len(r.output_ids),
+                _first_stamp(r),
+                len(r.prefix_indices),
+            )
+            for r in running
+        ]
+        passes.append(view)
+    assert passes[-1].running[0] is passes[1].running[0]  # the same view, kept across passes
+
+
+def _first_stamp(req: StandInReq) -> float | None:
+    return req.customized_info[TOKEN_TS_KEY][0] if req.customized_info else None
