@@ -13,6 +13,7 @@ builds the views keeps a `RowCache` (see its contract); the rest is read every p
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 import threading
@@ -228,6 +229,7 @@ class RowCache:
         self._clear()
 
     def _clear(self) -> None:
+        self.epoch = next(_EPOCHS)  # rows mean the same views while this stays the same
         self._index: dict[int, int] = {}  # id(view) -> row
         self._groups: dict[tuple[object, object], int] = {}
         self._size = 0
@@ -296,6 +298,9 @@ class RowCache:
         self.dyn[_ATTAINED, at] = self.cols[_PROMPT, at] + counts
 
 
+_EPOCHS = itertools.count()  # RowCache.epoch: unique across caches, so rows from another never match
+
+
 def _grown(a: np.ndarray, cap: int, used: int) -> np.ndarray:
     """`a` with room for `cap` entries along its last axis, the first `used` kept."""
     out = np.empty((*a.shape[:-1], cap), dtype=a.dtype)
@@ -309,7 +314,8 @@ class PassRows:
     ViewBuilder) has this pass's views: `rows[i]` is the row of `[*waiting, *running][i]`, whose
     static and per-pass numbers are current in `cache`. Then a pass reads no view at all for
     its columns. Holds only for these very lists: a view made from another list (an oracle
-    variant's, a test's `replace`) is read as usual."""
+    variant's, a test's `replace`) is read as usual. The engine keeps one view per request for
+    the request's life, so a request keeps its row while the cache's epoch stays the same."""
 
     cache: RowCache
     rows: np.ndarray
@@ -376,6 +382,7 @@ class ViewColumns:
         self.n_waiting = len(waiting)
         self.rid_array = rid_array
         self._static, self._rows, self._dynamic = static, rows, dynamic
+        self._epoch: int | None = None  # with known rows: the RowCache's epoch they belong to
         self._total_out: dict[float, np.ndarray] = {}
 
     @classmethod
@@ -392,7 +399,9 @@ class ViewColumns:
         long-lived table reads each spec once)."""
         if known is not None and known.waiting is waiting and known.running is running:
             rows, held = known.rows, known.cache
-            return cls(waiting, running, held.rid_array[rows], held.cols, rows, held.dyn.take(rows, axis=1))
+            out = cls(waiting, running, held.rid_array[rows], held.cols, rows, held.dyn.take(rows, axis=1))
+            out._epoch = held.epoch
+            return out
         reqs = [*waiting, *running]
         if cache is not None:
             rows = cache.rows(reqs)  # may grow the cache's arrays: take them after
@@ -409,6 +418,16 @@ class ViewColumns:
     @_Once
     def rids(self) -> list[str]:
         return self.rid_array.tolist()
+
+    def row_keys(self) -> tuple[int, np.ndarray] | None:
+        """(an epoch, each request's row in the engine's RowCache), where the engine keeps the rows
+        (PassRows: one view per request for its life, so one row). While a later pass's epoch is
+        the same, a request has the row it had, so a policy finds the requests it noted on an
+        earlier pass without a lookup per request. None: no such rows (a policy then goes by
+        rid)."""
+        if self._rows is None or self._epoch is None:
+            return None
+        return self._epoch, self._rows
 
     # -- static: never change for a view ------------------------------------------------------
 

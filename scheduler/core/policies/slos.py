@@ -11,9 +11,7 @@ invocation), so a deep queue costs one linear scan, not a bigger DP.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import repeat
 
 import numpy as np
 
@@ -27,35 +25,25 @@ from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 
-def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> list[str]:
-    """The rids at `idx` sorted as `sorted(zip(key, rid))` sorts them: by key, ties by rid."""
+def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
+    """The positions `idx` sorted as `sorted(zip(key, rid))` sorts their requests: by key, ties
+    by rid."""
     order = idx[np.argsort(key[idx], kind="stable")]
     ranked = key[order]
     if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
-        return [rid for _, rid in sorted(zip(key[idx].tolist(), (rids[i] for i in idx.tolist())))]
-    return [rids[i] for i in order.tolist()]
-
-
-def _waiting_positions(position: dict[str, int], rids: list[str]) -> np.ndarray | None:
-    """The waiting positions of `rids` (None if one is not waiting)."""
-    at = np.fromiter(map(position.get, rids, repeat(-1)), dtype=np.int64, count=len(rids))
-    return at if not rids or at.min() >= 0 else None
+        pairs = sorted(zip(key[idx].tolist(), (rids[i] for i in idx.tolist()), idx.tolist()))
+        return np.array([i for *_, i in pairs], dtype=np.int64)
+    return order
 
 
 @dataclass
 class _Queue:
-    """The waiting queue as one step's admission sees it."""
+    """The waiting queue as one step's admission sees it, as positions in view.waiting."""
 
-    undecided: list[str]  # by prefill deadline, ties by rid
-    no_target: list[str]  # no prefill deadline: by arrival, ties by rid
-    declined: list[str]  # prefill deadline already past, in queue order
-    forced: list[tuple[RequestView, Demand]]  # admitted earlier and still waiting, in queue order
-    waiting: Sequence[RequestView]
-    position: dict[str, int]  # undecided rid -> its place in `waiting` (every waiting rid if unique)
-    unique: bool  # no rid is queued twice
-
-    def view(self, rid: str) -> RequestView:
-        return self.waiting[self.position[rid]]
+    undecided: np.ndarray  # by prefill deadline, ties by rid
+    no_target: np.ndarray  # no prefill deadline: by arrival, ties by rid
+    declined: np.ndarray  # prefill deadline already past, in queue order
+    forced: list[tuple[int, Demand]]  # admitted earlier and still waiting, in queue order
 
 
 @dataclass(frozen=True)
@@ -81,6 +69,7 @@ class SlosServePolicy:
         self.prefill_share = params.deadline_prefill_share
         self.idle = params.idle_batch_s
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
+        self._admitted_rows: tuple[int, np.ndarray] | None = None  # their rows (ViewColumns.row_keys)
         self._floor = MIN_DERIVED_TPOT_S
         self._spec_memo: dict[tuple, int] = {}  # draft length per decoder mix (changes slowly)
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
@@ -98,10 +87,10 @@ class SlosServePolicy:
         c = columns_of(view, self._slos)
         decoding, prefilling = self._running_demands(view, c)
         queue = self._triage(view, c)
-        candidates = queue.undecided[: max(0, self.max_candidates)]
-        demands = {rid: self._demand(queue.view(rid), now) for rid in candidates}
+        rids = c.rids
+        candidates = queue.undecided[: max(0, self.max_candidates)].tolist()
+        demands = {i: self._demand(view.waiting[i], now) for i in candidates}
         forced = queue.forced
-        declined = queue.declined
 
         tiers = sorted(
             {t for t in decoding if t is not None}
@@ -113,16 +102,14 @@ class SlosServePolicy:
         for t in decoding:
             counts[index[t] if t is not None else -1] += 1
 
-        def item(rid: str, d: Demand, value: float, forced_item: bool, mem: int) -> DpItem:
+        def item(r: RequestView, d: Demand, forced_item: bool, mem: int) -> DpItem:
             tier = index[d.tpot] if d.tpot is not None else -1
-            return DpItem(rid, d.deadline, d.prefill_tokens, mem, tier, value, forced_item)
+            return DpItem(r.rid, d.deadline, d.prefill_tokens, mem, tier, r.slo.weight, forced_item)
 
         # Running prefills already hold their memory; admitted-but-waiting ones do not yet.
-        items = [item(r.rid, d, r.slo.weight, True, 0) for r, d in prefilling]
-        items += [item(r.rid, d, r.slo.weight, True, d.mem_tokens) for r, d in forced]
-        items += [
-            item(rid, d, queue.view(rid).slo.weight, False, d.mem_tokens) for rid, d in demands.items() if d is not None
-        ]
+        items = [item(r, d, True, 0) for r, d in prefilling]
+        items += [item(view.waiting[i], d, True, d.mem_tokens) for i, d in forced]
+        items += [item(view.waiting[i], d, False, d.mem_tokens) for i, d in demands.items() if d is not None]
 
         spec = None
         if self.alpha is not None and tiers and sum(counts):
@@ -148,19 +135,29 @@ class SlosServePolicy:
             view.max_running_requests,
             fallback_items=len(prefilling) + self.max_candidates,
         )
-        running_ids = {r.rid for r, _ in prefilling}
-        admitted = [rid for rid in result.admitted if rid not in running_ids]
-        self._admitted = set(admitted)
-        declined += [rid for rid in result.declined if rid not in running_ids]
-
-        taken = set(admitted) | set(candidates)
-        rest = [rid for rid in queue.undecided[len(candidates) :] if rid not in taken]
-        order = admitted + rest + queue.no_target + declined
-        plan = StepPlan(order=order, best_effort=set(declined), **self._batch_knobs(budget, tuple(counts), view, kv))
-        if queue.unique:  # hand the engine the positions too: it applies them without rid lookups
-            plan.order_at = _waiting_positions(queue.position, order)
-            plan.best_effort_at = _waiting_positions(queue.position, declined)
+        # The DP names waiting requests by rid: all of them were forced or candidates.
+        at = {rids[i]: i for i in [*candidates, *(i for i, _ in forced)]}
+        admitted = np.array([at[rid] for rid in result.admitted if rid in at], dtype=np.int64)
+        declined = np.concatenate(
+            [queue.declined, np.array([at[rid] for rid in result.declined if rid in at], dtype=np.int64)]
+        )
+        rest = queue.undecided[len(candidates) :]
+        order_at = np.concatenate([admitted, rest, queue.no_target, declined])
+        self._remember(c, admitted)
+        plan = StepPlan(
+            order=c.rid_array[order_at].tolist(),
+            best_effort=set(c.rid_array[declined].tolist()),
+            **self._batch_knobs(budget, tuple(counts), view, kv),
+        )
+        plan.order_at, plan.best_effort_at = order_at, declined
         return plan
+
+    def _remember(self, c: ViewColumns, admitted: np.ndarray) -> None:
+        """The admitted requests still waiting are forced on later steps: kept by rid, and by row
+        where the engine keeps rows, which the next step finds them by."""
+        self._admitted = set(c.rid_array[admitted].tolist())
+        keys = c.row_keys()
+        self._admitted_rows = (keys[0], keys[1][admitted]) if keys is not None else None
 
     def _running_demands(
         self, view: EngineView, c: ViewColumns
@@ -200,32 +197,31 @@ class SlosServePolicy:
         end = now + share * np.maximum(0.0, c.deadline[w] - now)  # nan: no deadline
         due = np.where((cls == DEADLINE) | (cls == COMPOUND), end, math.nan)
         due = np.where(cls == LATENCY, c.token_due(np.zeros(nw), w), due)
-        rids = c.rids[:nw]
-        position = dict(zip(rids, range(nw)))
-        unique = len(position) == nw
+        rids = c.rids
         open_ = due > now
-        forced: list[tuple[RequestView, Demand]] = []
-        if self._admitted:
-            if unique:
-                again = sorted(i for rid in self._admitted if (i := position.get(rid)) is not None)
-            else:
-                again = [i for i, rid in enumerate(rids) if rid in self._admitted]
-            for i in again:
-                if open_[i] and (d := self._demand(view.waiting[i], now)) is not None:
-                    forced.append((view.waiting[i], d))
-                    open_[i] = False
-        undecided = np.flatnonzero(open_)
-        if not unique:  # a rid queued twice: the view of its last undecided entry, as a dict keeps
-            position = {rids[i]: i for i in undecided.tolist()}
+        forced: list[tuple[int, Demand]] = []
+        for i in self._admitted_waiting(c):
+            if open_[i] and (d := self._demand(view.waiting[i], now)) is not None:
+                forced.append((i, d))
+                open_[i] = False
         return _Queue(
-            undecided=_by_key(due, rids, undecided),
+            undecided=_by_key(due, rids, np.flatnonzero(open_)),
             no_target=_by_key(c.arrival, rids, np.flatnonzero(np.isnan(due))),
-            declined=[rids[i] for i in np.flatnonzero(due <= now).tolist()],
+            declined=np.flatnonzero(due <= now),
             forced=forced,
-            waiting=view.waiting,
-            position=position,
-            unique=unique,
         )
+
+    def _admitted_waiting(self, c: ViewColumns) -> list[int]:
+        """The positions of the requests admitted earlier that still wait, in queue order: found
+        by row when the rows are the ones they were admitted under (a few numpy calls), else by
+        rid (a Python step per waiting request)."""
+        if not self._admitted:
+            return []
+        nw, rids, keys, last = c.n_waiting, c.rids, c.row_keys(), self._admitted_rows
+        if keys is not None and last is not None and keys[0] == last[0]:
+            found = np.flatnonzero(np.isin(keys[1][:nw], last[1], kind="table")).tolist()
+            return [i for i in found if rids[i] in self._admitted]
+        return [i for i in range(nw) if rids[i] in self._admitted]
 
     def _batch_knobs(self, budget: TierBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
         """This step's batch: the largest one keeping the tightest running TPOT (Alg. 2)."""

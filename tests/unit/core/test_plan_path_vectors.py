@@ -159,7 +159,7 @@ def test_slos_tiers_and_queue_triage_are_the_per_request_ones(seed: int, nw: int
             assert Counter(decoding) == Counter(expected_decoding) and prefilling == expected_prefilling
 
             queue = policy._triage(view, c)
-            undecided, no_target, declined, forced, by_rid = [], [], [], [], {}
+            undecided, no_target, declined, forced = [], [], [], []
             for r in view.waiting:
                 deadline = prefill_deadline(r, now, share)
                 if deadline is None:
@@ -169,12 +169,12 @@ def test_slos_tiers_and_queue_triage_are_the_per_request_ones(seed: int, nw: int
                 elif r.rid in policy._admitted and (d := demand(r, now, default, share, floor)) is not None:
                     forced.append((r, d))
                 else:
-                    by_rid[r.rid] = r
                     undecided.append((deadline, r.rid))
-            assert queue.undecided == [rid for _, rid in sorted(undecided)]
-            assert queue.no_target == [rid for _, rid in sorted(no_target)]
-            assert queue.declined == declined and queue.forced == forced
-            assert all(queue.view(rid) is r for rid, r in by_rid.items())
+            rids = [r.rid for r in view.waiting]  # the queue's positions, named
+            assert [rids[i] for i in queue.undecided.tolist()] == [rid for _, rid in sorted(undecided)]
+            assert [rids[i] for i in queue.no_target.tolist()] == [rid for _, rid in sorted(no_target)]
+            assert [rids[i] for i in queue.declined.tolist()] == declined
+            assert [(view.waiting[i], d) for i, d in queue.forced] == forced
 
 
 @pytest.mark.parametrize("objective", ["requests", "tokens"])
