@@ -10,11 +10,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from scheduler.core.estimates import next_deadline
+import numpy as np
+
+from scheduler.core.columns import SloTable, columns_of
+from scheduler.core.estimates import lexsort_fast, next_deadline
 from scheduler.core.types import EngineView, RequestView, StepPlan
 
 
 def deadline_key(req: RequestView) -> tuple[int, float, float]:
+    """EDF's sort key of one request (the policy computes it on the columns)."""
     deadline = next_deadline(req)
     if deadline is None:
         return (1, math.inf, req.arrival)
@@ -33,20 +37,14 @@ class EdfPolicy:
 
     def __init__(self, params: EdfParams = EdfParams()) -> None:
         self.slo_levers = params.slo_levers
-        # rid -> (view, its generated count, key): the adapter and the simulator hand the same
-        # view object to every pass, updated in place, and of what a key reads only the
-        # generated count is ever updated, so most keys are reused (at 1k waiting, keying is
-        # most of a pass). The view is held only to recognise it, never read after plan().
-        self._keys: dict[str, tuple[RequestView, int, tuple[int, float, float]]] = {}
+        self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     def plan(self, view: EngineView) -> StepPlan:
-        old = self._keys
-        keys: dict[str, tuple[RequestView, int, tuple[int, float, float]]] = {}
-        for r in view.waiting:
-            hit = old.get(r.rid)
-            if hit is None or hit[0] is not r or hit[1] != r.generated:
-                hit = (r, r.generated, deadline_key(r))
-            keys[r.rid] = hit
-        self._keys = keys
-        ordered = sorted(keys, key=lambda rid: keys[rid][2])
-        return StepPlan(order=ordered)
+        """`deadline_key` order over the view's columns (`next_due` is `next_deadline`), as
+        positions: at 10 000 waiting a key per request in Python was most of a pass."""
+        c = columns_of(view, self._slos)
+        nw = c.n_waiting
+        due, arrival = c.next_due[:nw], c.arrival[:nw]
+        has, none = np.flatnonzero(~np.isnan(due)), np.flatnonzero(np.isnan(due))
+        order_at = np.concatenate([has[lexsort_fast((arrival[has], due[has]))], none[lexsort_fast((arrival[none],))]])
+        return StepPlan(order=c.rid_array[order_at].tolist(), order_at=order_at)

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
+from scheduler.core.columns import SloTable, columns_of
+from scheduler.core.estimates import lexsort_fast
 from scheduler.core.registry import require
 from scheduler.core.types import EngineView, StepPlan
 
@@ -32,11 +36,14 @@ class SarathiPolicy:
         self.token_budget = params.token_budget
         self.count_decodes = params.count_decodes
         self.min_chunk = params.min_chunk
+        self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     def plan(self, view: EngineView) -> StepPlan:
+        c = columns_of(view, self._slos)
+        nw = c.n_waiting
         # A running request without its first token is still prefilling: it does not decode.
-        decodes = sum(1 for r in view.running if r.first_token_time is not None) if self.count_decodes else 0
+        decodes = int(np.count_nonzero(c.started[nw:])) if self.count_decodes else 0
         budget = self.token_budget - decodes
         chunk = min(max(budget, self.min_chunk), max(1, view.chunk_size))
-        order = sorted(view.waiting, key=lambda r: r.arrival)
-        return StepPlan(order=[r.rid for r in order], chunk_size=chunk)
+        order_at = lexsort_fast((c.arrival[:nw],))  # first come, first served (stable)
+        return StepPlan(order=c.rid_array[order_at].tolist(), chunk_size=chunk, order_at=order_at)

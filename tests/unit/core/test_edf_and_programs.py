@@ -177,6 +177,7 @@ def test_edf_order_property(reqs):
     order = _order(reqs)
     by_rid = {r.rid: r for r in reqs}
     assert sorted(order) == sorted(by_rid)  # a permutation of the waiting rids
+    assert order == [r.rid for r in sorted(reqs, key=deadline_key)]  # the per-request key's order, ties stable
     deadlines = [_reference_deadline(by_rid[rid]) for rid in order]
     n_dl = sum(d is not None for d in deadlines)
     # every request with a deadline precedes every best-effort one
