@@ -69,7 +69,7 @@ def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int] 
     listed[order] = True
     if np.count_nonzero(listed) != len(order):
         return None
-    ranked = np.concatenate([order, np.flatnonzero(~listed)]) if len(order) < n else order
+    ranked = np.concatenate([order, (~listed).nonzero()[0]]) if len(order) < n else order
     if tier is not None and len(tier):
         in_tier = np.zeros(n, dtype=bool)
         in_tier[tier] = True

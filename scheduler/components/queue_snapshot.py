@@ -69,7 +69,7 @@ class QueueSnapshot:
             return
         queue, rows = self._applied
         held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
-        order = np.concatenate([np.flatnonzero(~held), np.flatnonzero(held)])
+        order = np.concatenate([(~held).nonzero()[0], held.nonzero()[0]])
         self._applied = (list(map(queue.__getitem__, order.tolist())), rows[order])
 
     def unchanged(self, queue: Sequence[Any]) -> UnchangedRun | None:

@@ -146,7 +146,7 @@ class ViewBuilder:
         batch = self._batch
         if batch is not None and batch.holds(reqs):
             counts = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64, count=len(reqs))
-            grew = np.flatnonzero(counts != batch.counts)
+            grew = (counts != batch.counts).nonzero()[0]
             if grew.size:
                 entries = batch.entries
                 for i, n in zip(grew.tolist(), counts[grew].tolist(), strict=True):

@@ -150,7 +150,7 @@ def certainly_late(
     if columns is None:
         candidates = [i for i, r in enumerate(view.waiting) if r.slo.rejects_when_infeasible and not r.started]
     elif (rejects := columns.rejects[: columns.n_waiting]).any():
-        candidates = np.flatnonzero(rejects & ~columns.started[: columns.n_waiting]).tolist()
+        candidates = (rejects & ~columns.started[: columns.n_waiting]).nonzero()[0].tolist()
     else:
         candidates = []
     if not candidates:

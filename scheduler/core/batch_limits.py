@@ -45,7 +45,7 @@ def tightest_tpot(view: EngineView, columns: ViewColumns | None = None) -> float
     """The tightest TPOT (seconds) among running and waiting requests outside the best-effort tier."""
     c = columns if columns is not None else columns_of(view)
     tpot = c.tpot_ms[~np.isnan(c.tpot_ms) & ~c.be_tier]
-    return float(np.min(tpot / 1000.0)) if tpot.size else None
+    return float((tpot / 1000.0).min()) if tpot.size else None
 
 
 def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewColumns | None = None) -> float | None:
@@ -59,7 +59,7 @@ def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewCol
     due = c.token_due(generated + ahead, run)  # nan without a TTFT
     # A request already late (due < now) constrains nothing: its attainment is lost.
     keep = (generated > 0) & ~c.be_tier[run] & ~np.isnan(c.tpot_ms[run]) & (due >= view.now)
-    return float(np.min(due[keep] - view.now)) if keep.any() else None
+    return float((due[keep] - view.now).min()) if keep.any() else None
 
 
 def _ttft_need(
@@ -72,7 +72,7 @@ def _ttft_need(
     decode_s = perf.step_time(0, len(view.running), kv)
     nw = c.n_waiting
     slack = c.arrival[:nw] + c.ttft_s[:nw] - view.now  # nan without a TTFT
-    pending = np.flatnonzero(~c.be_tier[:nw] & ~c.started[:nw] & (slack > 0))
+    pending = (~c.be_tier[:nw] & ~c.started[:nw] & (slack > 0)).nonzero()[0]
     if pending.size == 0:
         return need, urgent
     remaining = np.maximum(c.prompt[pending] - c.cached[pending], 1).astype(np.int64)
@@ -105,12 +105,12 @@ def batch_knobs(
     nw = c.n_waiting
     tightest = tightest_tpot(view, c)
     decodes = len(view.running)
-    kv = int(np.sum(c.prompt[nw:] + c.generated[nw:]))  # whole token counts: the float sum is exact
+    kv = int((c.prompt[nw:] + c.generated[nw:]).sum())  # whole token counts: the float sum is exact
     cap = None
     if tightest is not None:
         tpot = tightest * tokens_per_step
         n_waiting = max(len(view.waiting), 1)
-        per_req_kv = kv / decodes if decodes else float(int(np.sum(c.prompt[:nw])) / n_waiting)
+        per_req_kv = kv / decodes if decodes else float(int(c.prompt[:nw].sum()) / n_waiting)
         if perf.step_time(0, 1, int(per_req_kv)) > tpot:
             # Not even one request can meet the tightest target: throttling everyone else would
             # not save it, so leave batch and chunk to SGLang.

@@ -147,7 +147,7 @@ def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[
     deadline_s = out[_SPEC + SloTable.DEADLINE_S]
     out[_BASE] = arrival
     out[_DEADLINE] = nan
-    dl_rows = np.flatnonzero(~np.isnan(deadline_s))
+    dl_rows = (~np.isnan(deadline_s)).nonzero()[0]
     if dl_rows.size:
         sub = [reqs[i] for i in dl_rows.tolist()]
         m = len(sub)
@@ -157,7 +157,7 @@ def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[
         out[_BASE, dl_rows] = deadline_bases(sub_arrival, program_arrival)
         out[_DEADLINE, dl_rows] = absolute_deadlines(deadline_s[dl_rows], sub_arrival, program_arrival, stage)
     out[_GROUP_KEY] = -1
-    for i in np.flatnonzero(out[_SPEC + SloTable.CLS] == COMPOUND).tolist():
+    for i in (out[_SPEC + SloTable.CLS] == COMPOUND).nonzero()[0].tolist():
         slo = reqs[i].slo
         if slo.program_id is not None:
             out[_GROUP_KEY, i] = groups.setdefault((slo.program_id, slo.stage), len(groups))
@@ -194,8 +194,23 @@ def _read_attained(reqs: Sequence[RequestView]) -> np.ndarray:
     return _floats([r.attained_service for r in reqs], len(reqs))
 
 
+def _dynamic_row(r: RequestView) -> tuple[float, float, bool, float, bool, float]:
+    """One view's per-pass numbers in `dynamic_rows`' layout."""
+    predicted = r.predicted_output_len
+    return (
+        r.generated,
+        r.prefix_cached,
+        r.first_token_time is not None,
+        math.nan if predicted is None else predicted,
+        r.best_effort_tier,
+        r.attained_service,
+    )
+
+
 def dynamic_rows(reqs: Sequence[RequestView]) -> np.ndarray:
     """(DYNAMIC_ROWS, len(reqs)): these views' per-pass numbers as they are now."""
+    if len(reqs) <= 4:  # a pass's few refreshed views: a column each costs more than the views
+        return np.array([_dynamic_row(r) for r in reqs], dtype=np.float64).reshape(len(reqs), DYNAMIC_ROWS).T
     out = np.empty((DYNAMIC_ROWS, len(reqs)))
     out[_GENERATED] = _read_generated(reqs)
     out[_CACHED] = _read_cached(reqs)
@@ -256,7 +271,7 @@ class RowCache:
         return rows
 
     def _add(self, reqs: Sequence[RequestView], rows: np.ndarray) -> np.ndarray:
-        missing = np.flatnonzero(rows < 0).tolist()
+        missing = (rows < 0).nonzero()[0].tolist()
         self.append(list({id(r): r for r in (reqs[i] for i in missing)}.values()))  # each new view once
         index = self._index
         rows[missing] = [index[id(reqs[i])] for i in missing]

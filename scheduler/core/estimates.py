@@ -365,9 +365,9 @@ def fairness_blend(priority: np.ndarray, attained: np.ndarray, f: float) -> np.n
     least-served and 0 for the most-served (VTC-style attained service)."""
     if f <= 0.0 or priority.size == 0:
         return priority
-    top = float(np.max(priority))
+    top = float(priority.max())
     norm = priority / top if top > 0 else np.zeros_like(priority)
-    most = float(np.max(attained))
+    most = float(attained.max())
     fair = 1.0 - attained / most if most > 0 else np.ones_like(attained)
     return (1.0 - f) * norm + f * fair
 
@@ -378,9 +378,9 @@ def lexsort_fast(keys: tuple[np.ndarray, ...]) -> np.ndarray:
     usual case for continuous scores and several times faster than lexsort's stable sorts."""
     primary = keys[-1]
     if primary.size > 1:
-        order = np.argsort(primary)
+        order = primary.argsort()
         ranked = primary[order]
-        if not np.isnan(ranked[-1]) and not np.any(ranked[1:] == ranked[:-1]):  # NaNs sort last
+        if not np.isnan(ranked[-1]) and not (ranked[1:] == ranked[:-1]).any():  # NaNs sort last
             return order
     return np.lexsort(keys)
 

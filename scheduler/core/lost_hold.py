@@ -52,8 +52,8 @@ def held_lost_causes(
     if not lost:
         return frozenset()
     cls = c.cls
-    slo_work = bool(np.any(~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT))) or any(
-        rids[i] not in best_effort for i in np.flatnonzero(cls[:nw] != BEST_EFFORT).tolist()
+    slo_work = bool((~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT)).any()) or any(
+        rids[i] not in best_effort for i in (cls[:nw] != BEST_EFFORT).nonzero()[0].tolist()
     )
     return lost if slo_work else frozenset()
 
@@ -63,11 +63,11 @@ def _held_at(c: ViewColumns, past: np.ndarray, tier_at: np.ndarray) -> frozenset
     nw = c.n_waiting
     in_tier = np.zeros(nw, dtype=bool)
     in_tier[tier_at] = True
-    lost = np.flatnonzero(in_tier & past)
+    lost = (in_tier & past).nonzero()[0]
     if lost.size == 0:
         return frozenset()
     cls = c.cls
-    slo_work = bool(np.any(~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT))) or bool(
-        np.any(~in_tier & (cls[:nw] != BEST_EFFORT))
+    slo_work = bool((~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT)).any()) or bool(
+        (~in_tier & (cls[:nw] != BEST_EFFORT)).any()
     )
     return frozenset(c.rid_array[lost].tolist()) if slo_work else frozenset()

@@ -23,7 +23,7 @@ def expired_rids(c: ViewColumns, now: float) -> list[str]:
     if np.isnan(c.max_queue_s[: c.n_waiting]).all():
         return []  # nobody set one: no per-pass column need be read
     rids = c.rids
-    return [rids[i] for i in np.flatnonzero(expired_waiting(c, now)).tolist()]
+    return [rids[i] for i in expired_waiting(c, now).nonzero()[0].tolist()]
 
 
 def expired_in_queue(waiting: Iterable[RequestView], now: float) -> list[str]:

@@ -54,7 +54,7 @@ def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) 
     if n <= size:
         return np.arange(n)
     bp = -np.partition(-prio, size - 1)[size - 1]  # the B-th highest priority
-    cand = np.flatnonzero(prio >= bp * cutoff)
+    cand = (prio >= bp * cutoff).nonzero()[0]
     if cand.size <= size:
         return cand
     cand = cand[np.lexsort((-prio[cand], length[cand]))]
@@ -167,9 +167,9 @@ class GmaxPolicy:
             expired = expired_waiting(c, view.now)
             if expired.any():
                 rids = a.rids
-                plan.drop = {rids[i]: QUEUE_TIMEOUT_REASON for i in np.flatnonzero(expired).tolist()}
+                plan.drop = {rids[i]: QUEUE_TIMEOUT_REASON for i in expired.nonzero()[0].tolist()}
                 kept = np.fromiter([rid not in plan.drop for rid in rids[:nw]], dtype=bool, count=nw)
-                keep = np.concatenate([np.flatnonzero(kept), np.arange(nw, a.n)])
+                keep = np.concatenate([kept.nonzero()[0], np.arange(nw, a.n)])
                 a = a.take(keep, int(np.count_nonzero(kept)))
         running = list(view.running)
         self._observe(view, a.rids[: a.n_waiting], running, c)
@@ -192,7 +192,7 @@ class GmaxPolicy:
         # Chosen group first (densest first inside it), then everyone else by priority; ties
         # by arrival, then queue position.
         parts = []
-        for part in (np.flatnonzero(chosen[:nw]), np.flatnonzero(~chosen[:nw])):
+        for part in (chosen[:nw].nonzero()[0], (~chosen[:nw]).nonzero()[0]):
             parts.append(part[lexsort_fast((a.arrival[part], -prio[part]))])
         order_idx = np.concatenate(parts)
         plan.order = a.rids_at(order_idx)
@@ -208,16 +208,16 @@ class GmaxPolicy:
     def _victims(self, a: ReqArrays, sp: Speeds, prio: np.ndarray, chosen: np.ndarray, batch: int) -> list[str]:
         nw = a.n_waiting
         n_running = a.n - nw
-        entrants = np.flatnonzero(chosen[:nw])
-        entrants = entrants[np.argsort(-prio[entrants], kind="stable")]
+        entrants = chosen[:nw].nonzero()[0]
+        entrants = entrants[(-prio[entrants]).argsort(kind="stable")]
         blocked = entrants[max(0, batch - n_running) :]
         if blocked.size == 0:
             return []
         run = np.arange(nw, a.n)
         out_of_group = run[~chosen[nw:]]
-        out_of_group = out_of_group[np.argsort(prio[out_of_group], kind="stable")]  # weakest first
+        out_of_group = out_of_group[prio[out_of_group].argsort(kind="stable")]  # weakest first
         horizon = self.frame_steps * sp.decode_s
-        batch_rate = float(np.sum(prio[nw:]))
+        batch_rate = float(prio[nw:].sum())
         victims: list[str] = []
         for w, v in zip(blocked, out_of_group, strict=False):
             stall = float(sp.prefill_time(np.array([a.prompt[v] + a.generated[v]]))[0])

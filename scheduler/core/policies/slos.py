@@ -28,9 +28,9 @@ from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
     """The positions `idx` sorted as `sorted(zip(key, rid))` sorts their requests: by key, ties
     by rid."""
-    order = idx[np.argsort(key[idx], kind="stable")]
+    order = idx[key[idx].argsort(kind="stable")]
     ranked = key[order]
-    if ranked.size > 1 and np.any(ranked[1:] == ranked[:-1]):
+    if ranked.size > 1 and (ranked[1:] == ranked[:-1]).any():
         pairs = sorted(zip(key[idx].tolist(), (rids[i] for i in idx.tolist()), idx.tolist()))
         return np.array([i for *_, i in pairs], dtype=np.int64)
     return order
@@ -175,11 +175,11 @@ class SlosServePolicy:
         decoding: list[float | None] = (c.tpot_ms[run][latency] / 1000.0).tolist()
         decoding += [None] * int(np.count_nonzero(started & ~latency & ~paced))
         if paced.any():
-            rows = nw + np.flatnonzero(paced)
+            rows = nw + paced.nonzero()[0]
             out = expected_outputs(c.predicted[rows], c.max_new[rows], c.generated[rows], self.default_output)
             decoding += derived_tiers(left[paced] / out, self._floor)
         prefilling: list[tuple[RequestView, Demand]] = []
-        for i in np.flatnonzero(~started).tolist():
+        for i in (~started).nonzero()[0].tolist():
             r = view.running[i]
             if (d := self._demand(r, now)) is None:
                 decoding.append(None)
@@ -205,9 +205,9 @@ class SlosServePolicy:
                 forced.append((i, d))
                 open_[i] = False
         return _Queue(
-            undecided=_by_key(due, rids, np.flatnonzero(open_)),
-            no_target=_by_key(c.arrival, rids, np.flatnonzero(np.isnan(due))),
-            declined=np.flatnonzero(due <= now),
+            undecided=_by_key(due, rids, open_.nonzero()[0]),
+            no_target=_by_key(c.arrival, rids, np.isnan(due).nonzero()[0]),
+            declined=(due <= now).nonzero()[0],
             forced=forced,
         )
 
@@ -219,7 +219,7 @@ class SlosServePolicy:
             return []
         nw, rids, keys, last = c.n_waiting, c.rids, c.row_keys(), self._admitted_rows
         if keys is not None and last is not None and keys[0] == last[0]:
-            found = np.flatnonzero(np.isin(keys[1][:nw], last[1], kind="table")).tolist()
+            found = np.isin(keys[1][:nw], last[1], kind="table").nonzero()[0].tolist()
             return [i for i in found if rids[i] in self._admitted]
         return [i for i in range(nw) if rids[i] in self._admitted]
 

@@ -195,13 +195,13 @@ class TempoPolicy:
         run = np.arange(nw, a.n)
         is_be = a.cls[run] == BEST_EFFORT
         # Best-effort requests inside the reserve are protected; extra ones go first.
-        be_run = run[is_be][np.argsort(-a.arrival[run][is_be], kind="stable")]
+        be_run = run[is_be][(-a.arrival[run][is_be]).argsort(kind="stable")]
         exposed_be = be_run[min(reserve, len(be_run)) :]
         slo_run = run[~is_be]
         slo_run = slo_run[np.lexsort((-a.arrival[slo_run], prio[slo_run]))]
         victims = np.concatenate([exposed_be, slo_run]).astype(np.int64)
         horizon = self.quantum_steps * sp.decode_s
-        batch_rate = float(np.sum(dens[nw:]))
+        batch_rate = float(dens[nw:].sum())
         out: list[str] = []
         for w, v in zip(contenders, victims, strict=False):
             stall = float(sp.prefill_time(np.array([a.prompt[v] + a.generated[v]]))[0])
