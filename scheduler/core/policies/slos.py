@@ -92,15 +92,17 @@ class SlosServePolicy:
         demands = {i: self._demand(view.waiting[i], now) for i in candidates}
         forced = queue.forced
 
+        targets, per_target = np.unique(decoding[~np.isnan(decoding)], return_counts=True)
         tiers = sorted(
-            {t for t in decoding if t is not None}
+            set(targets.tolist())
             | {d.tpot for _, d in prefilling + forced if d.tpot is not None}
             | {d.tpot for d in demands.values() if d is not None and d.tpot is not None}
         )
         index = {t: i for i, t in enumerate(tiers)}
         counts = [0] * (len(tiers) + 1)
-        for t in decoding:
-            counts[index[t] if t is not None else -1] += 1
+        for t, n in zip(targets.tolist(), per_target.tolist(), strict=True):
+            counts[index[t]] = n
+        counts[-1] = int(np.count_nonzero(np.isnan(decoding)))
 
         def item(r: RequestView, d: Demand, forced_item: bool, mem: int) -> DpItem:
             tier = index[d.tpot] if d.tpot is not None else -1
@@ -159,10 +161,8 @@ class SlosServePolicy:
         keys = c.row_keys()
         self._admitted_rows = (keys[0], keys[1][admitted]) if keys is not None else None
 
-    def _running_demands(
-        self, view: EngineView, c: ViewColumns
-    ) -> tuple[list[float | None], list[tuple[RequestView, Demand]]]:
-        """(each decoder's TPOT tier, None for none; the running requests still prefilling with
+    def _running_demands(self, view: EngineView, c: ViewColumns) -> tuple[np.ndarray, list[tuple[RequestView, Demand]]]:
+        """(each decoder's TPOT tier, nan for none; the running requests still prefilling with
         their demands): `demand`'s tiers, read off the columns where they are the SLO's own."""
         now, nw = view.now, c.n_waiting
         run = slice(nw, None)
@@ -172,20 +172,21 @@ class SlosServePolicy:
         left = c.deadline[run] - now  # nan: no deadline
         # A deadline with time left decodes at its remaining time per remaining token.
         paced = decoders & ((cls == DEADLINE) | (cls == COMPOUND)) & (left > 0)
-        decoding: list[float | None] = (c.tpot_ms[run][latency] / 1000.0).tolist()
-        decoding += [None] * int(np.count_nonzero(started & ~latency & ~paced))
+        decoding = np.full(len(cls), np.nan)
+        decoding[latency] = c.tpot_ms[run][latency] / 1000.0
         if paced.any():
             rows = nw + paced.nonzero()[0]
             out = expected_outputs(c.predicted[rows], c.max_new[rows], c.generated[rows], self.default_output)
-            decoding += derived_tiers(left[paced] / out, self._floor)
+            decoding[paced] = derived_tiers(left[paced] / out, self._floor)
         prefilling: list[tuple[RequestView, Demand]] = []
-        for i in (~started).nonzero()[0].tolist():
+        pending = (~started).nonzero()[0]
+        keep = np.ones(len(cls), dtype=bool)
+        for i in pending.tolist():
             r = view.running[i]
-            if (d := self._demand(r, now)) is None:
-                decoding.append(None)
-            else:
+            if (d := self._demand(r, now)) is not None:
                 prefilling.append((r, d))
-        return decoding, prefilling
+                keep[i] = False  # decodes nothing yet
+        return decoding[keep], prefilling
 
     def _triage(self, view: EngineView, c: ViewColumns) -> _Queue:
         """The waiting queue by prefill deadline (`prefill_deadline`, on the columns): none

@@ -38,10 +38,9 @@ def quantize_tpots(tpot_s: np.ndarray) -> np.ndarray:
     return 2.0 ** (k / TIERS_PER_OCTAVE) / 1000.0
 
 
-def derived_tiers(tpot_s: np.ndarray, floor_s: float) -> list[float | None]:
-    """`derived_tier` of each entry."""
-    tiers = quantize_tpots(tpot_s).tolist()
-    return [None if fast else t for fast, t in zip((tpot_s < floor_s).tolist(), tiers, strict=True)]
+def derived_tiers(tpot_s: np.ndarray, floor_s: float) -> np.ndarray:
+    """`derived_tier` of each entry (nan: None)."""
+    return np.where(tpot_s < floor_s, np.nan, quantize_tpots(tpot_s))
 
 
 def expected_outputs(
