@@ -14,7 +14,6 @@ The multi-replica half (§4.3, power-of-K copies) is a routing policy: router/po
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,7 +38,7 @@ from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_waiting
 from scheduler.core.registry import require
 from scheduler.core.req_arrays import ReqArrays
-from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
+from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
 OBJECTIVES = ("tokens", "requests")  # JITServe §6 reports both token- and request-level goodput
@@ -106,7 +105,7 @@ class GmaxPolicy:
         epoch_steps = params.tune_epoch_frames * params.frame_steps
         self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
         # Requests seen running last step -> (goodput if they finish now, deadline or +inf).
-        self._seen: dict[str, tuple[float, float]] = {}
+        self._seen: _Seen | None = None  # the running requests of the last pass
         self._removed: set[str] = set()
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
@@ -172,7 +171,7 @@ class GmaxPolicy:
                 keep = np.concatenate([kept.nonzero()[0], np.arange(nw, a.n)])
                 a = a.take(keep, int(np.count_nonzero(kept)))
         running = list(view.running)
-        self._observe(view, a.rids[: a.n_waiting], running, c)
+        self._observe(view, c)
 
         sp = Speeds.from_view(self.perf, view)
         prio = self.priorities(view, a, sp)
@@ -228,23 +227,19 @@ class GmaxPolicy:
 
     # -- online cutoff tuning ----------------------------------------------------------------
 
-    def _observe(
-        self, view: EngineView, waiting_rids: Sequence[str], running: Sequence[RequestView], c: ViewColumns
-    ) -> None:
+    def _observe(self, view: EngineView, c: ViewColumns) -> None:
         """Estimate realised goodput without engine hooks: a request that was running and has
         left both queues (and that we did not drop or preempt) finished around `now`."""
-        if self._seen:
-            running_ids = {r.rid for r in running}
-            gone = [rid for rid in self._seen if rid not in running_ids and rid not in self._removed]
-            if gone:
-                waiting_ids = set(waiting_rids)  # an engine retraction is not a finish
-                for rid in gone:
-                    value, deadline = self._seen[rid]
-                    if rid not in waiting_ids and view.now <= deadline + 1e-9:
-                        self.tuner.reward(value)
+        nw = c.n_waiting
+        run = slice(nw, None)
+        seen = self._seen
+        if seen is not None:
+            for i in seen.gone(c):
+                rid = seen.rids[i]
+                if rid not in self._removed and view.now <= seen.due[i] + 1e-9:
+                    self.tuner.reward(float(seen.worth[i]))
         # What each running request is worth if it finishes now, and by when: a latency request
         # its tokens so far while its next token is on time, others their whole context.
-        run = slice(c.n_waiting, None)
         cls, generated, weight = c.cls[run], c.generated[run], c.weight[run]
         next_due = c.token_due(generated, run)  # nan without a TTFT: never late
         late = (cls == LATENCY) & (view.now > next_due)
@@ -255,4 +250,34 @@ class GmaxPolicy:
         worth = np.where(late, 0.0, worth)
         has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(c.deadline[run])
         due = np.where(has_due, c.deadline[run], np.inf)
-        self._seen = dict(zip(c.rids[run], zip(worth.tolist(), due.tolist())))
+        self._seen = _Seen(c.rid_array[run], worth, due, c.row_keys(), nw)
+
+
+class _Seen:
+    """The running requests of one pass, what each is worth if it finishes, and by when."""
+
+    def __init__(
+        self, rids: np.ndarray, worth: np.ndarray, due: np.ndarray, keys: tuple[int, np.ndarray] | None, nw: int
+    ) -> None:
+        self.rids, self.worth, self.due = rids, worth, due
+        self.epoch = keys[0] if keys is not None else None
+        self.rows = keys[1][nw:] if keys is not None else None
+
+    def booked(self) -> dict[str, tuple[float, float]]:
+        """rid -> (worth, due), as the tuner is rewarded from."""
+        return dict(zip(self.rids.tolist(), zip(self.worth.tolist(), self.due.tolist(), strict=True), strict=True))
+
+    def gone(self, c: ViewColumns) -> list[int]:
+        """Which of them are neither running nor waiting now (an engine retraction is not a
+        finish): by row where the engine keeps rows (two numpy calls), else by rid."""
+        if not len(self.rids):
+            return []
+        keys = c.row_keys()
+        if keys is not None and self.rows is not None and keys[0] == self.epoch:
+            return (~np.isin(self.rows, keys[1], kind="table")).nonzero()[0].tolist()
+        running = set(c.rid_array[c.n_waiting :].tolist())
+        left = [i for i, rid in enumerate(self.rids.tolist()) if rid not in running]
+        if not left:
+            return []
+        waiting = set(c.rids[: c.n_waiting])
+        return [i for i in left if self.rids[i] not in waiting]

@@ -197,4 +197,4 @@ def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: in
             else:
                 worth = r.slo.weight * ((r.prompt_len + r.generated + 1) if objective == "tokens" else 1)
             expected[r.rid] = (worth, due if due is not None else math.inf)
-        assert policy._seen == expected
+        assert policy._seen is not None and policy._seen.booked() == expected

@@ -288,3 +288,23 @@ def test_a_running_batch_that_only_decoded_keeps_its_views_current() -> None:
 
 def _first_stamp(req: StandInReq) -> float | None:
     return req.customized_info[TOKEN_TS_KEY][0] if req.customized_info else None
+
+
+@pytest.mark.parametrize("known", [True, False], ids=["by-row", "by-rid"])
+def test_gmax_credits_a_finished_request_and_not_a_retracted_one(known: bool) -> None:
+    """GMAX's tuner learns from requests that left both queues: found by row where the builder
+    keeps rows, by rid otherwise, with the same outcome."""
+    policy = make_policy("gmax", default_model())
+    rewarded: list[float] = []
+    policy.tuner.reward = rewarded.append  # type: ignore[attr-defined,method-assign]
+    views, _ = _builder()
+    done, retracted, stays = (
+        StandInReq(rid, 40, spec=SloSpec(deadline_ms=60_000, slo_class=SloClass.DEADLINE)) for rid in "drs"
+    )
+    for req in (done, retracted, stays):
+        req.output_ids = [1, 1]
+        req.customized_info = {TOKEN_TS_KEY: [5.0, 5.0]}
+    for waiting, running in (([], [done, retracted, stays]), ([retracted], [stays])):
+        view = views.engine_view(waiting, running, LIMITS)
+        policy.plan(view if known else replace(view, known_rows=None))
+    assert rewarded == [1.0]  # the finished request alone, worth one met SLO
