@@ -27,13 +27,27 @@ from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 
 def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
     """The positions `idx` sorted as `sorted(zip(key, rid))` sorts their requests: by key, ties
-    by rid."""
+    by rid (then by position). Only the runs of equal keys (a compound stage's calls share
+    their deadline) are sorted again, by rid."""
     order = idx[key[idx].argsort(kind="stable")]
     ranked = key[order]
-    if ranked.size > 1 and (ranked[1:] == ranked[:-1]).any():
-        pairs = sorted(zip(key[idx].tolist(), (rids[i] for i in idx.tolist()), idx.tolist()))
-        return np.array([i for *_, i in pairs], dtype=np.int64)
+    ties = (ranked[1:] == ranked[:-1]).nonzero()[0]
+    if ties.size:
+        ends = np.append(ties[1:] != ties[:-1] + 1, True).nonzero()[0]  # a run's last tie
+        starts = np.insert(ties[ends[:-1] + 1], 0, ties[0])
+        for start, stop in zip(starts.tolist(), (ties[ends] + 2).tolist(), strict=True):
+            run = order[start:stop].tolist()
+            order[start:stop] = sorted(run, key=lambda i: (rids[i], i))
     return order
+
+
+def _tally(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_counts=True) for a few distinct values, without its overhead."""
+    if values.size == 0:
+        return values, np.zeros(0, dtype=np.int64)
+    ranked = np.sort(values)
+    starts = np.append(0, (ranked[1:] != ranked[:-1]).nonzero()[0] + 1)
+    return ranked[starts], np.diff(np.append(starts, ranked.size))
 
 
 @dataclass
@@ -92,7 +106,7 @@ class SlosServePolicy:
         demands = {i: self._demand(view.waiting[i], now) for i in candidates}
         forced = queue.forced
 
-        targets, per_target = np.unique(decoding[~np.isnan(decoding)], return_counts=True)
+        targets, per_target = _tally(decoding[~np.isnan(decoding)])
         tiers = sorted(
             set(targets.tolist())
             | {d.tpot for _, d in prefilling + forced if d.tpot is not None}
