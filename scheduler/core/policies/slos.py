@@ -28,16 +28,16 @@ from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
     """The positions `idx` sorted as `sorted(zip(key, rid))` sorts their requests: by key, ties
     by rid (then by position). Only the runs of equal keys (a compound stage's calls share
-    their deadline) are sorted again, by rid."""
+    their deadline) are sorted again."""
     order = idx[key[idx].argsort(kind="stable")]
     ranked = key[order]
     ties = (ranked[1:] == ranked[:-1]).nonzero()[0]
-    if ties.size:
-        ends = np.append(ties[1:] != ties[:-1] + 1, True).nonzero()[0]  # a run's last tie
-        starts = np.insert(ties[ends[:-1] + 1], 0, ties[0])
-        for start, stop in zip(starts.tolist(), (ties[ends] + 2).tolist(), strict=True):
-            run = order[start:stop].tolist()
-            order[start:stop] = sorted(run, key=lambda i: (rids[i], i))
+    if ties.size:  # the slots of every run, refilled in one sort of their requests
+        in_run = np.zeros(len(order), dtype=bool)
+        in_run[ties] = in_run[ties + 1] = True
+        slots = in_run.nonzero()[0]
+        members = sorted(zip(ranked[slots].tolist(), (rids[i] for i in order[slots].tolist()), order[slots].tolist()))
+        order[slots] = [i for *_, i in members]
     return order
 
 

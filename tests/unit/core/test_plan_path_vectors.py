@@ -18,7 +18,7 @@ from scheduler.core.lost_hold import held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model, default_model, linear_model
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.gmax import GmaxPolicy
-from scheduler.core.policies.slos import SlosServePolicy
+from scheduler.core.policies.slos import SlosServePolicy, _by_key
 from scheduler.core.queue_timeout import expired_in_queue, expired_rids
 from scheduler.core.slo import SloClass
 from scheduler.core.slos_serve.items import demand, prefill_deadline
@@ -176,6 +176,20 @@ def test_slos_tiers_and_queue_triage_are_the_per_request_ones(seed: int, nw: int
             assert [rids[i] for i in queue.no_target.tolist()] == [rid for _, rid in sorted(no_target)]
             assert [rids[i] for i in queue.declined.tolist()] == declined
             assert [(view.waiting[i], d) for i, d in queue.forced] == forced
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_slos_queue_order_breaks_equal_deadlines_by_rid_as_a_sort_of_pairs_does(seed: int) -> None:
+    """A compound stage's calls share a deadline: runs of equal keys are ordered by rid, then
+    by position, exactly as sorting (key, rid) pairs orders them."""
+    rng = random.Random(seed)
+    for _ in range(300):
+        n = rng.randrange(0, 40)
+        key = np.array([rng.choice([1.0, 2.0, 3.0, rng.random()]) for _ in range(n)])
+        rids = [rng.choice("abcdefg") for _ in range(n)]
+        idx = np.array(sorted(rng.sample(range(n), rng.randrange(n + 1))), dtype=np.int64)
+        expected = [i for *_, i in sorted((key[i], rids[i], i) for i in idx.tolist())]
+        assert _by_key(key, rids, idx).tolist() == expected
 
 
 @pytest.mark.parametrize("objective", ["requests", "tokens"])
