@@ -23,7 +23,7 @@ from sglang.srt.managers.scheduler import NextBatchPlan
 from scheduler import sglang_emulated_forward as emulated_forward
 from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
-from scheduler.components.plan_applier import order_waiting, split_dropped
+from scheduler.components.plan_applier import held_positions, order_waiting, set_aside, split_dropped
 from scheduler.components.rank_sync import PassDecision, PassSync
 from scheduler.components.request_state import request_slo
 from scheduler.components.shedding import shed_finish_reason
@@ -247,7 +247,7 @@ class SloSchedulerMixin:
         slo = self.slo
         slo.step += 1
         slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
-        slo.hold = frozenset()  # and so does its hold
+        slo.hold, slo.hold_at = frozenset(), None  # and so does its hold
         slo.prefill_open = True
         decision = slo.sync.decide(lambda: self._slo_decide(running_batch), PassDecision())
         if decision.plan is not None:
@@ -269,12 +269,11 @@ class SloSchedulerMixin:
     def _slo_admit(self, admit: Callable[[], Any]) -> Any:
         """SGLang's admission with the plan's held requests out of the waiting queue while it
         runs; they go back to the queue's tail, where their tier already stood."""
-        hold = self.slo.hold
+        hold, at = self.slo.hold, self.slo.hold_at
         if not hold:
             return admit()
-        held = [r for r in self.waiting_queue if r.rid in hold]
-        self.waiting_queue[:] = [r for r in self.waiting_queue if r.rid not in hold]
-        self.slo.views.held_to_tail(hold)
+        held = set_aside(self.waiting_queue, hold, at)
+        self.slo.views.held_to_tail(hold, at)
         try:
             return admit()
         finally:
@@ -436,10 +435,13 @@ class SloSchedulerMixin:
                 self._slo_abort_waiting(req, reason, plan.waits.get(req.rid))
             self.waiting_queue[:] = keep
             queue.forget()  # the viewed queue is not this one: the next pass looks at everyone
-        perm = order_waiting(self.waiting_queue, plan, slo.states, slo.views.waiting_rids(self.waiting_queue))
+        viewed = slo.views.waiting_rids(self.waiting_queue)  # None: not the queue this rank viewed
+        perm = order_waiting(self.waiting_queue, plan, slo.states, viewed)
         queue.applied(self.waiting_queue, perm)
         slo.best_effort_waiting = len(plan.best_effort)
         slo.hold, slo.held_waiting = plan.hold, len(plan.hold)
+        if plan.hold and viewed is not None:  # _slo_admit sets them aside next, from this queue
+            slo.hold_at = held_positions(plan, perm, len(self.waiting_queue))
         slo.lost_held_passes += bool(plan.hold)
         if not slo.knobs_on or slo.chunker is not None:
             return

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from scheduler.components.meter import EngineMeter
 from scheduler.components.pd_chunking import PrefillChunker
 from scheduler.components.planner import PassPlanner
@@ -63,6 +65,7 @@ class SloComponents:
     prefill_open: bool = True  # False: the plan deferred prefill, this pass decodes
     pending_preempt: set[str] = field(default_factory=set)  # running rids this pass's plan retracts
     hold: frozenset[str] = frozenset()  # waiting rids this pass's plan keeps from starting (lost_hold)
+    hold_at: np.ndarray | None = None  # their positions in the queue as the plan left it, if known
     # counters
     dropped: int = 0
     prefill_deferred: int = 0  # passes the plan turned into decode passes

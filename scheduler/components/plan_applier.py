@@ -6,8 +6,8 @@ Reads `rid` from each waiting request; the queue is sorted in place (SGLang admi
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from itertools import filterfalse, repeat
+from collections.abc import Iterable, Set
+from itertools import compress, filterfalse, repeat
 from typing import Any
 
 import numpy as np
@@ -76,6 +76,30 @@ def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int] 
         last = in_tier[ranked]
         ranked = np.concatenate([ranked[~last], ranked[last]])
     return ranked.tolist()
+
+
+def held_positions(plan: FinalPlan, perm: list[int] | None, n: int) -> np.ndarray | None:
+    """Where the plan's held requests stand (ascending) in the queue `order_waiting` left by
+    `perm`, when the plan gave them as positions; None: they are found by rid."""
+    if plan.hold_at is None or perm is None or len(perm) != n:
+        return None
+    moved_to = np.empty(n, dtype=np.int64)
+    moved_to[np.asarray(perm, dtype=np.int64)] = np.arange(n)
+    return np.sort(moved_to[plan.hold_at])
+
+
+def set_aside(queue: list[Any], hold: Set[str], at: np.ndarray | None = None) -> list[Any]:
+    """Takes the held requests out of `queue` (in place) and returns them, in queue order.
+    `at`: their positions (`held_positions`), which spares a rid lookup per waiting request."""
+    if at is not None:
+        keep = np.ones(len(queue), dtype=bool)
+        keep[at] = False
+        held = list(map(queue.__getitem__, at.tolist()))
+        queue[:] = list(compress(queue, keep.tolist()))
+        return held
+    held = [r for r in queue if r.rid in hold]
+    queue[:] = [r for r in queue if r.rid not in hold]
+    return held
 
 
 def _take(by_rid: dict[str, int], rids: Iterable[str]) -> list[int]:

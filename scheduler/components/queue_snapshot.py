@@ -62,13 +62,17 @@ class QueueSnapshot:
             rows = rows[np.asarray(perm, dtype=np.int64)]
         self._applied = (list(queue), rows)
 
-    def to_tail(self, rids: Set[str], rids_of_rows: np.ndarray) -> None:
+    def to_tail(self, rids: Set[str], rids_of_rows: np.ndarray, at: np.ndarray | None = None) -> None:
         """The admission walk runs with these requests set aside; they rejoin the queue's tail
-        after it (the adapter's lost hold)."""
+        after it (the adapter's lost hold). `at`: their positions in the applied queue."""
         if self._applied is None or not rids:
             return
         queue, rows = self._applied
-        held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
+        if at is not None:
+            held = np.zeros(len(rows), dtype=bool)
+            held[at] = True
+        else:
+            held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
         order = np.concatenate([(~held).nonzero()[0], held.nonzero()[0]])
         self._applied = (list(map(queue.__getitem__, order.tolist())), rows[order])
 

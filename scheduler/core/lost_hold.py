@@ -46,7 +46,7 @@ def held_lost_causes(
     nw = c.n_waiting
     past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
     if tier_at is not None:
-        return _held_at(c, past, tier_at)
+        return frozenset(c.rid_array[_held_at(c, past, tier_at)].tolist())
     rids = c.rids
     lost = frozenset(best_effort).intersection(compress(rids, past.tolist()))
     if not lost:
@@ -58,16 +58,25 @@ def held_lost_causes(
     return lost if slo_work else frozenset()
 
 
-def _held_at(c: ViewColumns, past: np.ndarray, tier_at: np.ndarray) -> frozenset[str]:
-    """`held_lost_causes` with the tier as positions: masks instead of rid sets."""
+def held_lost_at(view: EngineView, tier_at: np.ndarray, columns: ViewColumns | None = None) -> np.ndarray:
+    """`held_lost_causes` with the tier as waiting positions, and the held requests' positions
+    out (ascending): masks instead of rid sets, and what the engine sets aside by position."""
+    c = columns if columns is not None else columns_of(view)
+    nw = c.n_waiting
+    if len(tier_at) == 0:
+        return np.zeros(0, dtype=np.int64)
+    return _held_at(c, ~c.started[:nw] & (c.next_due[:nw] < view.now), tier_at)
+
+
+def _held_at(c: ViewColumns, past: np.ndarray, tier_at: np.ndarray) -> np.ndarray:
     nw = c.n_waiting
     in_tier = np.zeros(nw, dtype=bool)
     in_tier[tier_at] = True
     lost = (in_tier & past).nonzero()[0]
     if lost.size == 0:
-        return frozenset()
+        return lost
     cls = c.cls
     slo_work = bool((~c.be_tier[nw:] & (cls[nw:] != BEST_EFFORT)).any()) or bool(
         (~in_tier & (cls[:nw] != BEST_EFFORT)).any()
     )
-    return frozenset(c.rid_array[lost].tolist()) if slo_work else frozenset()
+    return lost if slo_work else lost[:0]

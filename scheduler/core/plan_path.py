@@ -31,7 +31,7 @@ import numpy as np
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
-from scheduler.core.lost_hold import held_lost_causes
+from scheduler.core.lost_hold import held_lost_at, held_lost_causes
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 
@@ -84,6 +84,7 @@ class FinalPlan:
     # gave them and nothing was dropped (StepPlan.order_at): for the engine that made the view
     order_at: np.ndarray | None = field(default=None, compare=False)
     best_effort_at: np.ndarray | None = field(default=None, compare=False)
+    hold_at: np.ndarray | None = field(default=None, compare=False)  # `hold` as positions (ascending)
 
 
 def finalize_plan(
@@ -133,8 +134,14 @@ def finalize_plan(
     else:
         best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
     hold: frozenset[str] = frozenset()
+    hold_at = None
     if settings.levers and settings.role != DECODE:
-        hold = held_lost_causes(view, best_effort, c, None if drop else tier_at)
+        assert c is not None  # read above for the levers
+        if tier_at is not None and not drop:
+            hold_at = held_lost_at(view, tier_at, c)
+            hold = frozenset(c.rid_array[hold_at].tolist()) if hold_at.size else frozenset()
+        else:
+            hold = held_lost_causes(view, best_effort, c)
     return FinalPlan(
         order=order,
         best_effort=best_effort,
@@ -147,6 +154,7 @@ def finalize_plan(
         prefill=prefill,
         order_at=None if drop else plan.order_at,
         best_effort_at=None if drop else tier_at,
+        hold_at=hold_at,
     )
 
 

@@ -14,7 +14,7 @@ from scheduler.core.admission import certainly_late
 from scheduler.core.batch_limits import _ttft_need, batch_knobs, step_budget, tightest_tpot
 from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import next_token_due, request_deadline, token_due
-from scheduler.core.lost_hold import held_lost_causes, past_due
+from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model, default_model, linear_model
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.gmax import GmaxPolicy
@@ -104,6 +104,8 @@ def test_the_hold_is_the_per_request_one(seed: int, nw: int, nr: int) -> None:
             assert held_lost_causes(view, tier) == _held(view, tier)
             at = np.array([i for i, r in enumerate(view.waiting) if r.rid in tier], dtype=np.int64)
             assert held_lost_causes(view, tier, tier_at=at) == _held(view, tier)  # the plan's positions
+            held_at = held_lost_at(view, at).tolist()
+            assert held_at == sorted(held_at) and {view.waiting[i].rid for i in held_at} == _held(view, tier)
 
 
 @pytest.mark.parametrize("seed,nw,nr", CASES)

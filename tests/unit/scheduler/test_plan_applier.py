@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from scheduler.components.plan_applier import order_waiting
+from scheduler.components.plan_applier import held_positions, order_waiting, set_aside
 from scheduler.components.request_state import RequestStates
 from scheduler.core.plan_path import FinalPlan
 
@@ -91,3 +91,34 @@ def test_a_plan_given_as_positions_moves_the_queue_as_its_rids_do(seed: int) -> 
             queues.append([r.rid for r in queue])
             flags.append({r.rid: states.is_declined(r.rid) for r in waiting})
         assert queues[0] == queues[1] and flags[0] == flags[1]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_held_requests_are_set_aside_by_position_as_by_rid(seed: int) -> None:
+    """The adapter sets the plan's held requests aside before SGLang's admission walk: by the
+    plan's positions, followed through the applied order, the same requests leave the queue in
+    the same order as a rid lookup per request finds them."""
+    rng = random.Random(seed)
+    for _ in range(50):
+        waiting = [_Req(f"r{i}") for i in range(rng.randrange(1, 14))]
+        n = len(waiting)
+        order_at = np.array(rng.sample(range(n), rng.randrange(n + 1)), dtype=np.int64)
+        tier_at = np.array(sorted(rng.sample(range(n), rng.randrange(n + 1))), dtype=np.int64)
+        hold_at = np.array(sorted(rng.sample(tier_at.tolist(), rng.randrange(len(tier_at) + 1))), dtype=np.int64)
+        hold = frozenset(waiting[i].rid for i in hold_at.tolist())
+        plan = FinalPlan(
+            order=tuple(waiting[i].rid for i in order_at.tolist()),
+            best_effort=frozenset(waiting[i].rid for i in tier_at.tolist()),
+            hold=hold,
+            order_at=order_at,
+            best_effort_at=tier_at,
+            hold_at=hold_at,
+        )
+        queue = list(waiting)
+        perm = order_waiting(queue, plan, RequestStates(), [r.rid for r in waiting])
+        by_rid = list(queue)
+        aside_by_rid = set_aside(by_rid, hold)
+        at = held_positions(plan, perm, n)
+        assert at is not None
+        aside = set_aside(queue, hold, at)
+        assert [r.rid for r in aside] == [r.rid for r in aside_by_rid] and queue == by_rid

@@ -164,6 +164,8 @@ def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> No
             assert [view.waiting[i].rid for i in planned.order_at.tolist()] == list(planned.order)
         if planned.best_effort_at is not None:
             assert {view.waiting[i].rid for i in planned.best_effort_at.tolist()} == planned.best_effort
+        if planned.hold_at is not None:
+            assert {view.waiting[i].rid for i in planned.hold_at.tolist()} == planned.hold
         _apply_as_the_adapter_does(views, waiting, planned, states)
     assert positioned or name not in ("tempo", "gmax", "slos")  # they rank positions
 
@@ -228,7 +230,8 @@ def test_after_an_applied_order_only_what_sglang_may_have_touched_is_looked_at()
     assert looked >= {r.rid for r in waiting}
 
 
-def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail() -> None:
+@pytest.mark.parametrize("by_position", [False, True])
+def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail(by_position: bool) -> None:
     views, states = _builder()
     looked: set[str] = set()
     reqs = [_Watched(f"r{i}", looked, prompt=40 + i, ttft_ms=500, tpot_ms=50, cached=i) for i in range(10)]
@@ -236,7 +239,8 @@ def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail() -> N
     views.engine_view(waiting, [], LIMITS)
     _apply_as_the_adapter_does(views, waiting, FinalPlan(), states)
     hold = {"r1", "r4"}
-    views.held_to_tail(hold)  # the adapter's _slo_admit: the walk runs without them
+    at = np.array([i for i, r in enumerate(waiting) if r.rid in hold]) if by_position else None
+    views.held_to_tail(hold, at)  # the adapter's _slo_admit: the walk runs without them
     held = [r for r in waiting if r.rid in hold]
     waiting[:] = [r for r in waiting if r.rid not in hold][1:] + held  # it admitted the head
     waiting[0].prefix_indices = torch.arange(20)  # and stopped at the next one
