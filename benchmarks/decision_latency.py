@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
 from router.views import RouteRequest, RunningView, WorkerView  # noqa: E402
-from scheduler.components.plan_applier import order_waiting  # noqa: E402
+from scheduler.components.plan_applier import held_positions, order_waiting, set_aside  # noqa: E402
 from scheduler.components.planner import PassPlanner  # noqa: E402
 from scheduler.components.request_state import RequestStates  # noqa: E402
 from scheduler.components.views import EngineLimits, ViewBuilder  # noqa: E402
@@ -380,7 +380,14 @@ def bench_plan_path(
                 engine_view = views.engine_view(queue, running_reqs, limits)
                 plan = planner.plan(engine_view, knobs)
                 if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
-                    views.queue.applied(queue, order_waiting(queue, plan, states, views.waiting_rids(queue)))
+                    viewed = views.waiting_rids(queue)
+                    perm = order_waiting(queue, plan, states, viewed)
+                    views.queue.applied(queue, perm)
+                    if plan.hold:  # _slo_admit: the held requests wait out the admission walk aside
+                        at = held_positions(plan, perm, len(queue)) if viewed is not None else None
+                        held = set_aside(queue, plan.hold, at)
+                        views.held_to_tail(plan.hold, at)
+                        queue.extend(held)
 
             try:
                 # Every pass, each running request has one more token (the views refresh them).

@@ -3,7 +3,7 @@ built from its registry and timed without an error, and the DP row is there."""
 
 from __future__ import annotations
 
-from benchmarks.decision_latency import MIGRATION_ROW, bench_dp, bench_policies, bench_routing
+from benchmarks.decision_latency import MIGRATION_ROW, bench_dp, bench_plan_path, bench_policies, bench_routing
 from router.policies import ROUTING_POLICIES
 from scheduler.core.policies import POLICIES
 
@@ -14,6 +14,13 @@ def test_every_slo_policy_plans_a_synthetic_view() -> None:
     assert all(isinstance(row[20], float) for row in rows.values()), rows
     dp = bench_dp(new=3, running=10, repeats=2)
     assert set(dp) == {"dp_10_new_200_running_ms", "slos_plan_10_new_200_running_ms"}
+
+
+def test_every_slo_policy_runs_the_adapters_plan_path() -> None:
+    """Views, plan, the order applied and the lost hold set aside, as the adapter does them."""
+    rows = bench_plan_path(queued=(60,), running=8, passes=3)
+    assert list(rows) == list(POLICIES)
+    assert all(isinstance(row[60], float) for row in rows.values()), rows
 
 
 def test_every_routing_policy_decides_on_a_small_pool() -> None:
