@@ -20,7 +20,7 @@ logger = logging.getLogger("sglang_slo.scheduler")
 
 def order_waiting(
     waiting: list[Any], plan: FinalPlan, states: RequestStates, rids: list[str] | None = None
-) -> list[int] | None:
+) -> np.ndarray | None:
     """Admitted requests first in the policy's order (unlisted ones after them, in queue order);
     the best-effort tier runs on what is left of the step's budget (SLOs-Serve §4.1), so
     declined requests still run, last. Linear in the queue, no sort: the order is split on the
@@ -33,11 +33,11 @@ def order_waiting(
             states.mark_tier(rids if rids is not None else [r.rid for r in waiting], tier)
         return None
     if rids is not None and plan.order_at is not None and (plan.best_effort_at is not None or not tier):
-        perm = _positions(plan.order_at, plan.best_effort_at, len(waiting))
-        if perm is not None:
-            waiting[:] = list(map(waiting.__getitem__, perm))
+        ranked = _positions(plan.order_at, plan.best_effort_at, len(waiting))
+        if ranked is not None:
+            waiting[:] = list(map(waiting.__getitem__, ranked.tolist()))
             states.mark_tier(rids, tier)
-            return perm
+            return ranked
     if rids is None:
         rids = [r.rid for r in waiting]
     index = dict(zip(rids, range(len(rids))))  # a rid queued twice keeps its last request
@@ -58,10 +58,10 @@ def order_waiting(
     states.mark_tier(index.keys(), tier)  # the tier a request starts in is the one it runs in
     if logger.isEnabledFor(logging.DEBUG) and waiting:
         logger.debug("order: %s; best-effort tier: %s", [r.rid for r in waiting[:8]], sorted(tier)[:8])
-    return perm
+    return np.array(perm, dtype=np.int64)
 
 
-def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int] | None:
+def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> np.ndarray | None:
     """order_waiting's permutation from the plan's positions: the listed ones, then the rest in
     queue order, the tier's after everything else. None when a position is listed twice (the
     rids then say which listing counts)."""
@@ -75,16 +75,16 @@ def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> list[int] 
         in_tier[tier] = True
         last = in_tier[ranked]
         ranked = np.concatenate([ranked[~last], ranked[last]])
-    return ranked.tolist()
+    return ranked
 
 
-def held_positions(plan: FinalPlan, perm: list[int] | None, n: int) -> np.ndarray | None:
+def held_positions(plan: FinalPlan, perm: np.ndarray | None, n: int) -> np.ndarray | None:
     """Where the plan's held requests stand (ascending) in the queue `order_waiting` left by
     `perm`, when the plan gave them as positions; None: they are found by rid."""
     if plan.hold_at is None or perm is None or len(perm) != n:
         return None
     moved_to = np.empty(n, dtype=np.int64)
-    moved_to[np.asarray(perm, dtype=np.int64)] = np.arange(n)
+    moved_to[perm] = np.arange(n)
     return np.sort(moved_to[plan.hold_at])
 
 

@@ -52,14 +52,14 @@ class QueueSnapshot:
             return None
         return rids_of_rows[rows].tolist()
 
-    def applied(self, queue: Sequence[Any], perm: list[int] | None) -> None:
+    def applied(self, queue: Sequence[Any], perm: np.ndarray | None) -> None:
         """The plan's order is applied: `queue` holds the viewed requests moved by `perm`
         (`order_waiting`'s; None: not moved)."""
         rows, self._viewed = self._viewed, None
         if rows is None or len(rows) != len(queue):
             return
         if perm is not None:
-            rows = rows[np.asarray(perm, dtype=np.int64)]
+            rows = rows[perm]
         self._applied = (list(queue), rows)
 
     def to_tail(self, rids: Set[str], rids_of_rows: np.ndarray, at: np.ndarray | None = None) -> None:
