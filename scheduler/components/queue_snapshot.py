@@ -62,9 +62,12 @@ class QueueSnapshot:
             rows = rows[perm]
         self._applied = (list(queue), rows)
 
-    def to_tail(self, rids: Set[str], rids_of_rows: np.ndarray, at: np.ndarray | None = None) -> None:
+    def to_tail(
+        self, rids: Set[str], rids_of_rows: np.ndarray, at: np.ndarray | None = None, moved: list[Any] | None = None
+    ) -> None:
         """The admission walk runs with these requests set aside; they rejoin the queue's tail
-        after it (the adapter's lost hold). `at`: their positions in the applied queue."""
+        after it (the adapter's lost hold). `at`: their positions in the applied queue;
+        `moved`: the queue as they leave it, when the caller has it already."""
         if self._applied is None or not rids:
             return
         queue, rows = self._applied
@@ -74,7 +77,9 @@ class QueueSnapshot:
         else:
             held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
         order = np.concatenate([(~held).nonzero()[0], held.nonzero()[0]])
-        self._applied = (list(map(queue.__getitem__, order.tolist())), rows[order])
+        if moved is None or len(moved) != len(queue):
+            moved = list(map(queue.__getitem__, order.tolist()))
+        self._applied = (moved, rows[order])
 
     def unchanged(self, queue: Sequence[Any]) -> UnchangedRun | None:
         """The run of `queue` the last applied order left untouched, if the queue still starts

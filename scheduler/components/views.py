@@ -170,10 +170,11 @@ class ViewBuilder:
         not this queue)."""
         return self.queue.viewed_rids(queue, self.rows.rid_array)
 
-    def held_to_tail(self, rids: Set[str], at: np.ndarray | None = None) -> None:
+    def held_to_tail(self, rids: Set[str], at: np.ndarray | None = None, moved: list[Any] | None = None) -> None:
         """SGLang's admission walk runs with these waiting requests set aside; they rejoin the
-        queue's tail after it (QueueSnapshot.to_tail; `at`: their positions in the applied queue)."""
-        self.queue.to_tail(rids, self.rows.rid_array, at)
+        queue's tail after it (QueueSnapshot.to_tail: `at` their positions in the applied
+        queue, `moved` the queue they leave, the rest then the held ones)."""
+        self.queue.to_tail(rids, self.rows.rid_array, at, moved)
 
     def _retier(self, rows: _PassRowsBuilder) -> None:
         """The views whose tier the last plan changed (RequestStates tracks them): a view's

@@ -240,8 +240,9 @@ def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail(by_pos
     _apply_as_the_adapter_does(views, waiting, FinalPlan(), states)
     hold = {"r1", "r4"}
     at = np.array([i for i, r in enumerate(waiting) if r.rid in hold]) if by_position else None
-    views.held_to_tail(hold, at)  # the adapter's _slo_admit: the walk runs without them
     held = [r for r in waiting if r.rid in hold]
+    moved = [r for r in waiting if r.rid not in hold] + held if by_position else None
+    views.held_to_tail(hold, at, moved)  # the adapter's _slo_admit: the walk runs without them
     waiting[:] = [r for r in waiting if r.rid not in hold][1:] + held  # it admitted the head
     waiting[0].prefix_indices = torch.arange(20)  # and stopped at the next one
     waiting.append(reqs[8])  # an arrival, after the held ones
