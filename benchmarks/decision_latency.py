@@ -31,6 +31,7 @@ depend on the machine). Run from the repository root: `python benchmarks/decisio
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import statistics
@@ -392,6 +393,7 @@ def bench_plan_path(
             try:
                 # Every pass, each running request has one more token (the views refresh them).
                 between = _decode_step(running_reqs, clock)
+                gc.collect()  # the policies timed before leave garbage a server running one never has
                 out[name][n] = median_ms(one_pass, max(3, passes if n < 10_000 else 5), between)
                 if planner.errors:
                     out[name][n] = f"error: {planner.errors} failed plans"
