@@ -105,6 +105,20 @@ def largest_fitting(fits: Callable[[int], bool], limit: int) -> int:
     return lo
 
 
+def settle(fits: Callable[[int], bool], guess: int, limit: int) -> int:
+    """`largest_fitting(fits, limit)` from a close guess: a few steps to the boundary, checked
+    on both sides (for fits true up to some n and false beyond); far off, the search decides."""
+    n = max(0, min(guess, limit))
+    for _ in range(8):
+        if n >= 1 and not fits(n):
+            n -= 1
+        elif n < limit and fits(n + 1):
+            n += 1
+        else:
+            return n
+    return largest_fitting(fits, limit)
+
+
 class StepTimeModel(ABC):
     """A step-time model: subclasses give `step_time`, the inverses here follow from it."""
 
@@ -242,6 +256,62 @@ class RooflinePerfModel(StepTimeModel):
         # Plain float tuples for step_time: policies call it thousands of times per plan, where
         # numpy's per-call overhead on a 5-vector would dominate.
         self._rows = [(t.b, t.k_tokens, t.k_spec, t.k_kv, t.k_seqs) for t in self.terms]
+        # No term falls as a batch or chunk grows: the largest one within a budget is then
+        # each term's line solved for it (`_within`), checked against step_time at the boundary.
+        self._rising = bool(np.all(self._theta >= 0.0))
+
+    def _within(self, budget_s: float, lines: Sequence[tuple[float, float]], limit: int) -> int:
+        """The largest n ≤ limit with intercept + slope·n ≤ budget on every (intercept, slope)."""
+        best = float(limit)
+        for intercept, slope in lines:
+            room = budget_s - intercept
+            if slope > 0.0:
+                best = min(best, room / slope)
+            elif room < 0.0:
+                return 0
+        return int(math.floor(best)) if best >= 1.0 else 0
+
+    def max_batch_within(
+        self,
+        budget_s: float,
+        kv_tokens_per_req: float,
+        prefill_tokens: int = 0,
+        spec_tokens_per_req: int = 0,
+        extra_kv_tokens: int = 0,
+        limit: int = MAX_BATCH_LIMIT,
+    ) -> int:
+        if not self._rising or limit < 1:
+            return super().max_batch_within(
+                budget_s, kv_tokens_per_req, prefill_tokens, spec_tokens_per_req, extra_kv_tokens, limit
+            )
+
+        def fits(n: int) -> bool:
+            kv = int(round(n * kv_tokens_per_req)) + extra_kv_tokens
+            return self.step_time(prefill_tokens, n, kv, n * spec_tokens_per_req) <= budget_s
+
+        s = spec_tokens_per_req
+        steps = s if s > 0 else 0  # spec_steps(n, n·s) for every n ≥ 1
+        lines = [
+            (
+                b + k_tokens * prefill_tokens + k_spec * steps + k_kv * extra_kv_tokens,
+                k_tokens * (1 + s) + k_kv * kv_tokens_per_req + k_seqs,
+            )
+            for b, k_tokens, k_spec, k_kv, k_seqs in self._rows
+        ]
+        return settle(fits, self._within(budget_s, lines, limit), limit)
+
+    def max_chunk_within(self, budget_s: float, decode_reqs: int, kv_tokens: int, limit: int) -> int:
+        if not self._rising or limit < 1:
+            return super().max_chunk_within(budget_s, decode_reqs, kv_tokens, limit)
+
+        def fits(chunk: int) -> bool:
+            return self.step_time(chunk, decode_reqs, kv_tokens + chunk) <= budget_s
+
+        lines = [
+            (b + k_tokens * decode_reqs + k_kv * kv_tokens + k_seqs * decode_reqs, k_tokens + k_kv)
+            for b, k_tokens, _, k_kv, k_seqs in self._rows
+        ]
+        return settle(fits, self._within(budget_s, lines, limit), limit)
 
     @property
     def terms(self) -> list[RooflineTerm]:

@@ -368,3 +368,39 @@ def test_a_term_that_overshoots_the_data_is_pruned_from_a_fit() -> None:
     assert len(kept) == 1 and np.allclose(kept[0], line)
     model = RooflinePerfModel([RooflineTerm(*row) for row in kept])
     assert model.step_time(0, 8, 800) == pytest.approx(0.036)
+
+
+def _terms(draw_floats: list[float]) -> list[RooflineTerm]:
+    return [RooflineTerm(*draw_floats[i : i + 5]) for i in range(0, len(draw_floats), 5)]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    coefficients=st.lists(st.floats(0.0, 1e-3), min_size=5, max_size=15).filter(lambda c: len(c) % 5 == 0),
+    budget=st.floats(-0.01, 0.5),
+    kv_per_req=st.floats(0.0, 5000.0),
+    prefill=st.integers(0, 4096),
+    spec=st.integers(0, 4),
+    extra=st.integers(0, 100_000),
+    limit=st.integers(0, 1024),
+)
+def test_a_rooflines_largest_batch_and_chunk_are_the_searched_ones(
+    coefficients: list[float], budget: float, kv_per_req: float, prefill: int, spec: int, extra: int, limit: int
+) -> None:
+    """The roofline solves each term's line for the largest batch or chunk and checks the
+    boundary with step_time: the answers are the bisection's, exactly."""
+    model = RooflinePerfModel(_terms(coefficients))
+    searched = StepTimeModel.max_batch_within(model, budget, kv_per_req, prefill, spec, extra, limit)
+    assert model.max_batch_within(budget, kv_per_req, prefill, spec, extra, limit) == searched
+    decodes, kv = spec * 7, extra
+    assert model.max_chunk_within(budget, decodes, kv, limit * 8) == StepTimeModel.max_chunk_within(
+        model, budget, decodes, kv, limit * 8
+    )
+
+
+def test_the_solved_batch_is_checked_where_the_kv_count_rounds() -> None:
+    """A batch's KV tokens are rounded to whole tokens, so the solved line can be one short:
+    the answer is walked to where step_time says the boundary is."""
+    model = RooflinePerfModel([RooflineTerm(k_tokens=0.0, k_spec=0.0, k_kv=1.0, b=0.0)])
+    # n = 2 attends round(1.2) = 1 token and fits a budget of 1 s; the line alone says n <= 1.67
+    assert model.max_batch_within(1.0, 0.6) == 2 == StepTimeModel.max_batch_within(model, 1.0, 0.6)
