@@ -143,7 +143,8 @@ class StepTimeModel(ABC):
             kv = int(round(n * kv_tokens_per_req)) + extra_kv_tokens
             return self.step_time(prefill_tokens, n, kv, n * spec_tokens_per_req) <= budget_s
 
-        return largest_fitting(fits, limit)
+        guess = self._batch_guess(budget_s, kv_tokens_per_req, prefill_tokens, spec_tokens_per_req, extra_kv_tokens)
+        return largest_fitting(fits, limit) if guess is None or limit < 1 else settle(fits, guess, limit)
 
     def max_chunk_within(self, budget_s: float, decode_reqs: int, kv_tokens: int, limit: int) -> int:
         """Largest prefill chunk c ≤ `limit` whose iteration beside `decode_reqs` decodes
@@ -153,7 +154,19 @@ class StepTimeModel(ABC):
         def fits(chunk: int) -> bool:
             return self.step_time(chunk, decode_reqs, kv_tokens + chunk) <= budget_s
 
-        return largest_fitting(fits, limit)
+        guess = self._chunk_guess(budget_s, decode_reqs, kv_tokens)
+        return largest_fitting(fits, limit) if guess is None or limit < 1 else settle(fits, guess, limit)
+
+    def _batch_guess(
+        self, budget_s: float, kv_tokens_per_req: float, prefill_tokens: int, spec_tokens_per_req: int, extra_kv: int
+    ) -> int | None:
+        """A model that can solve for the largest batch says where the boundary is (then it is
+        only checked); None: it is searched for."""
+        return None
+
+    def _chunk_guess(self, budget_s: float, decode_reqs: int, kv_tokens: int) -> int | None:
+        """As `_batch_guess`, for the largest prefill chunk."""
+        return None
 
 
 # ---------------------------------------------------------------- roofline (SLOs-Serve §3.1.1)
@@ -260,9 +273,10 @@ class RooflinePerfModel(StepTimeModel):
         # each term's line solved for it (`_within`), checked against step_time at the boundary.
         self._rising = bool(np.all(self._theta >= 0.0))
 
-    def _within(self, budget_s: float, lines: Sequence[tuple[float, float]], limit: int) -> int:
-        """The largest n ≤ limit with intercept + slope·n ≤ budget on every (intercept, slope)."""
-        best = float(limit)
+    def _within(self, budget_s: float, lines: Sequence[tuple[float, float]]) -> int:
+        """The largest n with intercept + slope·n ≤ budget on every (intercept, slope), as far
+        as floats say (settle checks it), capped far above any batch or chunk."""
+        best = float(1 << 40)
         for intercept, slope in lines:
             room = budget_s - intercept
             if slope > 0.0:
@@ -271,47 +285,34 @@ class RooflinePerfModel(StepTimeModel):
                 return 0
         return int(math.floor(best)) if best >= 1.0 else 0
 
-    def max_batch_within(
-        self,
-        budget_s: float,
-        kv_tokens_per_req: float,
-        prefill_tokens: int = 0,
-        spec_tokens_per_req: int = 0,
-        extra_kv_tokens: int = 0,
-        limit: int = MAX_BATCH_LIMIT,
-    ) -> int:
-        if not self._rising or limit < 1:
-            return super().max_batch_within(
-                budget_s, kv_tokens_per_req, prefill_tokens, spec_tokens_per_req, extra_kv_tokens, limit
-            )
-
-        def fits(n: int) -> bool:
-            kv = int(round(n * kv_tokens_per_req)) + extra_kv_tokens
-            return self.step_time(prefill_tokens, n, kv, n * spec_tokens_per_req) <= budget_s
-
+    def _batch_guess(
+        self, budget_s: float, kv_tokens_per_req: float, prefill_tokens: int, spec_tokens_per_req: int, extra_kv: int
+    ) -> int | None:
+        if not self._rising:
+            return None
         s = spec_tokens_per_req
         steps = s if s > 0 else 0  # spec_steps(n, n·s) for every n ≥ 1
-        lines = [
-            (
-                b + k_tokens * prefill_tokens + k_spec * steps + k_kv * extra_kv_tokens,
-                k_tokens * (1 + s) + k_kv * kv_tokens_per_req + k_seqs,
-            )
-            for b, k_tokens, k_spec, k_kv, k_seqs in self._rows
-        ]
-        return settle(fits, self._within(budget_s, lines, limit), limit)
+        return self._within(
+            budget_s,
+            [
+                (
+                    b + k_tokens * prefill_tokens + k_spec * steps + k_kv * extra_kv,
+                    k_tokens * (1 + s) + k_kv * kv_tokens_per_req + k_seqs,
+                )
+                for b, k_tokens, k_spec, k_kv, k_seqs in self._rows
+            ],
+        )
 
-    def max_chunk_within(self, budget_s: float, decode_reqs: int, kv_tokens: int, limit: int) -> int:
-        if not self._rising or limit < 1:
-            return super().max_chunk_within(budget_s, decode_reqs, kv_tokens, limit)
-
-        def fits(chunk: int) -> bool:
-            return self.step_time(chunk, decode_reqs, kv_tokens + chunk) <= budget_s
-
-        lines = [
-            (b + k_tokens * decode_reqs + k_kv * kv_tokens + k_seqs * decode_reqs, k_tokens + k_kv)
-            for b, k_tokens, _, k_kv, k_seqs in self._rows
-        ]
-        return settle(fits, self._within(budget_s, lines, limit), limit)
+    def _chunk_guess(self, budget_s: float, decode_reqs: int, kv_tokens: int) -> int | None:
+        if not self._rising:
+            return None
+        return self._within(
+            budget_s,
+            [
+                (b + k_tokens * decode_reqs + k_kv * kv_tokens + k_seqs * decode_reqs, k_tokens + k_kv)
+                for b, k_tokens, _, k_kv, k_seqs in self._rows
+            ],
+        )
 
     @property
     def terms(self) -> list[RooflineTerm]:

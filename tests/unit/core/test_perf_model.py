@@ -23,6 +23,7 @@ from scheduler.core.perf_model import (
     _prune_terms,
     constant_model,
     default_model,
+    largest_fitting,
     linear_model,
     load_perf_model,
     load_profile,
@@ -390,12 +391,18 @@ def test_a_rooflines_largest_batch_and_chunk_are_the_searched_ones(
     """The roofline solves each term's line for the largest batch or chunk and checks the
     boundary with step_time: the answers are the bisection's, exactly."""
     model = RooflinePerfModel(_terms(coefficients))
-    searched = StepTimeModel.max_batch_within(model, budget, kv_per_req, prefill, spec, extra, limit)
-    assert model.max_batch_within(budget, kv_per_req, prefill, spec, extra, limit) == searched
+
+    def batch_fits(n: int) -> bool:
+        kv = int(round(n * kv_per_req)) + extra
+        return model.step_time(prefill, n, kv, n * spec) <= budget
+
     decodes, kv = spec * 7, extra
-    assert model.max_chunk_within(budget, decodes, kv, limit * 8) == StepTimeModel.max_chunk_within(
-        model, budget, decodes, kv, limit * 8
-    )
+
+    def chunk_fits(c: int) -> bool:
+        return model.step_time(c, decodes, kv + c) <= budget
+
+    assert model.max_batch_within(budget, kv_per_req, prefill, spec, extra, limit) == largest_fitting(batch_fits, limit)
+    assert model.max_chunk_within(budget, decodes, kv, limit * 8) == largest_fitting(chunk_fits, limit * 8)
 
 
 def test_the_solved_batch_is_checked_where_the_kv_count_rounds() -> None:
@@ -403,4 +410,4 @@ def test_the_solved_batch_is_checked_where_the_kv_count_rounds() -> None:
     the answer is walked to where step_time says the boundary is."""
     model = RooflinePerfModel([RooflineTerm(k_tokens=0.0, k_spec=0.0, k_kv=1.0, b=0.0)])
     # n = 2 attends round(1.2) = 1 token and fits a budget of 1 s; the line alone says n <= 1.67
-    assert model.max_batch_within(1.0, 0.6) == 2 == StepTimeModel.max_batch_within(model, 1.0, 0.6)
+    assert model.max_batch_within(1.0, 0.6) == 2
