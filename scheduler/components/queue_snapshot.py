@@ -66,8 +66,8 @@ class QueueSnapshot:
         self, rids: Set[str], rids_of_rows: np.ndarray, at: np.ndarray | None = None, moved: list[Any] | None = None
     ) -> None:
         """The admission walk runs with these requests set aside; they rejoin the queue's tail
-        after it (the adapter's lost hold). `at`: their positions in the applied queue;
-        `moved`: the queue as they leave it, when the caller has it already."""
+        after it (the adapter's lost hold). `at`: their positions in the applied queue; with
+        it, `moved`: that queue as they leave it, when the caller has built it already."""
         if self._applied is None or not rids:
             return
         queue, rows = self._applied
@@ -77,7 +77,7 @@ class QueueSnapshot:
         else:
             held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
         order = np.concatenate([(~held).nonzero()[0], held.nonzero()[0]])
-        if moved is None or len(moved) != len(queue):
+        if at is None or moved is None or len(moved) != len(queue):
             moved = list(map(queue.__getitem__, order.tolist()))
         self._applied = (moved, rows[order])
 

@@ -35,18 +35,15 @@ def held_lost_causes(
     view: EngineView,
     best_effort: Collection[str],
     columns: ViewColumns | None = None,
-    tier_at: np.ndarray | None = None,
 ) -> frozenset[str]:
     """The waiting rids in the best-effort tier that are past due (`past_due`, on the view's
     columns), while SLO work is in the engine (running outside the tier, or waiting outside
-    it); empty otherwise. `tier_at`: the tier as waiting positions, when the plan has them."""
+    it); empty otherwise. With the tier as positions, `held_lost_at`."""
     if not best_effort:
         return frozenset()
     c = columns if columns is not None else columns_of(view)
     nw = c.n_waiting
     past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
-    if tier_at is not None:
-        return frozenset(c.rid_array[_held_at(c, past, tier_at)].tolist())
     rids = c.rids
     lost = frozenset(best_effort).intersection(compress(rids, past.tolist()))
     if not lost:
@@ -61,15 +58,11 @@ def held_lost_causes(
 def held_lost_at(view: EngineView, tier_at: np.ndarray, columns: ViewColumns | None = None) -> np.ndarray:
     """`held_lost_causes` with the tier as waiting positions, and the held requests' positions
     out (ascending): masks instead of rid sets, and what the engine sets aside by position."""
-    c = columns if columns is not None else columns_of(view)
-    nw = c.n_waiting
     if len(tier_at) == 0:
         return np.zeros(0, dtype=np.int64)
-    return _held_at(c, ~c.started[:nw] & (c.next_due[:nw] < view.now), tier_at)
-
-
-def _held_at(c: ViewColumns, past: np.ndarray, tier_at: np.ndarray) -> np.ndarray:
+    c = columns if columns is not None else columns_of(view)
     nw = c.n_waiting
+    past = ~c.started[:nw] & (c.next_due[:nw] < view.now)
     in_tier = np.zeros(nw, dtype=bool)
     in_tier[tier_at] = True
     lost = (in_tier & past).nonzero()[0]
