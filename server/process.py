@@ -162,7 +162,7 @@ class ServerProcess:
         env.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
         env.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
         env[PARENT_PID_ENV] = str(os.getpid())
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:  # a restarted server keeps its earlier log
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module, *self.args],
                 stdout=log,

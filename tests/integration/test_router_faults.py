@@ -187,7 +187,11 @@ def test_a_frozen_worker_loses_its_stream_whole_and_its_orphan_is_aborted(pool: 
         os.killpg(pid, signal.SIGCONT)
     assert stream.error is None and len(stream.ids) == 1200, stream.error
     other = next(w for w in WORKERS if w != owner)
-    assert stream.meta["workers"] == [owner, other]
+    # It moved to the other worker and never back to the frozen one. A starved host can make
+    # the router miss the other's messages for its 2 s liveness window too; the stream then
+    # resumes there once more (seen in CI: [owner, other, other]), still whole.
+    legs = stream.meta["workers"]
+    assert legs[0] == owner and legs[1:] and set(legs[1:]) == {other}, legs
     after = pool.status()["dispatcher"]
     assert after["resubmitted"] > before["resubmitted"] and after["workers_lost"] > before["workers_lost"]
     pool.wait(lambda: owner in pool.healthy(), timeout=30, what="the thawed worker back")
