@@ -387,7 +387,7 @@ def bench_plan_path(
                     if plan.hold:  # _slo_admit: the held requests wait out the admission walk aside
                         at = held_positions(plan, perm, len(queue)) if viewed is not None else None
                         held = set_aside(queue, plan.hold, at)
-                        views.held_to_tail(plan.hold, at, [*queue, *held])
+                        views.held_to_tail(plan.hold, at, queue, held)
                         queue.extend(held)
 
             try:

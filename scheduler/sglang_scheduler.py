@@ -273,7 +273,7 @@ class SloSchedulerMixin:
         if not hold:
             return admit()
         held = set_aside(self.waiting_queue, hold, at)
-        self.slo.views.held_to_tail(hold, at, [*self.waiting_queue, *held])
+        self.slo.views.held_to_tail(hold, at, self.waiting_queue, held)
         try:
             return admit()
         finally:

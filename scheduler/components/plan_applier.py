@@ -25,15 +25,17 @@ def order_waiting(
     the best-effort tier runs on what is left of the step's budget (SLOs-Serve §4.1), so
     declined requests still run, last. Linear in the queue, no sort: the order is split on the
     plan's rids and mapped to positions in C loops. `rids`: the queue's rids when the caller
-    has them already (the view builder does). Returns the permutation applied (the request now
-    at i was at perm[i]), None where the queue was left as it was."""
+    has them already (the view builder does); with them and the plan's positions, its held
+    requests (`hold_at`, all in the tier) go to the very end, where `set_aside` takes them as
+    one slice. Returns the permutation applied (the request now at i was at perm[i]), None
+    where the queue was left as it was."""
     tier = plan.best_effort
     if plan.order is None and not tier:  # nothing to reorder (stock fcfs): only a stale tier to clear
         if states.declined:
             states.mark_tier(rids if rids is not None else [r.rid for r in waiting], tier)
         return None
     if rids is not None and plan.order_at is not None and (plan.best_effort_at is not None or not tier):
-        ranked = _positions(plan.order_at, plan.best_effort_at, len(waiting))
+        ranked = _positions(plan.order_at, plan.best_effort_at, len(waiting), plan.hold_at)
         if ranked is not None:
             waiting[:] = list(map(waiting.__getitem__, ranked.tolist()))
             states.mark_tier(rids, tier)
@@ -61,20 +63,21 @@ def order_waiting(
     return np.array(perm, dtype=np.int64)
 
 
-def _positions(order: np.ndarray, tier: np.ndarray | None, n: int) -> np.ndarray | None:
+def _positions(order: np.ndarray, tier: np.ndarray | None, n: int, hold: np.ndarray | None = None) -> np.ndarray | None:
     """order_waiting's permutation from the plan's positions: the listed ones, then the rest in
-    queue order, the tier's after everything else. None when a position is listed twice (the
-    rids then say which listing counts)."""
+    queue order, the tier's after everything else, and the held ones (a part of the tier) at
+    the very end. None when a position is listed twice (the rids then say which listing counts)."""
     listed = np.zeros(n, dtype=bool)
     listed[order] = True
     if np.count_nonzero(listed) != len(order):
         return None
     ranked = np.concatenate([order, (~listed).nonzero()[0]]) if len(order) < n else order
-    if tier is not None and len(tier):
-        in_tier = np.zeros(n, dtype=bool)
-        in_tier[tier] = True
-        last = in_tier[ranked]
-        ranked = np.concatenate([ranked[~last], ranked[last]])
+    for last_ones in (tier, hold):
+        if last_ones is not None and len(last_ones):
+            at_end = np.zeros(n, dtype=bool)
+            at_end[last_ones] = True
+            last = at_end[ranked]
+            ranked = np.concatenate([ranked[~last], ranked[last]])
     return ranked
 
 
@@ -83,6 +86,9 @@ def held_positions(plan: FinalPlan, perm: np.ndarray | None, n: int) -> np.ndarr
     `perm`, when the plan gave them as positions; None: they are found by rid."""
     if plan.hold_at is None or perm is None or len(perm) != n:
         return None
+    k = len(plan.hold_at)
+    if k and np.array_equal(np.sort(perm[n - k :]), plan.hold_at):
+        return np.arange(n - k, n)  # the queue's tail, where order_waiting put them
     moved_to = np.empty(n, dtype=np.int64)
     moved_to[perm] = np.arange(n)
     return np.sort(moved_to[plan.hold_at])
@@ -91,6 +97,10 @@ def held_positions(plan: FinalPlan, perm: np.ndarray | None, n: int) -> np.ndarr
 def set_aside(queue: list[Any], hold: Set[str], at: np.ndarray | None = None) -> list[Any]:
     """Takes the held requests out of `queue` (in place) and returns them, in queue order.
     `at`: their positions (`held_positions`), which spares a rid lookup per waiting request."""
+    if at is not None and len(at) and at[0] == len(queue) - len(at):  # ascending: the tail
+        held = queue[at[0] :]
+        del queue[at[0] :]
+        return held
     if at is not None:
         keep = np.ones(len(queue), dtype=bool)
         keep[at] = False

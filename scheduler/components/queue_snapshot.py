@@ -63,21 +63,32 @@ class QueueSnapshot:
         self._applied = (list(queue), rows)
 
     def to_tail(
-        self, rids: Set[str], rids_of_rows: np.ndarray, at: np.ndarray | None = None, moved: list[Any] | None = None
+        self,
+        rids: Set[str],
+        rids_of_rows: np.ndarray,
+        at: np.ndarray | None = None,
+        kept: list[Any] | None = None,
+        held: list[Any] | None = None,
     ) -> None:
         """The admission walk runs with these requests set aside; they rejoin the queue's tail
         after it (the adapter's lost hold). `at`: their positions in the applied queue; with
-        it, `moved`: that queue as they leave it, when the caller has built it already."""
+        it, `kept` and `held`: that queue's two parts as they leave it (set_aside's), when the
+        caller has them."""
         if self._applied is None or not rids:
             return
         queue, rows = self._applied
+        n = len(rows)
+        if at is not None and len(at) and at[0] == n - len(at):  # ascending: already the tail
+            return
         if at is not None:
-            held = np.zeros(len(rows), dtype=bool)
-            held[at] = True
+            is_held = np.zeros(n, dtype=bool)
+            is_held[at] = True
         else:
-            held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=len(rows))
-        order = np.concatenate([(~held).nonzero()[0], held.nonzero()[0]])
-        if at is None or moved is None or len(moved) != len(queue):
+            is_held = np.fromiter(map(rids.__contains__, rids_of_rows[rows].tolist()), dtype=bool, count=n)
+        order = np.concatenate([(~is_held).nonzero()[0], is_held.nonzero()[0]])
+        if at is not None and kept is not None and held is not None and len(kept) + len(held) == len(queue):
+            moved = [*kept, *held]
+        else:
             moved = list(map(queue.__getitem__, order.tolist()))
         self._applied = (moved, rows[order])
 

@@ -103,7 +103,7 @@ class RequestStates:
         others keep theirs (a running request stays in the tier it started in). Costs what
         changed since the last plan, plus one pass over the tier."""
         declined = self._declined
-        if not tier and not declined:
+        if (not tier and not declined) or tier == declined:  # equal sizes first: a cheap miss
             return
         left, joined = declined - tier, tier - declined
         if not (left or joined):

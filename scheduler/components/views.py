@@ -170,11 +170,13 @@ class ViewBuilder:
         not this queue)."""
         return self.queue.viewed_rids(queue, self.rows.rid_array)
 
-    def held_to_tail(self, rids: Set[str], at: np.ndarray | None = None, moved: list[Any] | None = None) -> None:
+    def held_to_tail(
+        self, rids: Set[str], at: np.ndarray | None = None, kept: list[Any] | None = None, held: list[Any] | None = None
+    ) -> None:
         """SGLang's admission walk runs with these waiting requests set aside; they rejoin the
         queue's tail after it (QueueSnapshot.to_tail: `at` their positions in the applied
-        queue, `moved` the queue they leave, the rest then the held ones)."""
-        self.queue.to_tail(rids, self.rows.rid_array, at, moved)
+        queue, `kept` and `held` the two parts set_aside made of it)."""
+        self.queue.to_tail(rids, self.rows.rid_array, at, kept, held)
 
     def _retier(self, rows: _PassRowsBuilder) -> None:
         """The views whose tier the last plan changed (RequestStates tracks them): a view's

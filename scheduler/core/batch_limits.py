@@ -44,8 +44,8 @@ class BatchKnobs:
 def tightest_tpot(view: EngineView, columns: ViewColumns | None = None) -> float | None:
     """The tightest TPOT (seconds) among running and waiting requests outside the best-effort tier."""
     c = columns if columns is not None else columns_of(view)
-    tpot = c.tpot_ms[~np.isnan(c.tpot_ms) & ~c.be_tier]
-    return float((tpot / 1000.0).min()) if tpot.size else None
+    tightest = float(np.fmin.reduce(c.tpot_ms[~c.be_tier], initial=math.nan))  # fmin: nan (none) loses
+    return None if math.isnan(tightest) else tightest / 1000.0  # the min of the ms, then to s: the same number
 
 
 def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewColumns | None = None) -> float | None:

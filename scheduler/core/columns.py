@@ -545,6 +545,17 @@ class ViewColumns:
         return out
 
 
+def rows_among(rows: np.ndarray, among: np.ndarray) -> np.ndarray:
+    """Which of `rows` are in `among` (RowCache rows: small non-negative ints), as a mask: one
+    scatter into a table of the rows, which np.isin's table kind also builds, without its
+    checks (a visible share of a pass at 1 000 waiting)."""
+    if rows.size == 0 or among.size == 0:
+        return np.zeros(rows.size, dtype=bool)
+    table = np.zeros(max(int(rows.max()), int(among.max())) + 1, dtype=bool)
+    table[among] = True
+    return table[rows]
+
+
 class _Pass(threading.local):
     """The view being planned on this thread, its columns once read, and its engine's cache."""
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import SloTable, ViewColumns, columns_of
+from scheduler.core.columns import SloTable, ViewColumns, columns_of, rows_among
 from scheduler.core.estimates import (
     COMPOUND,
     DEADLINE,
@@ -274,7 +274,7 @@ class _Seen:
             return []
         keys = c.row_keys()
         if keys is not None and self.rows is not None and keys[0] == self.epoch:
-            return (~np.isin(self.rows, keys[1], kind="table")).nonzero()[0].tolist()
+            return (~rows_among(self.rows, keys[1])).nonzero()[0].tolist()
         running = set(c.rid_array[c.n_waiting :].tolist())
         left = [i for i, rid in enumerate(self.rids.tolist()) if rid not in running]
         if not left:

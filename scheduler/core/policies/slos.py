@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import SloTable, ViewColumns, columns_of
+from scheduler.core.columns import SloTable, ViewColumns, columns_of, rows_among
 from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN, LATENCY
 from scheduler.core.perf_model import default_model
 from scheduler.core.slos_serve.batch_formation import EPS
@@ -234,7 +234,7 @@ class SlosServePolicy:
             return []
         nw, rids, keys, last = c.n_waiting, c.rids, c.row_keys(), self._admitted_rows
         if keys is not None and last is not None and keys[0] == last[0]:
-            found = np.isin(keys[1][:nw], last[1], kind="table").nonzero()[0].tolist()
+            found = rows_among(keys[1][:nw], last[1]).nonzero()[0].tolist()
             return [i for i in found if rids[i] in self._admitted]
         return [i for i in range(nw) if rids[i] in self._admitted]
 

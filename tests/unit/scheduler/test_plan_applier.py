@@ -96,8 +96,8 @@ def test_a_plan_given_as_positions_moves_the_queue_as_its_rids_do(seed: int) -> 
 @pytest.mark.parametrize("seed", range(20))
 def test_held_requests_are_set_aside_by_position_as_by_rid(seed: int) -> None:
     """The adapter sets the plan's held requests aside before SGLang's admission walk: by the
-    plan's positions, followed through the applied order, the same requests leave the queue in
-    the same order as a rid lookup per request finds them."""
+    plan's positions, which the applied order puts at the queue's end, the same requests leave
+    the queue in the same order as a rid lookup per request finds them."""
     rng = random.Random(seed)
     for _ in range(50):
         waiting = [_Req(f"r{i}") for i in range(rng.randrange(1, 14))]
@@ -120,5 +120,7 @@ def test_held_requests_are_set_aside_by_position_as_by_rid(seed: int) -> None:
         aside_by_rid = set_aside(by_rid, hold)
         at = held_positions(plan, perm, n)
         assert at is not None
+        k = len(hold_at)  # order_waiting put them last, so they leave as the queue's tail
+        assert {r.rid for r in queue[n - k :]} == hold and at.tolist() == list(range(n - k, n))
         aside = set_aside(queue, hold, at)
         assert [r.rid for r in aside] == [r.rid for r in aside_by_rid] and queue == by_rid

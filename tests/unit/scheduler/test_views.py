@@ -230,25 +230,26 @@ def test_after_an_applied_order_only_what_sglang_may_have_touched_is_looked_at()
     assert looked >= {r.rid for r in waiting}
 
 
-@pytest.mark.parametrize("by_position", [False, True])
-def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail(by_position: bool) -> None:
+@pytest.mark.parametrize(("hold", "by_position"), [({"r1", "r4"}, False), ({"r1", "r4"}, True), ({"r6", "r7"}, True)])
+def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail(hold: set[str], by_position: bool) -> None:
+    """Held from inside the queue or from its tail (where order_waiting puts a plan's held
+    positions: nothing then moves), found by rid or by position."""
     views, states = _builder()
     looked: set[str] = set()
     reqs = [_Watched(f"r{i}", looked, prompt=40 + i, ttft_ms=500, tpot_ms=50, cached=i) for i in range(10)]
     waiting = list(reqs[:8])
     views.engine_view(waiting, [], LIMITS)
     _apply_as_the_adapter_does(views, waiting, FinalPlan(), states)
-    hold = {"r1", "r4"}
     at = np.array([i for i, r in enumerate(waiting) if r.rid in hold]) if by_position else None
     held = [r for r in waiting if r.rid in hold]
-    moved = [r for r in waiting if r.rid not in hold] + held if by_position else None
-    views.held_to_tail(hold, at, moved)  # the adapter's _slo_admit: the walk runs without them
-    waiting[:] = [r for r in waiting if r.rid not in hold][1:] + held  # it admitted the head
+    kept = [r for r in waiting if r.rid not in hold]
+    views.held_to_tail(hold, at, kept, held)  # the adapter's _slo_admit: the walk runs without them
+    waiting[:] = kept[1:] + held  # it admitted the head
     waiting[0].prefix_indices = torch.arange(20)  # and stopped at the next one
     waiting.append(reqs[8])  # an arrival, after the held ones
     looked.clear()
     view = views.engine_view(waiting, [], LIMITS)
-    assert looked == {"r2", "r8"}
+    assert looked == {waiting[0].rid, "r8"}
     assert [v.rid for v in view.waiting] == [r.rid for r in waiting]
     _assert_known_rows_are_the_views(view)
 
