@@ -148,13 +148,14 @@ class ViewBuilder:
             counts = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64, count=len(reqs))
             grew = (counts != batch.counts).nonzero()[0]
             if grew.size:
-                entries = batch.entries
-                for i, n in zip(grew.tolist(), counts[grew].tolist(), strict=True):
-                    entry = entries[i]
+                grown = counts[grew]
+                attained = (batch.prompt_lens[grew] + grown).astype(float).tolist()  # exact: whole numbers
+                entries = batch.entries if grew.size == len(counts) else list(map(batch.entries.__getitem__, grew))
+                for entry, n, service in zip(entries, grown.tolist(), attained, strict=True):
                     view = entry[0]
                     view.generated = entry[2] = n
-                    view.attained_service = float(view.prompt_len + n)
-                pass_rows.grew(batch.rows[grew], counts[grew])
+                    view.attained_service = service
+                pass_rows.grew(batch.rows[grew], grown)
                 batch.counts = counts
             pass_rows.known(batch.rows)
             return batch.views
@@ -291,6 +292,7 @@ class _RunningBatch:
         self.reqs, self.views, self.entries = list(reqs), views, entries
         self.prefixes = list(map(_PREFIX, reqs))
         self.counts = np.fromiter(map(itemgetter(2), entries), dtype=np.int64, count=len(entries))
+        self.prompt_lens = np.fromiter((v.prompt_len for v in views), dtype=np.int64, count=len(views))
         self._rows: np.ndarray | None = None
 
     @property
