@@ -20,7 +20,8 @@ and 256 running requests of SGLang's shape (rid, sampling_params with the inject
 origin_input_ids, output_ids, token stamps, prefix indices), each running one a token further
 every pass, as after a decode step: build the views from them, ask the
 policy and finish its plan on the one plan path (with the perf model's default knobs), and apply
-it to the waiting queue (drops split off, the queue sorted, tiers marked). Target: <= 1 ms per
+it to the waiting queue (drops split off, the queue sorted, tiers marked); the median of 40 passes
+(10 at 10 000) after 3 warm ones. Target: <= 1 ms per
 pass at 1 000 waiting, <= 10 ms at 10 000; an H100 decode step of Llama-3-8B is ~7 ms.
 
 Policies come from the registries, so ones added later are measured too. Not a test (timings
@@ -118,9 +119,15 @@ def make_view(queued: int, running: int, seed: int = 0) -> EngineView:
     )
 
 
-def median_ms(fn: Callable[[], object], repeats: int, between: Callable[[], object] | None = None) -> float:
-    """Median ms of `fn` (after one warm-up call); `between` runs untimed before each call."""
-    fn()  # warm caches and lazy state once
+def median_ms(
+    fn: Callable[[], object], repeats: int, between: Callable[[], object] | None = None, warm: int = 1
+) -> float:
+    """Median ms of `fn` after `warm` untimed calls (a server's passes run warm: its first pass
+    builds every row, 20x a later one); `between` runs untimed before each call."""
+    for _ in range(warm):
+        if between is not None:
+            between()
+        fn()  # warm caches and lazy state
     samples = []
     for _ in range(repeats):
         if between is not None:
@@ -349,7 +356,7 @@ def _decode_step(running: Sequence[_Req], clock: WallClock) -> Callable[[], None
 
 
 def bench_plan_path(
-    queued: Sequence[int] = QUEUED, running: int = 256, passes: int = 15
+    queued: Sequence[int] = QUEUED, running: int = 256, passes: int = 40
 ) -> dict[str, dict[int, float | str]]:
     """Median ms per adapter pass (views, plan, plan path, applying the order) per policy."""
     clock = WallClock()
@@ -394,7 +401,7 @@ def bench_plan_path(
                 # Every pass, each running request has one more token (the views refresh them).
                 between = _decode_step(running_reqs, clock)
                 gc.collect()  # the policies timed before leave garbage a server running one never has
-                out[name][n] = median_ms(one_pass, max(3, passes if n < 10_000 else 5), between)
+                out[name][n] = median_ms(one_pass, max(3, passes if n < 10_000 else 10), between, warm=3)
                 if planner.errors:
                     out[name][n] = f"error: {planner.errors} failed plans"
             except Exception as exc:  # report, keep measuring the others
