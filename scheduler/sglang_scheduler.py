@@ -25,7 +25,7 @@ from scheduler.components.assembly import SloComponents, build_components
 from scheduler.components.meter import batch_shape
 from scheduler.components.plan_applier import held_positions, order_waiting, set_aside, split_dropped
 from scheduler.components.rank_sync import PassDecision, PassSync
-from scheduler.components.request_state import request_slo
+from scheduler.components.request_state import injected_arrival, request_slo
 from scheduler.components.shedding import shed_finish_reason
 from scheduler.components.status import SchedulerStatus
 from scheduler.components.status_channel import StatusPublisher, dp_status_address
@@ -177,7 +177,8 @@ class SloSchedulerMixin:
     def handle_generate_request(self, recv_req: Any) -> Any:
         """Changes: a benchmark's hidden true length ends the request there, like the model's EOS
         would (the tiny model and an emulated card have no meaningful EOS); policies keep seeing
-        the client's own cap."""
+        the client's own cap. Records how late the request reached the scheduler."""
+        self.slo.intake.record(injected_arrival(recv_req.sampling_params), time.time())
         self.slo.states.lower_cap_to_hint(recv_req.rid, recv_req.sampling_params)
         return super().handle_generate_request(recv_req)
 
@@ -580,6 +581,7 @@ class SloSchedulerMixin:
             plan_errors=slo.planner.errors,
             queue_drain_s=None if slo.drain_s is None else round(slo.drain_s, 4),
             shed=dict(slo.shed),
+            intake_lag=slo.intake.summary(),
             max_queued_requests=self.max_queued_requests,
             max_queued_tokens=slo.config.max_queued_tokens,
             max_input_tokens=getattr(self, "max_req_input_len", None),

@@ -280,6 +280,8 @@ class LoadGenerator:
                         rec.finish_reason = reason.get("type") if isinstance(reason, dict) else str(reason)
                         slo = meta.get("slo") or {}
                         rec.tier = slo.get("tier")
+                        ttft = slo.get("ttft_ms")
+                        rec.server_ttft_ms = float(ttft) if isinstance(ttft, (int, float)) else None
                         break
                     if client_stop and len(rec.token_s) >= target:
                         rec.token_s = rec.token_s[:target]

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from scheduler.components.intake_lag import IntakeLag
 from scheduler.components.meter import EngineMeter
 from scheduler.components.pd_chunking import PrefillChunker
 from scheduler.components.planner import PassPlanner
@@ -74,6 +75,7 @@ class SloComponents:
     held_waiting: int = 0  # of those, past due and held while SLO work runs (last pass)
     lost_held_passes: int = 0  # passes that held at least one
     shed: Counter[str] = field(default_factory=Counter)  # public shed reason -> requests
+    intake: IntakeLag = field(default_factory=IntakeLag)  # edge stamp -> scheduler intake
     # the queue's predicted drain (a newcomer's wait), recomputed at most once per pass
     drain_s: float | None = None
     drain_step: int = -1

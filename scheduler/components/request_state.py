@@ -17,7 +17,7 @@ from typing import Any
 
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import read_injected
-from wire import ORACLE_HINT_PARAM
+from wire import ARRIVAL_PARAM, ORACLE_HINT_PARAM
 
 logger = logging.getLogger("sglang_slo.scheduler")
 
@@ -41,6 +41,12 @@ def oracle_hint(sampling_params: Any) -> int | None:
     """The true output length a benchmark attached (a positive int), else None."""
     value = (getattr(sampling_params, "custom_params", None) or {}).get(ORACLE_HINT_PARAM)
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def injected_arrival(sampling_params: Any) -> float | None:
+    """The arrival the HTTP edge stamped (unix time), without parsing the SLO."""
+    value = (getattr(sampling_params, "custom_params", None) or {}).get(ARRIVAL_PARAM)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def request_slo(rid: str, sampling_params: Any) -> tuple[SloSpec, float | None]:

@@ -42,6 +42,7 @@ class SchedulerStatus:
     length_predictor: dict[str, Any] | None
     queue_drain_s: float | None = None  # predicted seconds until everything queued now has started
     shed: dict[str, int] = field(default_factory=dict)  # requests shed, by public reason
+    intake_lag: dict[str, Any] | None = None  # HTTP edge -> scheduler intake, ms (IntakeLag)
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
     max_input_tokens: int | None = None  # the longest prompt the model takes (the router checks it)

@@ -59,7 +59,7 @@ class FakeEngine:
                 meta: dict[str, Any] = {"completion_tokens": len(out), "finish_reason": None}
                 if i == n - 1:
                     meta["finish_reason"] = {"type": "length"}
-                    meta["slo"] = {"tier": "admitted"}
+                    meta["slo"] = {"tier": "admitted", "ttft_ms": 12.5}
                 await resp.write(
                     b"data: " + json.dumps({"output_ids": list(out), "meta_info": meta}).encode() + b"\n\n"
                 )
@@ -143,6 +143,7 @@ def test_hint_control_sends_the_clients_cap_and_the_length_only_in_the_hidden_ch
     assert body["sampling_params"]["custom_params"] == {ORACLE_HINT_PARAM: 7}
     assert body["slo"] == {"class": "deadline", "deadline_ms": 5000}
     assert rec.output_tokens == 7 and rec.finish_reason == "length" and rec.tier == "admitted"
+    assert rec.server_ttft_ms == 12.5  # the server's own TTFT, beside the client's token times
 
 
 def test_client_control_stops_reading_at_the_true_length() -> None:
