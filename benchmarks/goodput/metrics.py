@@ -114,6 +114,10 @@ class RunMetrics:
     ttft_ms: dict[str, float | None]
     tpot_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
+    # The client's first-token wait the server's own clock does not see (client -> HTTP edge, and
+    # scheduler -> detokenizer -> HTTP -> client): host transit, not scheduling. Empty when the
+    # server reports no TTFT of its own (stock SGLang).
+    host_transit_ms: dict[str, float | None]
     requests_by_class: dict[str, int]
     requests_by_tier: dict[str, int]
     alpha: float
@@ -139,6 +143,13 @@ def percentiles_ms(values_s: Sequence[float]) -> dict[str, float | None]:
         return {f"p{p}": None for p in PERCENTILES}
     found = np.percentile(np.asarray(values_s, dtype=float) * 1000.0, PERCENTILES)
     return {f"p{p}": float(v) for p, v in zip(PERCENTILES, found)}
+
+
+def host_transit_s(r: RequestRecord) -> float | None:
+    """The client's TTFT (from its send) minus the server's own (from its edge stamp)."""
+    if r.send_s is None or not r.token_s or r.server_ttft_ms is None:
+        return None
+    return r.token_s[0] - r.send_s - r.server_ttft_ms / 1000.0
 
 
 def makespan(records: Iterable[RequestRecord]) -> float | None:
@@ -221,6 +232,7 @@ def score_all(scored: Sequence[Scored], duration_s: float | None = None, alpha: 
         ttft_ms=percentiles_ms([s.outcome.ttft_s for s in scored if s.record.sent and s.outcome.ttft_s is not None]),
         tpot_ms=percentiles_ms(tpots),
         e2e_ms=percentiles_ms([r.finish_s - r.send_s for r in finished if r.send_s is not None]),  # type: ignore[operator]
+        host_transit_ms=percentiles_ms([t for r in records if (t := host_transit_s(r)) is not None]),
         requests_by_class=dict(sorted(Counter(r.cls for r in records).items())),
         requests_by_tier=dict(sorted(Counter(r.tier for r in records if r.tier).items())),
         alpha=alpha,

@@ -102,6 +102,7 @@ COLUMNS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
     ("TTFT p50 ms", lambda m: _num(_pct(m, "ttft_ms", "p50"), 1)),
     ("TTFT p99 ms", lambda m: _num(_pct(m, "ttft_ms", "p99"), 1)),
     ("TPOT p50 ms", lambda m: _num(_pct(m, "tpot_ms", "p50"), 1)),
+    ("host transit p90 ms", lambda m: _num(_pct(m, "host_transit_ms", "p90"), 1)),
     ("tok/s", lambda m: _num(m.get("throughput_tok_s"), 1)),
     ("lost", lambda m: str(m.get("lost", "-"))),
 ]

@@ -114,6 +114,14 @@ def test_percentiles_on_a_known_set():
     assert m.e2e_ms == pytest.approx({"p50": 550, "p90": 590, "p99": 599})
 
 
+def test_host_transit_is_the_clients_ttft_minus_the_servers_own():
+    seen = [rec(f"r{i}", "latency", LAT_SLO, 1.0, [1.2 + i / 1000], 1.3, server_ttft_ms=150.0) for i in range(11)]
+    stock = rec("s", "latency", LAT_SLO, 1.0, [1.5], 1.6)  # no report of its own: not counted
+    m = consistent(score([*seen, stock]))
+    assert m.host_transit_ms == pytest.approx({"p50": 55, "p90": 59, "p99": 59.9})
+    assert consistent(score([stock])).host_transit_ms == {"p50": None, "p90": None, "p99": None}
+
+
 def test_no_slo_requests_count_in_throughput_but_not_attainment():
     met = rec("r0", "deadline", {"deadline_ms": 1000}, 0.0, [0.5, 1.0], 1.0)
     missed = rec("r1", "deadline", {"deadline_ms": 100}, 0.0, [0.5], 1.0)
