@@ -423,7 +423,20 @@ class SloSchedulerMixin:
             step=self.slo.step,
             card_busy_s=self.slo.meter.card_busy_s(),
         )
-        return self.slo.views.engine_view(self.waiting_queue, running_batch.reqs, limits)
+        return self.slo.views.engine_view(self.waiting_queue, self._slo_running_reqs(running_batch), limits)
+
+    def _slo_running_reqs(self, running_batch: Any) -> list[Any]:
+        """The running batch, plus a chunked prefill in progress: SGLang keeps that request in
+        neither the waiting queue nor the running batch until its last chunk, but it holds KV,
+        takes this pass's prefill and has an SLO to keep. Left out, a pass in which it was the
+        only SLO work saw none, so the best-effort tier's hold let every lost request start and
+        fill the batch (measured live: SLOs-Serve on the Coder mix fell into that, the simulator,
+        which counts it as running, did not)."""
+        chunked = self.chunked_req
+        reqs = running_batch.reqs
+        if chunked is None or any(r is chunked for r in reqs):
+            return reqs
+        return [*reqs, chunked]
 
     def _slo_apply(self, plan: FinalPlan, running_batch: Any) -> None:
         slo = self.slo
