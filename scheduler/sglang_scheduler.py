@@ -174,6 +174,12 @@ class SloSchedulerMixin:
             )
 
     # ---- SGLang's request intake and output streaming ------------------------------------------
+    def process_input_requests(self, recv_reqs: Any) -> Any:
+        """Changes: marks the loop iteration's socket read, which tells the intake lag's engine
+        part (waiting for this read) from host transit (missing the read before)."""
+        self.slo.intake.loop(time.time())
+        return super().process_input_requests(recv_reqs)
+
     def handle_generate_request(self, recv_req: Any) -> Any:
         """Changes: a benchmark's hidden true length ends the request there, like the model's EOS
         would (the tiny model and an emulated card have no meaningful EOS); policies keep seeing

@@ -29,7 +29,7 @@ from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer, SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model
 from scheduler.core.plan_path import settings_for
-from scheduler.core.policies import make_policy
+from scheduler.core.policies import dilated_params, make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.types import PerfModel
 from speculative.controller import SloSpeculation
@@ -156,7 +156,7 @@ def build_components(
         prior = SlowedPerfModel(load_perf_model(profile, kind="roofline"), slowdown)
     perf = OnlinePerfModel(prior)
     pacer = Pacer(SlowedPerfModel(load_perf_model(emulate, kind="table"), slowdown)) if emulate else None
-    policy = make_policy(config.policy, perf, **config.policy_params)
+    policy = make_policy(config.policy, perf, **dilated_params(config.policy, config.policy_params, slowdown))
     knobs_on = config.policy != "fcfs"
     clock = clock if clock is not None else WallClock()
     states = RequestStates()

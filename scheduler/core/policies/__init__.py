@@ -3,6 +3,7 @@ line in POLICIES."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,22 @@ POLICIES: Registry[PolicyContext, Policy] = Registry(
 def accepted_params(name: str) -> tuple[str, ...]:
     """What --slo-policy-param and the policy flags may set for `name`."""
     return POLICIES.param_names(name)
+
+
+def dilated_params(name: str, params: Mapping[str, Any], factor: float) -> dict[str, Any]:
+    """`params` with every parameter in seconds (a number named `*_s`, given or default) `factor`
+    times longer. On an emulated card in dilated time (steps and SLOs `factor` times longer) a
+    policy's own time constants are card seconds too; left as they are they shrink against
+    every step, and the emulated server's policy is not the one the simulator runs (SLOs-Serve's
+    50 ms idle batch was 10 card-ms at x5)."""
+    out = dict(params)
+    if factor == 1.0:
+        return out
+    for key, default in POLICIES.defaults(name).items():
+        value = out.get(key, default)
+        if key.endswith("_s") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key] = float(value) * factor
+    return out
 
 
 def make_policy(name: str, perf_model: PerfModel | None = None, **params: Any) -> Policy:

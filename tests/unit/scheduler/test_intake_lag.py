@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from scheduler.components.intake_lag import IntakeLag
 from scheduler.components.request_state import injected_arrival
 from wire import ARRIVAL_PARAM
@@ -29,7 +31,23 @@ def test_quantiles_cover_the_recent_window_and_the_maximum_the_whole_run() -> No
 def test_a_clock_rounding_below_zero_counts_as_no_lag() -> None:
     lag = IntakeLag()
     lag.record(100.0, 99.9999)
-    assert lag.summary() == {"requests": 1, "p50_ms": 0.0, "p90_ms": 0.0, "p99_ms": 0.0, "max_ms": 0.0}
+    s = lag.summary()
+    assert s is not None and (s["requests"], s["p50_ms"], s["max_ms"]) == (1, 0.0, 0.0)
+
+
+def test_waiting_for_the_next_read_is_the_engines_missing_one_is_transit() -> None:
+    lag = IntakeLag()
+    lag.loop(10.0)
+    lag.loop(10.2)
+    lag.record(10.1, 10.2)  # stamped after the read at 10.0: waited for this one only
+    lag.loop(10.4)
+    lag.record(10.25, 10.4)  # stamped after the read at 10.2: waited for this one
+    lag.record(10.15, 10.4)  # stamped before the read at 10.2 and missed it by 50 ms
+    s = lag.summary()
+    assert s is not None
+    assert s["missed_loop_share"] == pytest.approx(1 / 3, abs=1e-3)
+    assert s["missed_p99_ms"] == pytest.approx(50.0, abs=2.0) and s["missed_p50_ms"] == 0.0
+    assert s["max_ms"] == pytest.approx(250.0)
 
 
 def test_the_arrival_is_read_from_the_injected_params_only_when_a_number() -> None:
