@@ -424,12 +424,19 @@ class SloSchedulerMixin:
         limits = EngineLimits(
             max_running_requests=self.max_running_requests,
             chunk_size=self.slo.chunk_budget or 0,  # the last pass's value would only ratchet down
-            free_kv_tokens=int(self.token_to_kv_pool_allocator.available_size()),
+            free_kv_tokens=self._slo_free_kv_tokens(),
             total_kv_tokens=int(self.max_total_num_tokens),
             step=self.slo.step,
             card_busy_s=self.slo.meter.card_busy_s(),
         )
         return self.slo.views.engine_view(self.waiting_queue, self._slo_running_reqs(running_batch), limits)
+
+    def _slo_free_kv_tokens(self) -> int:
+        """KV slots a new request can have: free ones plus the radix cache's evictable prefixes,
+        as SGLang's own admission counts them. Free slots alone shrink to nothing once finished
+        requests' prefixes fill the cache, and SLOs-Serve's DP, which checks memory, then
+        admitted nothing (measured live on the Coder mix; the simulator keeps no such cache)."""
+        return int(self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size())
 
     def _slo_running_reqs(self, running_batch: Any) -> list[Any]:
         """The running batch, plus a chunked prefill in progress: SGLang keeps that request in
@@ -541,7 +548,7 @@ class SloSchedulerMixin:
     def _slo_kv_used_tokens(self) -> int | None:
         """KV tokens held by requests (cached prefixes that could be evicted count as free)."""
         try:
-            free = self.token_to_kv_pool_allocator.available_size() + self.tree_cache.evictable_size()
+            free = self._slo_free_kv_tokens()
         except Exception:  # noqa: BLE001 - read from the status thread; never break the status
             return None
         return max(0, int(self.max_total_num_tokens - free))

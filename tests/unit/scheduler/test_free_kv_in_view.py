@@ -1,0 +1,34 @@
+"""The plan's free KV counts the radix cache's evictable prefixes, as SGLang's admission does:
+once finished requests' prefixes fill the cache, free slots alone are next to none, and
+SLOs-Serve's DP (which checks memory) declined every new request."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+from sglang.srt.managers import schedule_policy
+
+from scheduler.core.perf_model import constant_model
+from tests.unit.scheduler._stand_in_engine import StandInReq, slo_scheduler
+
+
+@pytest.fixture(autouse=True)
+def _no_context_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(schedule_policy, "is_dsa_prefill_cp_in_seq_split", lambda: False)
+    monkeypatch.setattr(schedule_policy, "is_prefill_context_parallel_enabled", lambda: False)
+
+
+def test_a_request_fitting_in_evictable_cache_is_admitted() -> None:
+    s = slo_scheduler(policy="slos", startup_chunk=2048, perf=constant_model(0.01))
+    s.token_to_kv_pool_allocator = SimpleNamespace(available_size=lambda: 100)  # free slots: few
+    s.tree_cache.evictable_size = lambda: 50_000  # finished requests' prefixes, evictable
+    s.waiting_queue = [StandInReq("r", prompt=1000, ttft_ms=60_000.0, max_new_tokens=64)]
+    views = []
+    view_of = s._slo_view
+    s._slo_view = lambda batch: (v := view_of(batch), views.append(v))[0]  # type: ignore[method-assign]
+    out = s.get_new_batch_prefill(s.running_batch)
+    assert views and views[0].free_kv_tokens == 50_100
+    assert s.slo.best_effort_waiting == 0  # admitted, not declined for memory
+    assert out.batch_to_run is not None and [r.rid for r in out.batch_to_run.reqs] == ["r"]
+    assert s.slo_status_snapshot()["kv_used_tokens"] == s.max_total_num_tokens - 50_100
