@@ -443,8 +443,7 @@ class SloSchedulerMixin:
         neither the waiting queue nor the running batch until its last chunk, but it holds KV,
         takes this pass's prefill and has an SLO to keep. Left out, a pass in which it was the
         only SLO work saw none, so the best-effort tier's hold let every lost request start and
-        fill the batch (measured live: SLOs-Serve on the Coder mix fell into that, the simulator,
-        which counts it as running, did not)."""
+        fill the batch. The simulator counts it as running; the views now match it."""
         chunked = self.chunked_req
         reqs = running_batch.reqs
         if chunked is None or any(r is chunked for r in reqs):

@@ -38,9 +38,7 @@ class RequestRecord:
     program_start_s: float | None = None  # the program's first send: compound deadlines count from here
     program_deadline_s: float | None = None  # whole-program deadline (relative to program_start_s)
     tier: str | None = None  # server's meta_info.slo.tier ("admitted" | "best_effort"), if it reports one
-    server_ttft_ms: float | None = (
-        None  # server's meta_info.slo.ttft_ms: edge arrival to the first token leaving the scheduler
-    )
+    server_ttft_ms: float | None = None  # server's meta_info.slo.ttft_ms (edge stamp to scheduler)
     error: str | None = None  # why it did not finish
     cut: bool = False  # the client gave up on it at the run's drain timeout (overload, not loss)
 

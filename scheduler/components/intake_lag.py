@@ -1,10 +1,11 @@
 """How long a request took from the HTTP edge's arrival stamp to the scheduler's intake.
 
 Why: every SLO clock starts at the edge, but a policy can act on a request only once the
-scheduler has received it (tokenised, sent over ZMQ, read at the top of a loop iteration). On a
-busy host that lag grows with the load, eats the TTFT slack that just-in-time plans leave, and
-is invisible to a simulator. The status reports it so a benchmark can tell the host from the
-policy when a live run falls short of its simulated twin.
+scheduler has received it (tokenised, sent over ZMQ, read at the top of a loop iteration). The
+loop's wait for its next read is the engine's and a simulator models it; host transit on top
+of it eats the TTFT slack that just-in-time plans leave and no simulator sees. The status
+reports both so a benchmark can tell the host from the policy when a live run falls short of
+its simulated twin.
 """
 
 from __future__ import annotations
