@@ -34,6 +34,7 @@ from scheduler.components.token_stamps import stamping_streamer_class
 from scheduler.components.views import EngineLimits
 from scheduler.config import SloServerConfig
 from scheduler.core.admission import backlog, queue_is_full
+from scheduler.core.compound import EXPIRE_EVERY_STEPS
 from scheduler.core.dynamic_chunking import ChunkStep
 from scheduler.core.plan_path import DECODE, MIXED, PREFILL, FinalPlan, settings_for
 from scheduler.core.types import EngineView
@@ -362,7 +363,7 @@ class SloSchedulerMixin:
             if req.finished():
                 answered = not isinstance(req.finished_reason, FINISH_ABORT)  # an abort's length says nothing
                 slo.on_finished(req.rid, len(req.origin_input_ids), len(req.output_ids), now, answered)
-        if slo.step % 256 == 0:
+        if slo.step % EXPIRE_EVERY_STEPS == 0:
             slo.compound.expire(now)
             slo.forget_departed({r.rid for r in self.waiting_queue} | {r.rid for r in self.running_batch.reqs})
         return out

@@ -29,6 +29,7 @@ from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.policy_params import policy_overrides
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
+from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.perf_model import PerfModel, load_perf_model, load_profile, profile_path
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import POLICIES, make_policy
@@ -130,12 +131,16 @@ def simulate(
     overlap: bool = True,
     length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR,
     policy_params: Mapping[str, Mapping[str, Any]] | None = None,
+    program_idle_s: float | None = None,
 ) -> list[RequestRecord]:
     """One policy over one planned workload on one card. fcfs is stock SGLang: no knobs, and
     separate prefill steps (SGLang's default) unless `stock_fcfs` is False; `overlap` is
     SGLang's overlap schedule (its GPU default: see scheduler.core.sim_engine); `length_predictor`
     is the server's --slo-length-predictor (a fresh one per run, as a freshly started server);
-    `policy_params` the server's --slo-policy-param, per policy."""
+    `policy_params` the server's --slo-policy-param, per policy; `program_idle_s`, when given,
+    runs the server's compound stage sub-deadlines (`CompoundDeadlines`: a program joins the
+    pattern library after that many card-seconds idle; the server's 60 s are real seconds,
+    so 60 / its --emulate-slowdown card-seconds). Off by default: the tables were made without."""
     if policy == "fcfs" and stock_fcfs:
         mixed = False
     engine_policy = make_policy(policy, card.plan_with, **(policy_params or {}).get(policy, {}))
@@ -148,6 +153,7 @@ def simulate(
         settings=settings_for(engine_policy, mixed_batching=mixed),
         plan_perf=card.plan_with,
         lengths=live_length_bounds(length_predictor),
+        compound=None if program_idle_s is None else CompoundDeadlines(idle_s=program_idle_s),
     )
     reqs = sim_requests(planned)
     last = max((r.arrival for r in reqs), default=0.0)
@@ -224,6 +230,14 @@ def main(argv: list[str] | None = None) -> int:
         metavar="POLICY:KEY=VALUE",
         help="a policy parameter, as the server's --slo-policy-param (repeatable)",
     )
+    ap.add_argument(
+        "--stage-deadlines",
+        type=float,
+        default=None,
+        metavar="IDLE_S",
+        help="run the server's compound stage sub-deadlines, a program joining the pattern library "
+        "after IDLE_S card-seconds idle (the server's 60 real s: 60 / its --emulate-slowdown)",
+    )
     args = ap.parse_args(argv)
     overrides = policy_overrides(args.policy_param, POLICIES)
     card = Card.load(args.gpu)
@@ -243,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
                 chunk=args.chunk,
                 length_predictor=args.length_predictor,
                 policy_params=overrides,
+                program_idle_s=args.stage_deadlines,
             )
             for name, m in results.items():
                 rows.setdefault((rate, name), []).append(m)

@@ -451,12 +451,19 @@ class ViewColumns:
     max_new = _Static(_MAX_NEW)  # nan: none
     base = _Static(_BASE)  # `estimates.deadline_base` where a deadline exists, arrival elsewhere
     deadline = _Static(_DEADLINE)  # `estimates.request_deadline` (nan: none)
+    deadline_s = _Static(_SPEC + SloTable.DEADLINE_S)  # the SLO's own deadline in seconds (nan: none)
     ttft_s = _Static(_SPEC + SloTable.TTFT_S)  # nan: none
     tpot_s = _Static(_SPEC + SloTable.TPOT_S)  # 0: none
     ttft_ms = _Static(_SPEC + SloTable.TTFT_MS)  # nan: none
     tpot_ms = _Static(_SPEC + SloTable.TPOT_MS)  # nan: none
     weight = _Static(_SPEC + SloTable.WEIGHT)
     max_queue_s = _Static(_SPEC + SloTable.MAX_QUEUE_S)  # nan: none
+
+    @_Once
+    def end_to_end_deadline(self) -> np.ndarray:
+        """Absolute deadline of the request's whole SLO, a compound stage's program deadline
+        rather than its sub-deadline (nan: none)."""
+        return self.base + self.deadline_s
 
     # -- per pass: read from the views on first use --------------------------------------------
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from scheduler.core.analyzer.graph import PatternGraph, PatternLibrary, StageCost, SuperNode
 
+EXPIRE_EVERY_STEPS = 256  # engine steps between `expire` calls (the adapter's and the simulator's cadence)
+
 
 @dataclass
 class _Program:

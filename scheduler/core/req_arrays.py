@@ -66,6 +66,7 @@ class ReqArrays:
         self.max_queue_s = max_queue_s
         self._attained: np.ndarray | None = None
         self._be_tier: np.ndarray | None = None
+        self._end_to_end: np.ndarray | None = None
         self._columns: ViewColumns | None = None  # where attained and be_tier are read, if given
         self._rid_array: np.ndarray | None = None  # rids as an object array, if given
 
@@ -79,6 +80,14 @@ class ReqArrays:
             assert self._rid_array is not None
             self._rids = self._rid_array.tolist()
         return self._rids
+
+    @property
+    def end_to_end_deadline(self) -> np.ndarray:
+        """`deadline`, but a compound stage's program deadline rather than its sub-deadline."""
+        if self._end_to_end is None:
+            assert self._columns is not None, "taken arrays carry it from their source"
+            self._end_to_end = self._columns.end_to_end_deadline
+        return self._end_to_end
 
     @property
     def attained(self) -> np.ndarray:
@@ -138,6 +147,8 @@ class ReqArrays:
             out._attained = self._attained[idx]
         if self._be_tier is not None:
             out._be_tier = self._be_tier[idx]
+        if self._end_to_end is not None or self._columns is not None:
+            out._end_to_end = self.end_to_end_deadline[idx]
         if self._rid_array is not None:
             out._rid_array = self._rid_array[idx]
         return out

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 
 from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.clock import ManualClock
+from scheduler.core.compound import EXPIRE_EVERY_STEPS, CompoundDeadlines
 from scheduler.core.estimates import absolute_deadline, deadline_seconds
 from scheduler.core.outcome import SloOutcome, evaluate
 from scheduler.core.plan_path import FinalPlan, PlanSettings, settings_for
@@ -115,7 +116,10 @@ class Simulator:
     every N tokens, and, for an online predictor, taught by every answered request).
     `record_trace` keeps every planned step's view and finished plan (for comparing plan paths);
     `plan_perf` is the model the engine's default knobs are sized with (the server's perf model,
-    which may differ from the steps' real times, `perf`)."""
+    which may differ from the steps' real times, `perf`). `compound`, when given, gives each
+    compound stage the sub-deadline the server's view builder would (learned from finished
+    programs, JITServe §4.1); the records keep the requests as sent, so outcomes are still
+    scored against the program's deadline."""
 
     def __init__(
         self,
@@ -128,8 +132,10 @@ class Simulator:
         record_trace: bool = False,
         plan_perf: PerfModel | None = None,
         lengths: LiveLengthBounds | None = None,
+        compound: CompoundDeadlines | None = None,
     ) -> None:
         self.lengths = lengths
+        self.compound = compound
         self.policy = policy
         self.perf = perf
         self.plan_perf = plan_perf if plan_perf is not None else perf  # what the default knobs are sized with
@@ -153,16 +159,23 @@ class Simulator:
             lengths=self.lengths,
         )
 
+        sent: dict[str, SimRequest] = {}  # as the client sent them, where the engine got a stage deadline
+
         def finish(f: Finished) -> None:
             t = None if f.reason is not None else f.time
-            records[f.req.rid] = SimRecord(f.req, f.token_times, t, f.reason, f.preemptions)
-            arrivals.finished(f.req.rid, t)
+            req = sent.pop(f.req.rid, f.req)
+            records[req.rid] = SimRecord(req, f.token_times, t, f.reason, f.preemptions)
+            arrivals.finished(req.rid, t)
+            if self.compound is not None and t is not None and req.slo.program_id is not None:
+                self.compound.on_finish(req.slo.program_id, req.slo.stage, req.prompt_len, len(f.token_times), t)
 
         while engine.steps < max_steps:
             now = self.clock.now()
             if until is not None and now >= until:
                 break
             for req in arrivals.due(now):
+                if self.compound is not None:
+                    req = self._with_stage_deadline(req, now, sent)
                 if engine.add(req) == KV_TOO_LARGE:  # could never fit, as SGLang rejects it
                     finish(Finished(req, [], now, KV_TOO_LARGE, 0))
             if not engine.has_work:
@@ -183,12 +196,28 @@ class Simulator:
             self.clock.set(end)
             for f in engine.end_step().finished:
                 finish(f)
+            if self.compound is not None and engine.steps % EXPIRE_EVERY_STEPS == 0:
+                self.compound.expire(end)
 
         end_time = self.clock.now()
         leftover = [*engine.waiting, *engine.running.values()]
         for st in leftover:  # still queued or running when the run stopped
-            records[st.req.rid] = SimRecord(st.req, engine.tokens_of(st), None, None, st.preemptions)
+            req = sent.get(st.req.rid, st.req)
+            records[req.rid] = SimRecord(req, engine.tokens_of(st), None, None, st.preemptions)
             arrivals.finished(st.req.rid, None)
         for r in arrivals.never_arrived():
             records[r.rid] = SimRecord(r, [], None, None, 0)
         return SimResult(records=records, end_time=end_time, steps=engine.steps, plans=engine.plans, trace=engine.trace)
+
+    def _with_stage_deadline(self, req: SimRequest, now: float, sent: dict[str, SimRequest]) -> SimRequest:
+        """The request as the engine sees it: a compound stage with its sub-deadline, fixed when
+        the stage first arrives (as the server's view builder fixes it)."""
+        slo = req.slo
+        if self.compound is None or slo.program_id is None or slo.deadline_ms is None:
+            return req
+        program_arrival = req.program_arrival if req.program_arrival is not None else req.arrival
+        due = self.compound.stage_deadline(slo.program_id, slo.stage, program_arrival, slo.deadline_ms / 1000.0, now)
+        if due is None:
+            return req
+        sent[req.rid] = req
+        return replace(req, stage_deadline=due)

@@ -80,6 +80,10 @@ class GmaxParams:
     # "tokens": its on-time tokens (JITServe's token-level goodput, which under overload
     # favours few long requests and starves latency work)
     objective: str = "requests"
+    # Judge a compound stage by its learned sub-deadline φ(s)·D (JITServe §4.1) rather than its
+    # program's deadline. GMAX's priority has no urgency term, so the sub-deadline only makes a
+    # stage worthless sooner; measured on the JITServe and Tempo mixes it cost attainment.
+    stage_deadlines: bool = False
 
     def __post_init__(self) -> None:
         require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
@@ -101,6 +105,7 @@ class GmaxPolicy:
         self.fairness = params.fairness
         self.default_output_len = params.default_output_len
         self.per_request = params.objective == "requests"
+        self.stage_deadlines = params.stage_deadlines
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})
         epoch_steps = params.tune_epoch_frames * params.frame_steps
         self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
@@ -128,9 +133,10 @@ class GmaxPolicy:
         unit = 1.0 / tokens if self.per_request else 1.0
 
         goodput = a.weight * (1.0 if self.per_request else tokens)  # best effort: full value, no gate
-        has_dl = np.isfinite(a.deadline) & ((a.cls == DEADLINE) | (a.cls == COMPOUND))
+        deadline = a.deadline if self.stage_deadlines else a.end_to_end_deadline
+        has_dl = np.isfinite(deadline) & ((a.cls == DEADLINE) | (a.cls == COMPOUND))
         finish = now + group_reduce(t_gen, a.group, "max")  # a stage's calls run side by side
-        goodput = np.where(has_dl, np.where(finish <= a.deadline + 1e-9, goodput, 0.0), goodput)
+        goodput = np.where(has_dl, np.where(finish <= deadline + 1e-9, goodput, 0.0), goodput)
         first_emit = now + np.where(t_pref > 0, t_pref, sp.decode_s)
         lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)
         on_time = latency_on_time_tokens(a, first_emit, sp.decode_s)
@@ -248,8 +254,9 @@ class GmaxPolicy:
         else:
             worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (c.prompt[run] + generated + 1.0))
         worth = np.where(late, 0.0, worth)
-        has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(c.deadline[run])
-        due = np.where(has_due, c.deadline[run], np.inf)
+        deadline = (c.deadline if self.stage_deadlines else c.end_to_end_deadline)[run]
+        has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(deadline)
+        due = np.where(has_due, deadline, np.inf)
         self._seen = _Seen(c.rid_array[run], worth, due, c.row_keys(), nw)
 
 
