@@ -7,7 +7,7 @@ from __future__ import annotations
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.perf_model import constant_model
 from scheduler.core.policies import make_policy
-from scheduler.core.sim import EngineConfig, SimRequest, Simulator
+from scheduler.core.sim import EngineConfig, SimRequest, SimResult, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 
 TAU = 0.01  # seconds per step
@@ -32,7 +32,7 @@ def _workload() -> list[SimRequest]:
     ]
 
 
-def _run(compound: CompoundDeadlines | None):
+def _run(compound: CompoundDeadlines | None) -> SimResult:
     sim = Simulator(
         make_policy("edf"),
         constant_model(TAU),
@@ -43,7 +43,7 @@ def _run(compound: CompoundDeadlines | None):
     return sim.run(_workload())
 
 
-def _stage_deadlines_seen(result) -> dict[str, float | None]:
+def _stage_deadlines_seen(result: SimResult) -> dict[str, float | None]:
     seen: dict[str, float | None] = {}
     for view, _ in result.trace:
         for r in [*view.waiting, *view.running]:
