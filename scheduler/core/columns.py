@@ -536,6 +536,12 @@ class ViewColumns:
         due = np.where((cls == DEADLINE) | (cls == COMPOUND), self.deadline, math.nan)
         return np.where(cls == LATENCY, self.token_due(self.generated), due)
 
+    @_Once
+    def losing_due(self) -> np.ndarray:
+        """`estimates.losing_deadline` of each request (nan: none): `next_due`, but a compound
+        stage's program deadline rather than its sub-deadline."""
+        return np.where(self.cls == COMPOUND, self.end_to_end_deadline, self.next_due)
+
     def token_due(self, index: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         """`estimates.token_due` of output token `index` of the requests at `rows` (nan without
         a TTFT), with the scalar form's arithmetic: arrival + (TTFT + index·TPOT) / 1000."""

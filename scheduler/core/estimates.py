@@ -114,6 +114,15 @@ def next_token_due(r: RequestView) -> float | None:
     return token_due(r.slo, r.arrival, r.generated)
 
 
+def losing_deadline(r: RequestView) -> float | None:
+    """The deadline past which the request has lost its SLO: `next_deadline`, but a compound
+    stage's program deadline D rather than its sub-deadline φ(s)·D (a stage behind its share
+    of D can still let its program meet D)."""
+    if r.slo.slo_class is SloClass.COMPOUND:
+        return absolute_deadline(deadline_seconds(r.slo), r.arrival, r.program_arrival)
+    return next_deadline(r)
+
+
 def next_deadline(r: RequestView) -> float | None:
     """The deadline that binds next: the next token's due time for latency requests (the first
     token's while waiting), the end-to-end deadline for deadline/compound requests."""
@@ -282,14 +291,22 @@ def nan_as(values: np.ndarray, fill: float) -> np.ndarray:
     return np.where(np.isnan(values), fill, values)
 
 
-def lost_causes(a: ReqArrays, sp: Speeds, now: float, t_prefill: np.ndarray | None = None) -> np.ndarray:
+def lost_causes(
+    a: ReqArrays,
+    sp: Speeds,
+    now: float,
+    t_prefill: np.ndarray | None = None,
+    deadline: np.ndarray | None = None,
+) -> np.ndarray:
     """Waiting requests (the first a.n_waiting) that will miss their SLO whatever is done now:
     even served alone from now at full speed, a latency request's next token cannot come by its
     due time, or a deadline/compound request's prefill cannot end by its deadline. Both are
     lower bounds on the time needed (no queue, no output beyond the first token), so a request
     marked here is lost under any schedule; the papers stop spending capacity on such work
     (Tempo's and JITServe's deferral, SLOs-Serve's best-effort tier). `t_prefill`: the
-    requests' remaining prefill seconds when the caller has them (`remaining_work`'s)."""
+    requests' remaining prefill seconds when the caller has them (`remaining_work`'s).
+    `deadline`: the deadlines to judge by (default `a.end_to_end_deadline`: a compound stage
+    is lost only when its program's deadline is out of reach, not its sub-deadline)."""
     nw = a.n_waiting
     if nw == 0:
         return np.zeros(0, dtype=bool)
@@ -299,7 +316,7 @@ def lost_causes(a: ReqArrays, sp: Speeds, now: float, t_prefill: np.ndarray | No
     ttft = a.ttft_s[:nw]
     lat = (cls == LATENCY) & np.isfinite(ttft)
     due = token_dues(a.arrival[:nw], nan_as(ttft, 0.0), a.tpot_s[:nw], a.generated[:nw])
-    deadline = a.deadline[:nw]
+    deadline = (a.end_to_end_deadline if deadline is None else deadline)[:nw]
     has_dl = ((cls == DEADLINE) | (cls == COMPOUND)) & np.isfinite(deadline)
     return (lat & (earliest > due)) | (has_dl & (earliest > nan_as(deadline, np.inf)))
 

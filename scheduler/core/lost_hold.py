@@ -18,16 +18,17 @@ from itertools import compress
 import numpy as np
 
 from scheduler.core.columns import ViewColumns, columns_of
-from scheduler.core.estimates import BEST_EFFORT, next_deadline
+from scheduler.core.estimates import BEST_EFFORT, losing_deadline
 from scheduler.core.types import EngineView, RequestView
 
 
 def past_due(r: RequestView, now: float) -> bool:
     """A request that has not started and whose first binding deadline (its first token's due
-    time, or its end-to-end deadline) has passed: lost under any schedule."""
+    time, or its end-to-end deadline: a compound stage's program deadline, not its
+    sub-deadline) has passed: lost under any schedule."""
     if r.started:
         return False
-    due = next_deadline(r)
+    due = losing_deadline(r)
     return due is not None and due < now
 
 
@@ -43,7 +44,7 @@ def held_lost_causes(
         return frozenset()
     c = columns if columns is not None else columns_of(view)
     nw = c.n_waiting
-    past = ~c.started[:nw] & (c.next_due[:nw] < view.now)  # nan (no deadline): never due
+    past = ~c.started[:nw] & (c.losing_due[:nw] < view.now)  # nan (no deadline): never due
     rids = c.rids
     lost = frozenset(best_effort).intersection(compress(rids, past.tolist()))
     if not lost:
@@ -62,7 +63,7 @@ def held_lost_at(view: EngineView, tier_at: np.ndarray, columns: ViewColumns | N
         return np.zeros(0, dtype=np.int64)
     c = columns if columns is not None else columns_of(view)
     nw = c.n_waiting
-    past = ~c.started[:nw] & (c.next_due[:nw] < view.now)
+    past = ~c.started[:nw] & (c.losing_due[:nw] < view.now)
     in_tier = np.zeros(nw, dtype=bool)
     in_tier[tier_at] = True
     lost = (in_tier & past).nonzero()[0]

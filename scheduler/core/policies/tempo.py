@@ -68,6 +68,13 @@ class TempoParams:
     preempt_margin: float = 0.0
     default_output_len: float = DEFAULT_OUTPUT_LEN
     defer_lost: bool = True  # waiting work that can no longer meet its SLO runs after the rest
+    # Judge a compound stage's gain and whether it is lost by its learned sub-deadline φ(s)·D
+    # rather than its program's deadline D. By default the sub-deadline sets only the stage's
+    # time budget (its urgency, §4.1), while the gain is the program's, earned if D is met
+    # (Eq. 2): with the sub-deadline everywhere, a stage behind φ(s)·D was degraded and
+    # deferred while its program could still finish (simulated: 1.47x -> 1.66x fcfs on the
+    # JITServe mix, 1.93x -> 2.16x on Tempo's, 45/s, 3 seeds).
+    stage_deadlines: bool = False
 
     def __post_init__(self) -> None:
         require(0.0 <= self.reserve_share <= 1.0, "reserve_share", "must be in [0, 1]", self.reserve_share)
@@ -90,6 +97,7 @@ class TempoPolicy:
         self.preempt_margin = params.preempt_margin
         self.default_output_len = params.default_output_len
         self.defer_lost = params.defer_lost
+        self.stage_deadlines = params.stage_deadlines
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------
@@ -107,12 +115,13 @@ class TempoPolicy:
         floor = sp.decode_s
         weights = GainWeights(self.w_in, self.w_out)
 
-        # Deadline and compound: all-or-decaying gain at the end-to-end (stage) deadline.
+        # Deadline and compound: all-or-decaying gain at the end-to-end deadline; a compound
+        # stage's time budget runs to its sub-deadline, its gain to its program's deadline.
         has_dl = np.isfinite(a.deadline)
         dl = np.where(has_dl, a.deadline, now)
         finish = now + work
-        slo_span = dl - a.base
-        f_dl = degradations(slo_span, finish - a.base, self.alpha)
+        gain_dl = self._gain_deadline(a)
+        f_dl = degradations(np.where(has_dl, gain_dl, now) - a.base, finish - a.base, self.alpha)
         gain_full = base_gain(a.prompt, a.total_out, a.weight, weights)
         budget_dl = np.maximum(np.maximum(dl - now, work), floor)
         dens_dl = gain_full * f_dl / budget_dl
@@ -131,6 +140,10 @@ class TempoPolicy:
         is_lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)
         dens = np.where(is_lat, dens_lat, np.where(has_dl, dens_dl, gain_full / np.maximum(work, floor)))
         return np.where(a.cls == BEST_EFFORT, 0.0, dens), t_pref
+
+    def _gain_deadline(self, a: ReqArrays) -> np.ndarray:
+        """The deadline a request's gain and its lost-cause test go by (see `stage_deadlines`)."""
+        return a.deadline if self.stage_deadlines else a.end_to_end_deadline
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -151,7 +164,11 @@ class TempoPolicy:
         is_be_w = a.cls[:nw] == BEST_EFFORT
         be_w = w_idx[is_be_w]
         be_w = be_w[lexsort_fast((a.arrival[be_w],))]  # FCFS (stable)
-        lost = lost_causes(a, sp, view.now, t_pref) & ~is_be_w if self.defer_lost else np.zeros(nw, dtype=bool)
+        lost = (
+            lost_causes(a, sp, view.now, t_pref, self._gain_deadline(a)) & ~is_be_w
+            if self.defer_lost
+            else np.zeros(nw, dtype=bool)
+        )
         slo_w = w_idx[~is_be_w & ~lost]
         slo_w = slo_w[lexsort_fast((a.arrival[slo_w], -prio[slo_w]))]  # densest first
         lost_w = w_idx[lost]

@@ -55,6 +55,21 @@ def deadline_request(
     return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=prompt, predicted_output_len=out, **kw)
 
 
+def stage_behind_its_sub_deadline(arrival: float = 0.0) -> RequestView:
+    """A compound stage whose sub-deadline (50 ms after `arrival`) is out of reach while its
+    program's 60 s deadline is not."""
+    slo = SloSpec(deadline_ms=60_000, slo_class=SloClass.COMPOUND, program_id="p", stage=1)
+    return RequestView(
+        rid="stage",
+        slo=slo,
+        arrival=arrival,
+        prompt_len=10,
+        predicted_output_len=100,
+        program_arrival=arrival,
+        stage_deadline=arrival + 0.05,
+    )
+
+
 @st.composite
 def slo_specs(draw: st.DrawFn) -> SloSpec:
     kind = draw(st.sampled_from(list(SloClass)))

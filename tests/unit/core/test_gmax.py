@@ -26,6 +26,7 @@ from tests.unit.core.policy_cases import (
     policy_view,
     run_single_slot,
     small_gpu,
+    stage_behind_its_sub_deadline,
     weighted_goodput,
     with_weight,
 )
@@ -89,23 +90,8 @@ def test_unachievable_deadline_has_no_goodput_left():
     assert p[0] > 0 and p[1] == 0
 
 
-def _stage_behind_its_sub_deadline() -> RequestView:
-    """A compound stage whose sub-deadline (0.05 s) is out of reach while its program's 60 s
-    deadline is not."""
-    slo = SloSpec(deadline_ms=60_000, slo_class=SloClass.COMPOUND, program_id="p", stage=1)
-    return RequestView(
-        rid="stage",
-        slo=slo,
-        arrival=0.0,
-        prompt_len=10,
-        predicted_output_len=100,
-        program_arrival=0.0,
-        stage_deadline=0.05,
-    )
-
-
 def test_a_stage_behind_its_sub_deadline_keeps_its_value_while_the_program_can_finish():
-    view = _view([_stage_behind_its_sub_deadline(), deadline_request("other", deadline_ms=60_000, out=100)])
+    view = _view([stage_behind_its_sub_deadline(), deadline_request("other", deadline_ms=60_000, out=100)])
     by_program = GmaxPolicy(GmaxParams(aging_delta=0.0)).priorities(view)
     assert by_program[0] > 0
     by_stage = GmaxPolicy(GmaxParams(aging_delta=0.0, stage_deadlines=True)).priorities(view)

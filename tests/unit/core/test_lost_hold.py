@@ -12,7 +12,7 @@ from scheduler.core.policies import make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import RequestView, StepPlan
-from tests.unit.core.policy_cases import policy_view
+from tests.unit.core.policy_cases import policy_view, stage_behind_its_sub_deadline
 
 TTFT = SloSpec(ttft_ms=100.0, tpot_ms=50.0, slo_class=SloClass.LATENCY)
 DEADLINE = SloSpec(deadline_ms=1000.0, slo_class=SloClass.DEADLINE)
@@ -30,6 +30,11 @@ def test_past_due_is_a_missed_first_token_or_deadline_before_starting():
     assert not past_due(_req("d", DEADLINE, arrival=NOW - 0.5), NOW)
     assert not past_due(_req("e", arrival=NOW - 0.2, first_token_time=NOW - 0.3), NOW)  # started: resumes
     assert not past_due(_req("f", SloSpec(), arrival=0.0), NOW)  # best effort: never due
+
+
+def test_a_compound_stage_is_past_due_only_when_its_program_deadline_is():
+    assert not past_due(stage_behind_its_sub_deadline(arrival=0.0), NOW)  # sub-deadline 4.95 s ago
+    assert past_due(stage_behind_its_sub_deadline(arrival=NOW - 61.0), NOW)
 
 
 def test_only_past_due_requests_in_the_tier_are_held_and_only_while_slo_work_runs():

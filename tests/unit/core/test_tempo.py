@@ -21,6 +21,7 @@ from tests.unit.core.policy_cases import (
     policy_view,
     run_single_slot,
     small_gpu,
+    stage_behind_its_sub_deadline,
     weighted_goodput,
     with_weight,
 )
@@ -93,6 +94,15 @@ def test_higher_weight_never_lowers_density_or_rank(view, factor, pick, fairness
 
 
 # -- best-effort reserve ---------------------------------------------------------------------
+
+
+def test_a_stage_behind_its_sub_deadline_is_urgent_not_lost_while_its_program_can_finish():
+    view = policy_view([stage_behind_its_sub_deadline(), deadline_request("other", out=100)], now=1.0)
+    by_program, by_stage = TempoPolicy(), TempoPolicy(TempoParams(stage_deadlines=True))
+    plan = by_program.plan(view)
+    assert plan.order is not None and plan.order[0] == "stage" and plan.best_effort == set()
+    assert by_program.densities(view)[0] > by_stage.densities(view)[0] > 0  # the gain is the program's
+    assert by_stage.plan(view).best_effort == {"stage"}  # the literal sub-deadline defers it
 
 
 def test_reserved_slots_average_the_share():
