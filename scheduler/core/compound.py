@@ -2,8 +2,9 @@
 
 A program's end-to-end deadline D is amortised over its stages: stage s must finish by
 arrival + φ(s)·D, where φ is the accumulated time share of the most similar finished program.
-Finished calls build the running program's partial graph; programs idle for `idle_s` are
-complete and join the pattern library, so the server learns its own workloads.
+Finished calls build the running program's partial graph; programs idle for `idle_s` with no
+call in flight are complete and join the pattern library, so the server learns its own
+workloads.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from scheduler.core.analyzer.graph import PatternGraph, PatternLibrary, StageCost, SuperNode
 
 EXPIRE_EVERY_STEPS = 256  # engine steps between `expire` calls (the adapter's and the simulator's cadence)
+STUCK_IDLE_FACTOR = 10  # a program with calls in flight closes after this many idle_s anyway
 
 
 @dataclass
@@ -21,6 +23,7 @@ class _Program:
     stage_order: list[int | str] = field(default_factory=list)  # stage keys, first appearance
     calls: dict[int | str, list[tuple[float, float]]] = field(default_factory=dict)  # finished calls
     deadlines: dict[int, float | None] = field(default_factory=dict)  # stage index -> absolute
+    in_flight: int = 0  # calls seen arriving and not yet finished
 
     def index(self, key: int | str) -> int:
         if key not in self.stage_order:
@@ -59,6 +62,7 @@ class CompoundDeadlines:
     ) -> float | None:
         """Absolute sub-deadline of this request's stage, or None without a matching pattern."""
         prog = self._program(program_id, now)
+        prog.in_flight += 1
         idx = prog.index(self._key(prog, stage))
         if idx not in prog.deadlines:
             rel = (
@@ -72,13 +76,24 @@ class CompoundDeadlines:
         self, program_id: str, stage: int | str | None, input_tokens: int, output_tokens: int, now: float
     ) -> None:
         prog = self._program(program_id, now)
+        prog.in_flight = max(0, prog.in_flight - 1)
         key = self._key(prog, stage)
         prog.index(key)
         prog.calls.setdefault(key, []).append((float(input_tokens), float(output_tokens)))
 
     def expire(self, now: float) -> int:
-        """Close programs idle for idle_s; their graphs join the library. Returns how many."""
-        done = [p for p, prog in self._programs.items() if now - prog.last_seen > self.idle_s]
+        """Close programs idle for idle_s with no call in flight; their graphs join the library.
+        Returns how many. A call queued longer than idle_s (overload, or an emulated card whose
+        idle_s is real time) must not split its program: the closed prefix would join the
+        library as a whole program, and the rest would start over at stage 0 with sub-deadlines
+        matched on the wrong prefix. A call that never reports back (aborted before its first
+        pass) holds its program for STUCK_IDLE_FACTOR·idle_s at most."""
+        stuck = STUCK_IDLE_FACTOR * self.idle_s
+        done = [
+            p
+            for p, prog in self._programs.items()
+            if now - prog.last_seen > (self.idle_s if prog.in_flight == 0 else stuck)
+        ]
         for program_id in done:
             prog = self._programs.pop(program_id)
             graph = prog.completed_graph(len(prog.stage_order), self.cost)

@@ -49,3 +49,23 @@ def test_idle_programs_join_the_library_and_guide_the_next_run() -> None:
     assert cd.expire(now=20.0) == 0 and len(cd) == 1
     assert cd.expire(now=40.0) == 1 and len(cd.library) == 1
     assert cd.stage_deadline("run-2", 0, 50.0, 10.0, now=50.0) == pytest.approx(50.0 + 0.2 * 10.0)
+
+
+def test_a_program_with_a_call_in_flight_is_not_closed_while_it_waits() -> None:
+    cd = CompoundDeadlines(idle_s=30.0, cost=COST)
+    cd.stage_deadline("run-1", 0, 0.0, 10.0, now=0.0)
+    cd.on_finish("run-1", 0, 10, 20, now=1.0)
+    cd.stage_deadline("run-1", 1, 0.0, 10.0, now=2.0)  # queued far longer than idle_s
+    assert cd.expire(now=100.0) == 0 and len(cd) == 1 and len(cd.library) == 0
+    cd.on_finish("run-1", 1, 10, 80, now=150.0)
+    assert cd.expire(now=170.0) == 0
+    assert cd.expire(now=190.0) == 1 and len(cd.library) == 1
+    # Stage 0 is a fifth of the whole program (20 of 100 tokens); split, it would be all of one.
+    assert cd.stage_deadline("run-2", 0, 200.0, 10.0, now=200.0) == pytest.approx(200.0 + 0.2 * 10.0)
+
+
+def test_a_call_that_never_reports_back_holds_its_program_for_a_bounded_time() -> None:
+    cd = CompoundDeadlines(idle_s=30.0, cost=COST)
+    cd.stage_deadline("lost", 0, 0.0, 10.0, now=0.0)
+    assert cd.expire(now=299.0) == 0
+    assert cd.expire(now=301.0) == 1
