@@ -292,11 +292,7 @@ def nan_as(values: np.ndarray, fill: float) -> np.ndarray:
 
 
 def lost_causes(
-    a: ReqArrays,
-    sp: Speeds,
-    now: float,
-    t_prefill: np.ndarray | None = None,
-    deadline: np.ndarray | None = None,
+    a: ReqArrays, sp: Speeds, now: float, deadline: np.ndarray, t_prefill: np.ndarray | None = None
 ) -> np.ndarray:
     """Waiting requests (the first a.n_waiting) that will miss their SLO whatever is done now:
     even served alone from now at full speed, a latency request's next token cannot come by its
@@ -305,8 +301,8 @@ def lost_causes(
     marked here is lost under any schedule; the papers stop spending capacity on such work
     (Tempo's and JITServe's deferral, SLOs-Serve's best-effort tier). `t_prefill`: the
     requests' remaining prefill seconds when the caller has them (`remaining_work`'s).
-    `deadline`: the deadlines to judge by (default `a.end_to_end_deadline`: a compound stage
-    is lost only when its program's deadline is out of reach, not its sub-deadline)."""
+    `deadline`: the deadlines to judge by (`a.end_to_end_deadline`: a compound stage is lost
+    only when its program's deadline is out of reach; `a.deadline`: its sub-deadline)."""
     nw = a.n_waiting
     if nw == 0:
         return np.zeros(0, dtype=bool)
@@ -316,7 +312,7 @@ def lost_causes(
     ttft = a.ttft_s[:nw]
     lat = (cls == LATENCY) & np.isfinite(ttft)
     due = token_dues(a.arrival[:nw], nan_as(ttft, 0.0), a.tpot_s[:nw], a.generated[:nw])
-    deadline = (a.end_to_end_deadline if deadline is None else deadline)[:nw]
+    deadline = deadline[:nw]
     has_dl = ((cls == DEADLINE) | (cls == COMPOUND)) & np.isfinite(deadline)
     return (lat & (earliest > due)) | (has_dl & (earliest > nan_as(deadline, np.inf)))
 

@@ -72,8 +72,9 @@ class TempoParams:
     # rather than its program's deadline D. By default the sub-deadline sets only the stage's
     # time budget (its urgency, §4.1), while the gain is the program's, earned if D is met
     # (Eq. 2): with the sub-deadline everywhere, a stage behind φ(s)·D was degraded and
-    # deferred while its program could still finish (simulated: 1.47x -> 1.66x fcfs on the
-    # JITServe mix, 1.93x -> 2.16x on Tempo's, 45/s, 3 seeds).
+    # deferred while its program could still finish (simulated on the JITServe mix, 45/s,
+    # 3 seeds: 1.66x fcfs by default, 1.60x with this set; 1.47x before 1c6a426, when the
+    # plan path's hold of past-due work also went by the sub-deadline).
     stage_deadlines: bool = False
 
     def __post_init__(self) -> None:
@@ -165,7 +166,7 @@ class TempoPolicy:
         be_w = w_idx[is_be_w]
         be_w = be_w[lexsort_fast((a.arrival[be_w],))]  # FCFS (stable)
         lost = (
-            lost_causes(a, sp, view.now, t_pref, self._gain_deadline(a)) & ~is_be_w
+            lost_causes(a, sp, view.now, self._gain_deadline(a), t_pref) & ~is_be_w
             if self.defer_lost
             else np.zeros(nw, dtype=bool)
         )

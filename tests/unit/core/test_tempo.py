@@ -78,6 +78,15 @@ def test_compound_stage_uses_the_slowest_sibling():
     assert with_sibling < alone
 
 
+def test_a_stage_behind_its_sub_deadline_is_urgent_not_lost_while_its_program_can_finish():
+    view = policy_view([stage_behind_its_sub_deadline(), deadline_request("other", out=100)], now=1.0)
+    by_program, by_stage = TempoPolicy(), TempoPolicy(TempoParams(stage_deadlines=True))
+    plan = by_program.plan(view)
+    assert plan.order is not None and plan.order[0] == "stage" and plan.best_effort == set()
+    assert by_program.densities(view)[0] > by_stage.densities(view)[0] > 0  # the gain is the program's
+    assert by_stage.plan(view).best_effort == {"stage"}  # the literal sub-deadline defers it
+
+
 @settings(max_examples=60, deadline=None)
 @given(view=engine_views(), factor=st.floats(1.0, 50.0), pick=st.integers(0, 100), fairness=st.sampled_from([0, 0.5]))
 def test_higher_weight_never_lowers_density_or_rank(view, factor, pick, fairness):
@@ -94,15 +103,6 @@ def test_higher_weight_never_lowers_density_or_rank(view, factor, pick, fairness
 
 
 # -- best-effort reserve ---------------------------------------------------------------------
-
-
-def test_a_stage_behind_its_sub_deadline_is_urgent_not_lost_while_its_program_can_finish():
-    view = policy_view([stage_behind_its_sub_deadline(), deadline_request("other", out=100)], now=1.0)
-    by_program, by_stage = TempoPolicy(), TempoPolicy(TempoParams(stage_deadlines=True))
-    plan = by_program.plan(view)
-    assert plan.order is not None and plan.order[0] == "stage" and plan.best_effort == set()
-    assert by_program.densities(view)[0] > by_stage.densities(view)[0] > 0  # the gain is the program's
-    assert by_stage.plan(view).best_effort == {"stage"}  # the literal sub-deadline defers it
 
 
 def test_reserved_slots_average_the_share():
