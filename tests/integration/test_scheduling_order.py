@@ -18,13 +18,12 @@ QUEUED = 4
 MIXED_ON_ENGINE = {"edf": "edf_one_slot", "fcfs": "fcfs_one_slot"}
 
 
-def _blocker(server: ServerProcess) -> threading.Thread:
-    """Occupies the only running slot long enough for the queue to build up behind it. The
-    checks behind it need ~0.8 s (served_order's 4 arrivals 0.15 s apart; two 300 ms queue
-    timeouts back to back) before the queue drains; 800 tokens last ~3 s at the ~250 tok/s seen here, and still ~1.6 s
-    on a CPU twice as fast. Returns once its first token has streamed back: then it holds the
-    slot for certain (/slo/status is published periodically, so a request that just finished
-    can still show there as running)."""
+def _blocker(server: ServerProcess, tokens: int = 800) -> threading.Thread:
+    """Occupies the only running slot long enough for the queue to build up behind it. Two
+    300 ms queue timeouts back to back need ~0.8 s: 800 tokens last ~3 s at the ~250 tok/s seen
+    here, and still ~1.6 s on a CPU twice as fast. Returns once its first token has streamed
+    back: then it holds the slot for certain (/slo/status is published periodically, so a
+    request that just finished can still show there as running)."""
     running = threading.Event()
 
     def run() -> None:
@@ -32,7 +31,7 @@ def _blocker(server: ServerProcess) -> threading.Thread:
             server.url + "/generate",
             json={
                 "text": "blocker",
-                "sampling_params": {"max_new_tokens": 800, "ignore_eos": True, "temperature": 0},
+                "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
                 "stream": True,
             },
             timeout=300,
@@ -51,9 +50,15 @@ def _blocker(server: ServerProcess) -> threading.Thread:
 
 
 # Each queued request holds the one slot this long, so the first tokens of consecutive requests
-# are ~0.2 s apart: far more than the jitter of reading them from client clocks on 2 busy cores
-# (4 tokens, ~20 ms apart, once let two swap).
-QUEUED_TOKENS = 48
+# are ~0.6 s apart here: far more than the jitter of reading them from client clocks on 2 busy
+# cores (4 tokens, ~20 ms apart, once let two swap; 48 tokens, ~0.1 s apart, swapped two on a
+# CI host).
+QUEUED_TOKENS = 300
+# Sends this far apart reach the server in the order sent even when the client's threads stall.
+ARRIVAL_GAP_S = 0.3
+# The queue needs QUEUED * ARRIVAL_GAP_S (1.2 s) to build: 2000 tokens last ~4 s here, and
+# still ~2 s on a CPU twice as fast.
+QUEUE_BLOCKER_TOKENS = 2000
 
 
 def served_order(server: ServerProcess) -> list[int]:
@@ -81,13 +86,13 @@ def served_order(server: ServerProcess) -> list[int]:
         with lock:
             finished.append((time.time() - report["e2e_ms"] / 1000 + report["ttft_ms"] / 1000, i))
 
-    blocker = _blocker(server)
+    blocker = _blocker(server, QUEUE_BLOCKER_TOKENS)
     senders = []
     for i in range(QUEUED):
         t = threading.Thread(target=send, args=(i,))
         t.start()
         senders.append(t)
-        time.sleep(0.15)  # distinct, known arrival order
+        time.sleep(ARRIVAL_GAP_S)  # distinct, known arrival order
     queued = requests.get(server.url + "/slo/status", timeout=5).json()["engine"]
     for t in senders:
         t.join(timeout=300)
