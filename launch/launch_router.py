@@ -116,9 +116,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--length-predictor",
         default=DEFAULT_LENGTH_PREDICTOR,
-        metavar="PATH|history[:Q]|none",
+        metavar="PATH|history[:Q]|history-len[:Q]|none",
         help="output-length predictor the SLO-aware policies plan with: 'history:Q' (default history:0.9: the "
-        "Q-quantile of recent answers' lengths, learned online, an upper bound), 'history' (their mean), 'none' "
+        "Q-quantile of recent answers' lengths, learned online, an upper bound), 'history' (their mean), "
+        "'history-len[:Q]' (the same among answers to prompts of about its length first), 'none' "
         "(the client's max_new_tokens), or a saved analyzer artifact (scheduler.core.analyzer.train_cli --out: "
         "MoE, QRF)",
     )

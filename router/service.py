@@ -293,7 +293,7 @@ class RouterService:
         self.mix.on_finished(self.tier_of(call.slo), completion_tokens, self.clock())
         observe = getattr(self.predictor, "observe", None)
         if observe is not None:
-            observe(call.slo.program_id, completion_tokens)
+            observe(call.slo.program_id, completion_tokens, len(call.input_ids))
 
     def predict_output(self, call: GenerateCall) -> int | None:
         """The length predictor's estimate, at most the client's cap (None without one, or when it fails)."""

@@ -209,7 +209,7 @@ class SimRouter:
         self.release(flight)
         self.flights.pop(flight.route.rid, None)
         if self.predictor is not None and hasattr(self.predictor, "observe"):
-            self.predictor.observe(flight.route.slo.program_id, completion_tokens)
+            self.predictor.observe(flight.route.slo.program_id, completion_tokens, flight.route.prompt_tokens)
 
     # ---- migration ---------------------------------------------------------------------------
     def migrations(self) -> list[tuple[str, str]]:

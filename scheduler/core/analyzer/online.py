@@ -22,6 +22,7 @@ class _Entry:
     bound: float
     initial: float
     prompt_text: str
+    prompt_len: int
 
 
 class LiveLengthBounds:
@@ -55,7 +56,7 @@ class LiveLengthBounds:
             if entry is None:
                 if len(self._entries) >= self._max:
                     self._entries.pop(next(iter(self._entries)))
-                entry = self._entries[rid] = _Entry(checkpoint, value, value, text)
+                entry = self._entries[rid] = _Entry(checkpoint, value, value, text, prompt_len)
             else:
                 entry.checkpoint, entry.bound = checkpoint, value
                 if not math.isfinite(entry.initial):  # its first real guess is the one to score
@@ -68,10 +69,13 @@ class LiveLengthBounds:
 
     def finished(self, rid: str, app_id: str | None, output_tokens: int) -> _Entry | None:
         """A request answered in full: forget it and, when the predictor learns online (the
-        history default), teach it this answer's length. Returns the request's entry."""
+        history default), teach it this answer's length (and its prompt's, when a bound was
+        asked for it). Returns the request's entry."""
+        entry = self.forget(rid)
         if self._learns:
-            self.predictor.observe(app_id, output_tokens)  # type: ignore[attr-defined]
-        return self.forget(rid)
+            prompt_len = entry.prompt_len if entry is not None else None
+            self.predictor.observe(app_id, output_tokens, prompt_len)  # type: ignore[attr-defined]
+        return entry
 
     def __len__(self) -> int:
         return len(self._entries)

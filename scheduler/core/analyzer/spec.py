@@ -2,7 +2,8 @@
 
 `history:Q` (the default of both): the Q-quantile of recent answers' lengths, learned online from
 completions, an upper bound in the spirit of Tempo's and JITServe's QRF bounds (§4.1) that needs
-no training; `history`: their mean; `none`: no prediction (policies fall back to the client's
+no training; `history`: their mean; `history-len:Q` / `history-len`: the same, first among
+answers to prompts of about the same length; `none`: no prediction (policies fall back to the client's
 max_new_tokens); anything else: a saved analyzer artifact (QRF, MoE).
 """
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from scheduler.core.analyzer.online import LiveLengthBounds
 
 DEFAULT_LENGTH_PREDICTOR = "history:0.9"
+HISTORY_KINDS = {"history": False, "history-len": True}  # spelling -> conditions on prompt length
 COLD_START = 20  # finished answers the history predictor needs before it predicts
 
 
@@ -26,12 +28,16 @@ def predictor_from_spec(spec: str | None) -> LengthPredictor | None:
     if spec is None or spec == "none":
         return None
     kind, sep, quantile = spec.partition(":")
-    if kind == "history":
+    if kind in HISTORY_KINDS:
         try:
             # No guess before COLD_START answers: the first to finish are the short ones, and a
             # bound learned from them would call long answers short; until then the cap rules.
             return make_predictor(
-                "history", quantile=float(quantile) if sep else None, default=math.inf, min_global=COLD_START
+                "history",
+                quantile=float(quantile) if sep else None,
+                default=math.inf,
+                min_global=COLD_START,
+                by_prompt_len=HISTORY_KINDS[kind],
             )
         except ValueError as e:
             raise ValueError(f"{spec}: {e}") from None
