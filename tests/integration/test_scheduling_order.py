@@ -20,8 +20,8 @@ MIXED_ON_ENGINE = {"edf": "edf_one_slot", "fcfs": "fcfs_one_slot"}
 
 def _blocker(server: ServerProcess, tokens: int = 800) -> threading.Thread:
     """Occupies the only running slot long enough for the queue to build up behind it. Two
-    300 ms queue timeouts back to back need ~0.8 s: 800 tokens last ~3 s at the ~250 tok/s seen
-    here, and still ~1.6 s on a CPU twice as fast. Returns once its first token has streamed
+    300 ms queue timeouts back to back need ~0.8 s: 800 tokens took 2.7–2.9 s here alone
+    (2026-12-01), still ~1.4 s on a CPU twice as fast. Returns once its first token has streamed
     back: then it holds the slot for certain (/slo/status is published periodically, so a
     request that just finished can still show there as running)."""
     running = threading.Event()
@@ -50,14 +50,15 @@ def _blocker(server: ServerProcess, tokens: int = 800) -> threading.Thread:
 
 
 # Each queued request holds the one slot this long, so the first tokens of consecutive requests
-# are ~0.6 s apart here: far more than the jitter of reading them from client clocks on 2 busy
+# are 0.6–1 s apart here (300 tokens alone took 0.6 s; the host's speed varies 2x from day to
+# day): far more than the jitter of reading them from client clocks on 2 busy
 # cores (4 tokens, ~20 ms apart, once let two swap; 48 tokens, ~0.1 s apart, swapped two on a
 # CI host).
 QUEUED_TOKENS = 300
 # Sends this far apart reach the server in the order sent even when the client's threads stall.
 ARRIVAL_GAP_S = 0.3
-# The queue needs QUEUED * ARRIVAL_GAP_S (1.2 s) to build: 2000 tokens last ~4 s here, and
-# still ~2 s on a CPU twice as fast.
+# The queue needs QUEUED * ARRIVAL_GAP_S (1.2 s) to build: 2000 tokens took 4.9–6.6 s here
+# alone, still ~2.4 s on a CPU twice as fast.
 QUEUE_BLOCKER_TOKENS = 2000
 
 

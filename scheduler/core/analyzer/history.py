@@ -9,7 +9,7 @@ is an app, and a server lives through millions of them.
 
 With `by_prompt_len` it also keeps a window per prompt-length band (half an octave wide) and
 asks it before the global one. The prompt's length is the one feature a text-blind server
-always has, and JITServe's QRF reads it too: in the Azure conversation trace the 90th
+always has (our QRF's features include it too): in the Azure conversation trace the 90th
 percentile of answers is 130 tokens for 363–511-token prompts and 468 for 1024–1448-token
 ones, against 424 over all (answers capped at 512 tokens, as the benchmarks run them).
 """
