@@ -101,7 +101,9 @@ class ReplicaAdmission:
         now = max(self.clock(), req.arrival_s)
         perf = self.perf_model(w)
         lone = perf.step_time(0, 1, 0)  # the fastest decode step there is here
-        # As in the core: a deadline needing decodes faster than that is lost on this replica.
+        # A deadline needing decodes faster than that is lost on this replica. (The core leaves
+        # unprotected any derived TPOT under SlosServeParams.derived_tpot_floor_steps such steps,
+        # 4 by default; the router's one step is the floor routing was measured with.)
         floor = max(MIN_DERIVED_TPOT_S, lone)
         new = self._demand(request_view(req), now, floor)
         if new is None:

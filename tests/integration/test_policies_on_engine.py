@@ -30,10 +30,11 @@ RUN_ELSEWHERE = {
     "las": "test_preemption.py, on las_two_slots (overlap and no-overlap)",
     "sjf": "test_length_predictor.py, on sjf-pred (with its length predictor)",
     # This workload sends no oracle hint, so an oracle variant only passes requests to its base
-    # policy (tempo, gmax: run here); the hint path is unit-tested (tests/unit/scheduler/test_hidden_length.py,
+    # policy (tempo, gmax, slos: run here); the hint path is unit-tested (tests/unit/scheduler/test_hidden_length.py,
     # tests/unit/core/test_oracle_policies.py). The variants are benchmark-only.
     "gmax_oracle": ORACLE_COVERED,
     "tempo_oracle": ORACLE_COVERED,
+    "slos_oracle": ORACLE_COVERED,
 }
 ON_OWN_SERVER = sorted(set(POLICIES) - set(RUN_ELSEWHERE))
 

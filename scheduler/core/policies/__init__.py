@@ -29,6 +29,7 @@ class PolicyContext:
 
 TEMPO: Entry[PolicyContext, Policy] = Entry("tempo", TempoParams, lambda p, ctx: TempoPolicy(p, ctx.perf_model))
 GMAX: Entry[PolicyContext, Policy] = Entry("gmax", GmaxParams, lambda p, ctx: GmaxPolicy(p, ctx.perf_model))
+SLOS: Entry[PolicyContext, Policy] = Entry("slos", SlosServeParams, lambda p, ctx: SlosServePolicy(p, ctx.perf_model))
 
 POLICIES: Registry[PolicyContext, Policy] = Registry(
     "SLO policy",
@@ -40,10 +41,11 @@ POLICIES: Registry[PolicyContext, Policy] = Registry(
         Entry("sarathi", SarathiParams, lambda p, ctx: SarathiPolicy(p)),
         TEMPO,
         GMAX,
-        Entry("slos", SlosServeParams, lambda p, ctx: SlosServePolicy(p, ctx.perf_model)),
+        SLOS,
         # Benchmarks only: plan with the true output length (see oracle.py).
         oracle_of(TEMPO),
         oracle_of(GMAX),
+        oracle_of(SLOS),
     ],
 )
 

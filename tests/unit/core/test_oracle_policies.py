@@ -56,6 +56,15 @@ def test_oracle_changes_tempo_decisions_only_through_the_hint() -> None:
     short_truth = [_req("long-predicted", 5, predicted=900.0), _req("short-predicted", 900, predicted=5.0)]
     plain = make_policy("tempo").plan(_view(*short_truth)).order
     oracle = make_policy("tempo_oracle").plan(_view(*short_truth)).order
-    assert "tempo_oracle" in POLICIES and "gmax_oracle" in POLICIES
+    assert {"tempo_oracle", "gmax_oracle", "slos_oracle"} <= set(POLICIES)
     assert plain is not None and oracle is not None and set(plain) == set(oracle)
     assert plain != oracle  # the truth flips which request is denser
+
+
+def test_oracle_changes_slos_admission_only_through_the_hint() -> None:
+    # Two 600-token bounds do not fit the 1000-token pool together; the true 20-token answers do.
+    both = [_req("a", 20, predicted=600.0), _req("b", 20, predicted=600.0)]
+    plain = make_policy("slos").plan(_view(*both))
+    oracle = make_policy("slos_oracle").plan(_view(*both))
+    assert plain.best_effort == {"b"}
+    assert oracle.best_effort == set()
