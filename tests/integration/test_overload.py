@@ -153,12 +153,14 @@ def test_openai_routes_shed_in_openai_shape_with_retry_after(server: ServerProce
 
 def test_put_generate_with_a_forged_arrival_cannot_jump_the_queue(server: ServerProcess) -> None:
     """A queued behind the blocker first, then B by PUT claiming to have arrived an hour ago:
-    were the forged arrival believed, EDF would serve B first (its deadline long past)."""
+    were the forged arrival believed, EDF would serve B first (its deadline long past). With one
+    running slot B's 256 tokens come after A's, ~0.4 s of decoding here that a client-side
+    thread delay does not outlast (with 4 tokens a CI host once recorded B 0.7 ms before A)."""
     finished: dict[str, float] = {}
     slo = {"class": "deadline", "deadline_ms": 60_000}
 
     def send(name: str, method: str, custom: dict) -> None:
-        params = {"max_new_tokens": 4, "ignore_eos": True, "custom_params": custom}
+        params = {"max_new_tokens": 256, "ignore_eos": True, "custom_params": custom}
         resp = requests.request(
             method, server.url + "/generate", json={"input_ids": SHORT_PROMPT, "sampling_params": params, "slo": slo},
             timeout=120,
