@@ -32,6 +32,7 @@ class SlosRoutingParams(AdmissionParams):
     order: str = "load"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         require(self.order in ORDERS, "order", f"must be one of {', '.join(ORDERS)}", self.order)
         require(
             self.limit is None or self.limit >= 1,

@@ -11,7 +11,8 @@ deadline and TPOT tier as on the single server, and requests the core would not 
 or a first-token deadline already missed) decode in the no-target slot: they take batch slots but
 no prefill budget, as the core's best-effort tier does. One deviation: a new deadline request whose
 derived TPOT is below the replica's fastest step is refused, where the single-server core admits it
-without a decode target: here a faster replica may still make it.
+without a decode target: here a faster replica may still make it. Derived TPOTs between that step
+and `derived_tpot_floor_steps` of them set no tier, as on the engine.
 
 Perf model: the linear step model `base + per_token·tokens` fitted to two measurements. per_token
 is the worker's prefill seconds per prompt token (a prefill's base cost is amortised over many
@@ -34,6 +35,7 @@ from dataclasses import dataclass, replace
 from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients, PerfModel
+from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand
@@ -63,6 +65,19 @@ class AdmissionParams:
     # The workers' prefill chunk (SGLang's default on 80 GB GPUs). The core needs a cap: without one,
     # batches with no TPOT to keep last idle_batch_s, which a slow replica's base step alone overruns.
     chunk_size: int = 8192
+    # A deadline's derived TPOT under this many lone steps sets no tier in the replica's DP (it
+    # decodes without a target), as SlosServeParams.derived_tpot_floor_steps does on the engine: one
+    # request running behind must not make a replica look full for every newcomer. 4 as there: 1
+    # and 4 gave the same attainment on 4 simulated H100s (JITServe mix at 3x, 3 seeds).
+    derived_tpot_floor_steps: float = 4.0
+
+    def __post_init__(self) -> None:
+        require(
+            self.derived_tpot_floor_steps >= 1.0,
+            "derived_tpot_floor_steps",
+            "must be >= 1 (under one lone step no replica can hold the TPOT)",
+            self.derived_tpot_floor_steps,
+        )
 
 
 class ReplicaAdmission:
@@ -82,6 +97,7 @@ class ReplicaAdmission:
         self.prefill_share = params.deadline_prefill_share
         self.idle = params.idle_batch_s
         self.chunk = params.chunk_size
+        self.floor_steps = params.derived_tpot_floor_steps
 
     def coefficients(self, w: WorkerView) -> LinearCoefficients:
         """A linear step time from the worker's EMAs, unreported terms from `default_perf`."""
@@ -101,10 +117,10 @@ class ReplicaAdmission:
         now = max(self.clock(), req.arrival_s)
         perf = self.perf_model(w)
         lone = perf.step_time(0, 1, 0)  # the fastest decode step there is here
-        # A deadline needing decodes faster than that is lost on this replica. (The core leaves
-        # unprotected any derived TPOT under SlosServeParams.derived_tpot_floor_steps such steps,
-        # 4 by default; the router's one step is the floor routing was measured with.)
+        # A deadline needing decodes faster than that is lost on this replica; one needing them
+        # faster than `tier_floor` is kept without a decode target (the core's rule).
         floor = max(MIN_DERIVED_TPOT_S, lone)
+        tier_floor = max(floor, self.floor_steps * lone)
         new = self._demand(request_view(req), now, floor)
         if new is None:
             return True  # nothing to guarantee
@@ -116,6 +132,12 @@ class ReplicaAdmission:
             # Its derived TPOT is below the floor: the core would still take it without a decode
             # target (single server, nowhere else to go); a faster replica may make it.
             return False
+        if (
+            req.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND)
+            and new.tpot is not None
+            and new.tpot < tier_floor
+        ):
+            new = replace(new, tpot=None)  # possible here, but not worth every batch's time
         runs = [run for run in self.running_on(w.worker_id) if run.request.rid != req.rid]  # not itself, re-placed
         held = sum(run.request.prompt_tokens + run.generated for run in runs if run.first_token_s is not None)
         mem_budget = w.kv_capacity_tokens - max(w.kv_used_tokens, held)
@@ -124,7 +146,7 @@ class ReplicaAdmission:
         decoders: list[float | None] = []  # TPOT per decoder, None: no target
         prefills: list[tuple[RouteRequest, Demand]] = [(req, new)]  # the new item, then the forced ones
         for run in runs:
-            d = self._demand(request_view(run.request, run.generated, run.first_token_s), now, floor)
+            d = self._demand(request_view(run.request, run.generated, run.first_token_s), now, tier_floor)
             if run.first_token_s is None and d is not None and d.deadline > now:
                 prefills.append((run.request, d))
             else:

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from router.policies import RoutingContext, make_routing_policy
+from router.policies.slos import SlosRoutingParams
 from router.policies.slos_admission import AdmissionParams, ReplicaAdmission
 from router.views import RunningView
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients
@@ -113,3 +114,26 @@ def test_routing_takes_the_first_admitting_replica_and_falls_back_best_effort() 
     assert (d.worker_id, d.reason, d.best_effort, d.detail["refusals"]) == ("ok", "admitted", False, 2)
     d = policy.choose(request("x", arrival=NOW, slo=latency_slo(1000, 5)), workers, NOW)
     assert (d.worker_id, d.reason, d.best_effort, d.detail["refusals"]) == ("slow", "refused_everywhere", True, 4)
+
+
+def test_a_deadline_running_behind_sets_no_tier_under_the_floor() -> None:
+    # One deadline decoder needs 490 tokens in 7.6 s, about 1.3 lone steps (12 ms) each. As a
+    # tier it leaves ~30 prefill tokens per batch: a 5000-token prompt would miss its 1 s TTFT.
+    w = worker("w", running=1, **FAST)
+    behind = request("behind", arrival=NOW - 1, slo=deadline_slo(8640), predicted_output_tokens=500)
+    running = {"w": [RunningView(behind, "w", generated=10, first_token_s=NOW - 0.5)]}
+    big = request("big", prompt=5000, arrival=NOW, slo=latency_slo(1000, 50), predicted_output_tokens=100)
+    assert not admission(running, derived_tpot_floor_steps=1.0)(big, w)  # one lone step: its tier binds
+    assert admission(running)(big, w)  # the default, 4 steps: it decodes without a target
+    # A new deadline that tight is still taken at 4 steps (without a target), and still refused
+    # when no lone step here could make it.
+    rushed = request("rushed", arrival=NOW, slo=deadline_slo(9000), predicted_output_tokens=490)
+    assert admission()(rushed, w)
+    assert not admission()(request("rush", arrival=NOW, slo=deadline_slo(1000), predicted_output_tokens=200), w)
+
+
+def test_the_floor_is_validated_as_a_routing_parameter() -> None:
+    with pytest.raises(ValueError, match="derived_tpot_floor_steps"):
+        SlosRoutingParams(derived_tpot_floor_steps=0.5)
+    with pytest.raises(ValueError, match="derived_tpot_floor_steps"):
+        AdmissionParams(derived_tpot_floor_steps=-1)
