@@ -18,34 +18,52 @@ QUEUED = 4
 MIXED_ON_ENGINE = {"edf": "edf_one_slot", "fcfs": "fcfs_one_slot"}
 
 
-def _blocker(server: ServerProcess, tokens: int = 800) -> threading.Thread:
+class Blocker(threading.Thread):
+    """A long request that holds the only running slot; `ended` says when its stream closed and
+    `release` aborts it, so a test need not guess how long the host takes to decode it."""
+
+    def __init__(self, server: ServerProcess, tokens: int, rid: str | None) -> None:
+        super().__init__()
+        self.server, self.tokens, self.rid = server, tokens, rid
+        self.running, self.ended = threading.Event(), threading.Event()
+        self.status: int | None = None
+
+    def run(self) -> None:
+        body: dict = {
+            "text": "blocker",
+            "sampling_params": {"max_new_tokens": self.tokens, "ignore_eos": True, "temperature": 0},
+            "stream": True,
+        }
+        if self.rid is not None:
+            body["rid"] = self.rid
+        try:
+            with requests.post(self.server.url + "/generate", json=body, timeout=300, stream=True) as resp:
+                self.status = resp.status_code
+                for line in resp.iter_lines():
+                    if line:
+                        self.running.set()
+        finally:
+            self.ended.set()
+            self.running.set()  # ended early (an error): let the caller's checks report it
+
+    def release(self) -> None:
+        """Aborts it (it must have been started with a rid) and waits for its stream to close."""
+        requests.post(self.server.url + "/abort_request", json={"rid": self.rid}, timeout=30)
+        self.join(timeout=300)
+
+
+def _blocker(server: ServerProcess, tokens: int = 800, rid: str | None = None) -> Blocker:
     """Occupies the only running slot long enough for the queue to build up behind it. Two
     300 ms queue timeouts back to back need ~0.8 s: 800 tokens took 2.7–2.9 s here alone
     (2026-12-01), still ~1.4 s on a CPU twice as fast. Returns once its first token has streamed
     back: then it holds the slot for certain (/slo/status is published periodically, so a
     request that just finished can still show there as running)."""
-    running = threading.Event()
-
-    def run() -> None:
-        with requests.post(
-            server.url + "/generate",
-            json={
-                "text": "blocker",
-                "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True, "temperature": 0},
-                "stream": True,
-            },
-            timeout=300,
-            stream=True,
-        ) as resp:
-            for line in resp.iter_lines():
-                if line:
-                    running.set()
-        running.set()  # ended early (an error): let the caller's checks report it
-
-    t = threading.Thread(target=run)
+    t = Blocker(server, tokens, rid)
     t.start()
-    if not running.wait(timeout=60):
+    if not t.running.wait(timeout=60):
         raise TimeoutError("blocker never started running")
+    if t.ended.is_set():
+        raise RuntimeError(f"the blocker ended before it held the slot (HTTP {t.status})")
     return t
 
 
@@ -127,13 +145,16 @@ def test_fcfs_serves_the_queue_in_arrival_order(fcfs_one_slot: ServerProcess) ->
 
 
 def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProcess) -> None:
-    blocker = _blocker(edf_one_slot)
+    # Held until released, however fast the host decodes (800 tokens once ended before the queued
+    # request arrived on a CI host: it ran at once with a 85 ms TTFT).
+    blocker = _blocker(edf_one_slot, tokens=3000, rid="max-queue-blocker")
     try:
         r = requests.post(
             edf_one_slot.url + "/generate",
             json={"text": "late", "sampling_params": {"max_new_tokens": 4}, "slo": {"max_queue_ms": 300}},
             timeout=120,
         )
+        assert not blocker.ended.is_set(), "the blocker ended before the queued request was answered"
         assert r.status_code == 503, r.text
         assert "slo_queue_timeout" in r.text
         body = {
@@ -145,11 +166,12 @@ def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProc
         with requests.post(edf_one_slot.url + "/generate", json=body, stream=True, timeout=120) as resp:
             text = b"".join(resp.iter_content()).decode()
         assert "slo_queue_timeout" in text
+        assert not blocker.ended.is_set(), "the blocker ended before the queued stream was answered"
         status = edf_one_slot.status_when(lambda s: s["engine"].get("dropped_in_queue", 0) >= 2)
         assert status["engine"]["dropped_in_queue"] >= 2  # the snapshot is published periodically
         assert status["attainment"]["latency"]["dropped"] >= 1
     finally:
-        blocker.join(timeout=300)
+        blocker.release()
 
 
 @pytest.mark.parametrize("policy", sorted(MIXED_ON_ENGINE))
