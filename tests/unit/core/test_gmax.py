@@ -249,3 +249,42 @@ def test_request_objective_gives_a_latency_request_with_a_late_token_no_goodput(
 def test_unknown_objective_names_the_field():
     with pytest.raises(ValueError, match="objective"):
         GmaxParams(objective="bogus")
+
+
+# -- latency urgency (our addition: a latency request's window closes within seconds) ----------
+
+
+def _latency_and_deadline_twins() -> list[SimRequest]:
+    """Equal work and value, arriving together with the deadline request queued first: served
+    second, the latency request misses its 3-iteration TTFT; the deadline request keeps."""
+    latency = SloSpec(ttft_ms=3 * TAU * 1000, tpot_ms=2 * TAU * 1000, slo_class=SloClass.LATENCY)
+    deadline = SloSpec(deadline_ms=100 * TAU * 1000, slo_class=DL)
+    return [SimRequest("dl", deadline, 0.0, 8, 4, 4, 4), SimRequest("lat", latency, 0.0, 8, 4, 4, 4)]
+
+
+@pytest.mark.parametrize("urgency, both_met", [(0.0, False), (0.5, True)])
+def test_latency_urgency_serves_the_request_that_cannot_wait_first(urgency, both_met):
+    pol = GmaxPolicy(GmaxParams(aging_delta=0.0, tune_cutoff=False, latency_urgency=urgency))
+    outcomes = run_single_slot(pol, _latency_and_deadline_twins()).outcomes()
+    assert outcomes["dl"].attained
+    assert outcomes["lat"].attained is both_met
+
+
+def test_latency_urgency_scales_a_reachable_latency_requests_value_only():
+    perf = small_gpu()  # ~8 ms per decode iteration
+
+    def lat(rid: str, ttft_ms: float) -> RequestView:
+        slo = SloSpec(ttft_ms=ttft_ms, tpot_ms=100, slo_class=SloClass.LATENCY)
+        return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=200)
+
+    view = _view([lat("reachable", 500), lat("too-late", 1), deadline_request("dl", prompt=100, out=200)])
+    plain = GmaxPolicy(GmaxParams(aging_delta=0.0, latency_urgency=0.0), perf_model=perf).priorities(view)
+    urgent = GmaxPolicy(GmaxParams(aging_delta=0.0, latency_urgency=0.5), perf_model=perf).priorities(view)
+    assert urgent[0] == pytest.approx(1.5 * plain[0]) and plain[0] > 0
+    assert urgent[1] == plain[1] == 0.0  # a request that cannot make it gains nothing
+    assert urgent[2] == pytest.approx(plain[2])
+
+
+def test_negative_latency_urgency_names_the_field():
+    with pytest.raises(ValueError, match="latency_urgency"):
+        GmaxParams(latency_urgency=-0.1)
