@@ -90,7 +90,7 @@ class GmaxParams:
     # A latency request that can still meet its SLO is worth (1 + this) x its goodput. Without it
     # GMAX ranks equal-value latency and deadline work by cost alone and keeps 0.25 of latency
     # requests at 3x load (JITServe mix, H100): a latency request must be served now or never,
-    # deadline work of the same cost keeps. 0.5: +3 % attainment there, +7-8 % on the Tempo mix
+    # deadline work of the same cost keeps. 0.5: +3 % attainment there, +5-8 % on the Tempo mix
     # (3 seeds, simulated); 0.1-4 give the same total, so it acts as a class tie-break.
     latency_urgency: float = 0.5
 
