@@ -146,7 +146,7 @@ def test_fcfs_serves_the_queue_in_arrival_order(fcfs_one_slot: ServerProcess) ->
 
 def test_max_queue_ms_ends_a_request_that_never_started(edf_one_slot: ServerProcess) -> None:
     # Held until released, however fast the host decodes (800 tokens once ended before the queued
-    # request arrived on a CI host: it ran at once with a 85 ms TTFT).
+    # request arrived on a CI host: it ran at once with an 85 ms TTFT).
     blocker = _blocker(edf_one_slot, tokens=3000, rid="max-queue-blocker")
     try:
         r = requests.post(
