@@ -11,7 +11,8 @@ simulator apply exactly the same plan and differ only in the engine underneath:
   what its Retry-After is computed from;
 - the batch cap, prefill chunk and prefill gate a plan leaves open come from the performance
   model (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
-  when one is trusted, in both batching modes;
+  when one is trusted, in both batching modes, then capped by the policy's own per-step token
+  budget if it has one (`chunk_cap`);
 - under the SLO levers, best-effort-tier requests already past due are held while SLO work is
   in the engine (`lost_hold`: the tier runs on what the SLO requests leave, SLOs-Serve §4.1);
 - guards keep a plan applicable: drops and tiers name waiting requests, preemptions running
@@ -46,6 +47,9 @@ class PlanSettings:
     levers: bool = True  # size the cap, chunk and prefill gate a plan leaves open from the perf model
     mixed_batching: bool = True  # prefill chunks ride with decodes: the chunk knob applies
     role: str = MIXED  # PD prefill workers chunk dynamically; PD decode workers never drop or preempt
+    # The most prompt tokens one step prefills under the levers (None: the start-up chunk): a
+    # policy's own per-step token budget, over whatever the perf model sizes (gmax.py).
+    chunk_cap: int | None = None
 
 
 def settings_for(policy: Policy, mixed_batching: bool = True, role: str = MIXED) -> PlanSettings:
@@ -53,8 +57,13 @@ def settings_for(policy: Policy, mixed_batching: bool = True, role: str = MIXED)
     ordering baseline's own knobs apply but the engine's SLO levers do not (as in the papers'
     baselines, which reorder a stock engine); an SLO policy gets both."""
     stock = policy.name == "fcfs"
+    levers = not stock and policy.slo_levers
     return PlanSettings(
-        knobs=not stock, levers=not stock and policy.slo_levers, mixed_batching=mixed_batching, role=role
+        knobs=not stock,
+        levers=levers,
+        mixed_batching=mixed_batching,
+        role=role,
+        chunk_cap=getattr(policy, "chunk_cap", None) if levers else None,  # optional: few policies set one
     )
 
 
@@ -191,6 +200,8 @@ def _knobs(
             chunk, prefill = derived.chunk_size, derived.prefill
     elif knob_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
         cap = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, columns=c).batch_cap
+    if settings.chunk_cap and settings.role == MIXED:
+        chunk = min(chunk if chunk is not None else view.chunk_size, settings.chunk_cap)
     if cap is not None:
         cap = max(1, min(cap, view.max_running_requests))
     if chunk is not None:

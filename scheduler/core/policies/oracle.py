@@ -30,6 +30,7 @@ class OracleVariant:
         self.base = base
         self.name = name
         self.slo_levers = base.slo_levers
+        self.chunk_cap = getattr(base, "chunk_cap", None)
 
     def plan(self, view: EngineView) -> StepPlan:
         if all(r.oracle_output_len is None for r in chain(view.waiting, view.running)):

@@ -98,3 +98,16 @@ def test_an_infeasible_request_is_dropped_with_its_wait_and_class() -> None:
     assert reason[RETRY_AFTER_KEY] == 5
     status = s.slo_status_snapshot()
     assert status["shed"] == {SLO_INFEASIBLE: 1}
+
+
+@pytest.mark.parametrize(
+    ("policy", "params", "chunk"), [("gmax", {}, 512), ("gmax", {"chunk_cap": 0}, 2048), ("fcfs", {}, 2048)]
+)
+def test_a_policys_token_budget_is_the_chunk_sglang_prefills(policy, params, chunk) -> None:
+    # GMAX's per-step budget (512) reaches SGLang's PrefillAdder; stock fcfs keeps the start-up chunk.
+    config = SloServerConfig(policy=policy, policy_params=params)
+    s = slo_scheduler(DisaggregationMode.NULL, policy, startup_chunk=2048, perf=constant_model(STEP_S), config=config)
+    s.waiting_queue = [StandInReq("long", prompt=4000, ttft_ms=600_000)]
+    batch = s.get_new_batch_prefill(s.running_batch).batch_to_run
+    assert [r.rid for r in batch.reqs] == ["long"] and s.chunked_req is not None
+    assert s.chunked_req.extend_range.length == chunk
