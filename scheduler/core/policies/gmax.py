@@ -91,9 +91,14 @@ class GmaxParams:
     # A latency request that can still meet its SLO is worth (1 + this) x its goodput. Without it
     # GMAX ranks equal-value latency and deadline work by cost alone and keeps 0.25 of latency
     # requests at 3x load (JITServe mix, H100): a latency request must be served now or never,
-    # deadline work of the same cost keeps. 0.5: +3 % attainment there, +5-8 % on the Tempo mix
-    # (3 seeds, simulated); 0.1-4 give the same total, so it acts as a class tie-break.
-    latency_urgency: float = 0.5
+    # deadline work of the same cost keeps. It sets the balance between the classes: with the
+    # 512-token chunk, 0.05 gave the most attainment at 4 of 5 overloaded points (simulated H100,
+    # 3 seeds; JITServe mix 30/45/60/s 0.807/0.692/0.629 against 0.804/0.676/0.586 at 0.5, Tempo
+    # mix 30/45/s 0.792/0.657 against 0.764/0.623; 0.02 peaks at Tempo 45/s, 0.670), at the cost
+    # of latency requests under the heaviest load (JITServe 45/s: 0.75 of them met against 0.90).
+    # Tuning it online like the cutoff drifted towards 0 and lost at every point: deadline work
+    # pays back within an epoch, latency work the tuner starves does not show as a loss there.
+    latency_urgency: float = 0.05
     # The most prompt tokens one step prefills (0: the engine's start-up chunk), over what the
     # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget of
     # 512 was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Measured on the

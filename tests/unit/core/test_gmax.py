@@ -262,7 +262,7 @@ def _latency_and_deadline_twins() -> list[SimRequest]:
     return [SimRequest("dl", deadline, 0.0, 8, 4, 4, 4), SimRequest("lat", latency, 0.0, 8, 4, 4, 4)]
 
 
-@pytest.mark.parametrize("urgency, both_met", [(0.0, False), (0.5, True)])
+@pytest.mark.parametrize("urgency, both_met", [(0.0, False), (GmaxParams().latency_urgency, True), (0.5, True)])
 def test_latency_urgency_serves_the_request_that_cannot_wait_first(urgency, both_met):
     pol = GmaxPolicy(GmaxParams(aging_delta=0.0, tune_cutoff=False, latency_urgency=urgency))
     outcomes = run_single_slot(pol, _latency_and_deadline_twins()).outcomes()
