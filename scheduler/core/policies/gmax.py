@@ -103,8 +103,9 @@ class GmaxParams:
     # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget of
     # 512 was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Measured on the
     # JITServe mix at 3x load (H100, 3 seeds, simulated): 0.680 attained at 512 against 0.616 at
-    # SGLang's 2048, 0.639 at 1024, 0.636 at 256; small prefills pace admission, so the batch
-    # GMAX chose keeps decoding instead of swelling with prompts it then cannot finish.
+    # SGLang's 2048, 0.639 at 1024, 0.636 at 256 (start-up chunks, every policy alike; other
+    # policies lose from 2048 down). Our reading, not measured apart: small prefills pace how
+    # fast GMAX starts requests, and its length bounds err long; its oracle does not gain.
     chunk_cap: int = 512
 
     def __post_init__(self) -> None:
