@@ -9,6 +9,7 @@ of a two-process gloo group synchronised by the adapter's own broadcast, printin
 from __future__ import annotations
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -74,7 +75,11 @@ def _run_rank(rank: int, port: int) -> None:
     s.get_new_batch_prefill(s.running_batch)
     s.get_new_batch_prefill(s.running_batch)  # a second pass: the calls stay paired
     print("OUTCOME " + json.dumps(outcome(s)), flush=True)
+    dist.barrier()  # neither rank tears the group down while the other still uses it
     dist.destroy_process_group()
+    # gloo's threads can outlive the group into interpreter teardown, where one aborted a rank
+    # that had finished its work ("terminate called without an active exception", CI 2026-12-02)
+    os._exit(0)
 
 
 if __name__ == "__main__":
