@@ -12,6 +12,7 @@ import zmq.asyncio
 
 from router.protocol import Abort, Ack, Heartbeat, ProtocolError, Register, Submit
 from router.transport import RouterEndpoint, WorkerEndpoint, check_loopback
+from server.process import free_port
 
 TIMEOUT_S = 5.0
 REGISTER = Register(worker_id="w0", gpu="cpu", model="m", kv_capacity_tokens=1000, max_running=4)
@@ -130,9 +131,9 @@ def test_a_worker_queues_nothing_for_an_absent_router(ctx: zmq.asyncio.Context) 
     gets the next message, not a backlog of stale ones."""
 
     async def go() -> None:
-        probe = RouterEndpoint("tcp://127.0.0.1:0", ctx=ctx)
-        address = probe.address
-        probe.close()  # a free port with nobody listening
+        # a free port with nobody listening, outside the ephemeral range: a worker that keeps
+        # reconnecting to an ephemeral port can be handed it as its own and connect to itself
+        address = f"tcp://127.0.0.1:{free_port()}"
         worker = WorkerEndpoint(address, "w0", ctx=ctx)
         router = None
         try:
