@@ -33,7 +33,13 @@ def containers(kind: str = "Deployment") -> list[tuple[str, dict[str, Any], dict
 
 def test_the_manifests_exist() -> None:
     kinds = sorted(doc["kind"] for _, doc in documents())
-    assert kinds == ["Deployment", "Deployment", "Deployment", "PersistentVolumeClaim", "Secret", "Service"]
+    assert kinds == [
+        *["Deployment"] * 3,
+        *["NetworkPolicy"] * 2,
+        "PersistentVolumeClaim",
+        *["Secret"] * 2,
+        *["Service"] * 2,
+    ]
 
 
 @pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
@@ -50,8 +56,7 @@ def test_every_manifest_validates_against_the_api_schema(version: str) -> None:
             pytest.fail(f"{name}: {doc['kind']} {doc['metadata']['name']}: {e.message} at {list(e.path)}")
 
 
-def test_selectors_match_their_pods_and_the_service_finds_the_router() -> None:
-    services = [doc for _, doc in documents() if doc["kind"] == "Service"]
+def test_selectors_match_their_pods_and_the_services_find_the_router() -> None:
     for _, doc in documents():
         if doc["kind"] != "Deployment":
             continue
@@ -61,24 +66,86 @@ def test_selectors_match_their_pods_and_the_service_finds_the_router() -> None:
         doc for _, doc in documents() if doc["metadata"]["name"] == "sglang-slo-router" and doc["kind"] == "Deployment"
     ]
     pod_labels = router["spec"]["template"]["metadata"]["labels"]
-    (service,) = services
-    assert service["spec"]["selector"].items() <= pod_labels.items()
     container_ports = {p["name"] for p in router["spec"]["template"]["spec"]["containers"][0]["ports"]}
-    assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+    services = [doc for _, doc in documents() if doc["kind"] == "Service"]
+    assert {s["metadata"]["name"] for s in services} == {"sglang-slo-router", "sglang-slo-router-workers"}
+    for service in services:
+        assert service["spec"]["selector"].items() <= pod_labels.items()
+        assert {p["targetPort"] for p in service["spec"]["ports"]} <= container_ports
+
+
+def secrets() -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for _, doc in documents() if doc["kind"] == "Secret"}
+
+
+def mounted_files(pod: dict[str, Any], container: dict[str, Any]) -> dict[str, tuple[str, str]]:
+    """Path in the container -> (Secret, key) of every Secret item the container mounts."""
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    out = {}
+    for mount in container.get("volumeMounts", []):
+        secret = volumes[mount["name"]].get("secret")
+        if secret is None or "items" not in secret:
+            continue
+        for item in secret["items"]:
+            out[f"{mount['mountPath']}/{item['path']}"] = (secret["secretName"], item["key"])
+    return out
 
 
 def test_every_secret_key_a_container_reads_exists() -> None:
-    secrets = {doc["metadata"]["name"]: doc for _, doc in documents() if doc["kind"] == "Secret"}
-    for deployment, _, container in containers():
+    known = secrets()
+    for deployment, pod, container in containers():
         for env in container.get("env", []):
             ref = env.get("valueFrom", {}).get("secretKeyRef")
             if ref:
-                assert ref["key"] in secrets[ref["name"]]["stringData"], (deployment, ref)
+                assert ref["key"] in known[ref["name"]]["stringData"], (deployment, ref)
+        for path, (secret, key) in mounted_files(pod, container).items():
+            if secret in known:  # the CURVE Secrets are made from key files (docs/deployment.md)
+                assert key in known[secret]["stringData"], (deployment, path)
+
+
+def access_file(container: dict[str, Any]) -> str:
+    (flag,) = [a for a in container["args"] if a.startswith("--auth-config=")]
+    return flag.partition("=")[2]
+
+
+def test_every_key_an_access_file_names_is_mounted_and_no_client_key_reaches_a_worker() -> None:
+    """Each container reads its access file and every key it names from its own mounts; the
+    workers' file and mounts hold no tenant key, and each role appears where it is needed."""
+    from router.access import Role
+
+    for deployment, pod, container in containers():
+        files = mounted_files(pod, container)
+        secret, key = files[access_file(container)]
+        entries = yaml.safe_load(secrets()[secret]["stringData"][key])["keys"]
+        for entry in entries:
+            assert entry["key_file"] in files, (deployment, entry["name"])
+        roles = {Role(e["role"]) for e in entries}
+        assert {Role.ADMIN, Role.METRICS, Role.WORKER} <= roles, deployment
+        if container["name"] == "worker":
+            mounted_keys = {k for s, k in files.values() if s == "sglang-slo-keys"}
+            assert not any(k.startswith("tenant") for k in mounted_keys), deployment
+            clients = [e["key_file"] for e in entries if e["role"] == "client"]
+            assert clients == ["/etc/sglang-slo/keys/worker-http"], deployment
+        else:
+            assert sum(e["role"] == "client" for e in entries) >= 2  # the multi-tenant example
+
+
+def test_no_key_is_on_a_command_line() -> None:
+    """`ps` shows arguments to every user of the node: keys come from files."""
+    for deployment, _, container in containers():
+        for arg in container["args"]:
+            assert not re.match(r"--(api-key|admin-api-key|worker-secret)(=|$)", arg), (deployment, arg)
+
+
+def test_queues_are_bounded() -> None:
+    for deployment, _, container in containers():
+        bounds = [a for a in container["args"] if a.startswith("--max-queued-requests=")]
+        assert len(bounds) == 1 and int(bounds[0].partition("=")[2]) > 0, deployment
 
 
 def _args(container: dict[str, Any], paths: dict[str, str]) -> list[str]:
     """The container's arguments as its process gets them: $(VAR) filled, paths made local."""
-    values = {"POD_IP": "10.1.2.3", "POD_NAME": "sglang-slo-worker-h100-6d9c5b7f4-x2x9z", "API_KEY": "key"}
+    values = {"POD_IP": "10.1.2.3", "POD_NAME": "sglang-slo-worker-h100-6d9c5b7f4-x2x9z"}
     out = []
     for arg in container["args"]:
         arg = re.sub(r"\$\((\w+)\)", lambda m: values[m.group(1)], arg)
@@ -88,11 +155,31 @@ def _args(container: dict[str, Any], paths: dict[str, str]) -> list[str]:
     return out
 
 
+def materialize_secrets(root: Path) -> dict[str, str]:
+    """The Secrets' files as the pods see them, written under `root`: the keys of sglang-slo-keys
+    and the access files of sglang-slo-auth (their key paths made local). Returns the mapping
+    from the pods' folders to the local ones."""
+    keys, auth = root / "keys", root / "auth"
+    keys.mkdir()
+    auth.mkdir()
+    known = secrets()
+    for name, value in known["sglang-slo-keys"]["stringData"].items():
+        (keys / name).write_text(value)
+        (keys / name).chmod(0o400)
+    for name, text in known["sglang-slo-auth"]["stringData"].items():
+        (auth / name).write_text(text.replace("/etc/sglang-slo/keys", str(keys)))
+    return {"/etc/sglang-slo/keys": str(keys), "/etc/sglang-slo/auth": str(auth)}
+
+
 @pytest.fixture
 def local_paths(tmp_path: Path) -> dict[str, str]:
     zmq.auth.create_certificates(str(tmp_path), "router")
     (tmp_path / "model").mkdir()
-    return {"/etc/sglang-slo/curve": str(tmp_path), "/models/Llama-3.1-8B-Instruct": str(tmp_path / "model")}
+    return {
+        "/etc/sglang-slo/curve": str(tmp_path),
+        "/models/Llama-3.1-8B-Instruct": str(tmp_path / "model"),
+        **materialize_secrets(tmp_path),
+    }
 
 
 def test_the_router_container_passes_launch_routers_checks(local_paths: dict[str, str]) -> None:

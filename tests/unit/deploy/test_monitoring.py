@@ -127,10 +127,11 @@ def _sanitize(name: str) -> str:
 
 
 def test_prometheus_keeps_the_kubernetes_pods_and_labels_their_component() -> None:
+    """Each pod of the manifests is kept by exactly one job, the one for its component."""
     from tests.unit.deploy.test_kubernetes import documents
 
     config = yaml.safe_load(PROMETHEUS.read_text())
-    (job,) = [j for j in config["scrape_configs"] if "kubernetes_sd_configs" in j]
+    jobs = [j for j in config["scrape_configs"] if "kubernetes_sd_configs" in j]
     components = set()
     for _, doc in documents():
         if doc["kind"] != "Deployment":
@@ -142,11 +143,24 @@ def test_prometheus_keeps_the_kubernetes_pods_and_labels_their_component() -> No
             f"__meta_kubernetes_pod_annotation_{_sanitize(k)}": v
             for k, v in template["metadata"]["annotations"].items()
         }
-        labels = _relabel(job["relabel_configs"], meta)
-        assert labels is not None, doc["metadata"]["name"]
+        kept = [(job["job_name"], labels) for job in jobs if (labels := _relabel(job["relabel_configs"], meta))]
+        assert len(kept) == 1, (doc["metadata"]["name"], [name for name, _ in kept])
+        ((job_name, labels),) = kept
         port = template["metadata"]["annotations"]["prometheus.io/port"]
         assert labels["__address__"] == f"10.1.2.3:{port}" and labels["__metrics_path__"] == "/metrics"
+        assert job_name.endswith(labels["component"]) or job_name.endswith(labels["component"] + "s")
         components.add(labels["component"])
     assert components == {"router", "worker"}
     static = [j for j in config["scrape_configs"] if "static_configs" in j]
     assert {c["labels"]["component"] for j in static for c in j["static_configs"]} == {"router", "worker"}
+
+
+def test_every_scrape_sends_a_key_read_from_a_file() -> None:
+    """/metrics needs a metrics or admin key; a key written into this file would be readable by
+    whoever reads the configuration."""
+    config = yaml.safe_load(PROMETHEUS.read_text())
+    for job in config["scrape_configs"]:
+        auth = job.get("authorization")
+        assert auth is not None, job["job_name"]
+        assert auth.get("type", "Bearer") == "Bearer" and "credentials" not in auth, job["job_name"]
+        assert auth["credentials_file"].startswith("/"), job["job_name"]
