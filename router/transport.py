@@ -15,6 +15,12 @@ the worker that it talks to the router holding the secret key.
 
 The router also notes the address each worker's connection comes from (`peer_host`): a worker
 bound to every interface advertises no address of its own, and is reached where it connects from.
+
+Anyone who reaches the router's port can connect before authenticating, so nothing a peer sends
+may grow without bound: libzmq drops a peer whose frame exceeds the protocol's limit before
+buffering it (MAXMSGSIZE), the peer-address table is a bounded LRU, and a send never waits on
+one worker's full queue (the rest queue in that worker's bounded outbox), so one slow worker
+cannot stall the router's message handling for the others.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -38,6 +45,10 @@ logger = logging.getLogger(__name__)
 DEFAULT_BIND = "tcp://127.0.0.1:0"  # port 0: the OS picks; read the real one from `.address`
 _LOCAL_TRANSPORTS = ("ipc://", "inproc://")
 SEND_HWM = 100_000  # token chunks of many streams may queue while the router catches up
+MAX_PEERS = 4096  # peer addresses remembered (LRU): unauthenticated peers cannot grow the table
+OUTBOX_MESSAGES = 1024  # messages a worker whose queue is full may still have waiting for it
+OUTBOX_BYTES = 64 * 1024 * 1024
+OUTBOX_RETRY_S = 0.005
 _E = TypeVar("_E", bound="_Endpoint")
 
 
@@ -158,9 +169,12 @@ def _apply_curve(sock: zmq.asyncio.Socket, keys: CurveKeys, server: bool) -> Non
         sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
 
 
-def _socket(ctx: zmq.asyncio.Context, kind: int, address: str) -> zmq.asyncio.Socket:
+def _socket(ctx: zmq.asyncio.Context, kind: int, address: str, max_bytes: int) -> zmq.asyncio.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
+    # libzmq disconnects a peer whose frame is larger, before buffering it: the protocol refuses
+    # such a frame anyway, and a stranger must not make the router hold gigabytes first.
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     if address.startswith("tcp://["):
         sock.setsockopt(zmq.IPV6, 1)
     return sock
@@ -209,11 +223,15 @@ class RouterEndpoint(_Endpoint):
         ctx: zmq.asyncio.Context | None = None,
         max_bytes: int = MAX_MESSAGE_BYTES,
         curve: CurveKeys | None = None,
+        max_peers: int = MAX_PEERS,
+        send_hwm: int | None = None,  # per worker, in libzmq's queue (None: libzmq's default)
     ) -> None:
         check_loopback(bind_addr, allow_remote)
-        sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.ROUTER, bind_addr)
+        sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.ROUTER, bind_addr, max_bytes)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # sending to a gone worker errors instead of vanishing
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reclaims its routing id
+        if send_hwm is not None:
+            sock.setsockopt(zmq.SNDHWM, send_hwm)
         try:
             if curve is not None:
                 _apply_curve(sock, curve, server=True)
@@ -224,11 +242,26 @@ class RouterEndpoint(_Endpoint):
         super().__init__(sock, max_bytes)
         self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.encrypted = curve is not None
-        self._peers: dict[bytes, str] = {}  # identity -> the address its connection comes from
+        # identity -> the address its connection comes from, most recent speaker last
+        self._peers: OrderedDict[bytes, str] = OrderedDict()
+        self._max_peers = max_peers
+        self._outboxes: dict[bytes, _Outbox] = {}
+        self._drains: set[asyncio.Task[None]] = set()
 
     def peer_host(self, identity: bytes) -> str | None:
-        """Where the worker with this identity connects from (tcp only; None before a message)."""
+        """Where the worker with this identity connects from (tcp only; None before a message,
+        or once MAX_PEERS others have spoken since its last one)."""
         return self._peers.get(identity)
+
+    @property
+    def peers_known(self) -> int:
+        return len(self._peers)
+
+    def _note_peer(self, identity: bytes, peer: str) -> None:
+        self._peers[identity] = peer
+        self._peers.move_to_end(identity)
+        while len(self._peers) > self._max_peers:
+            self._peers.popitem(last=False)
 
     async def recv(self) -> tuple[bytes, Message]:
         """The next well-formed message; malformed frames are logged, counted and skipped."""
@@ -243,21 +276,74 @@ class RouterEndpoint(_Endpoint):
             identity, payload = frames[0].bytes, frames[1].bytes
             peer = _peer_address(frames[1])
             if peer is not None:
-                self._peers[identity] = peer
+                self._note_peer(identity, peer)
             msg = self._decode(payload, identity)
             if msg is None:
                 continue
             return identity, msg  # which connection may speak for which worker: the registry's call
 
     async def send(self, identity: bytes, msg: Message) -> bool:
-        """False when no worker with that identity is connected (it died or never came)."""
-        try:
-            await self._sock.send_multipart([identity, msg.to_wire()])
-        except zmq.ZMQError as exc:
-            if exc.errno == zmq.EHOSTUNREACH:
-                return False
-            raise
+        """False when no worker with that identity is connected (it died or never came), or when
+        its queue and its outbox are both full (it stopped reading). Never waits on the worker:
+        a message its queue cannot take yet waits in its outbox, in order."""
+        frames = [identity, msg.to_wire()]
+        box = self._outboxes.get(identity)
+        if box is None:
+            try:
+                await self._sock.send_multipart(frames, flags=zmq.NOBLOCK)
+                return True
+            except zmq.Again:
+                box = self._outboxes[identity] = _Outbox()
+                task = asyncio.get_running_loop().create_task(self._drain(identity, box))
+                self._drains.add(task)
+                task.add_done_callback(self._drains.discard)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    return False
+                raise
+        if not box.put(frames):
+            logger.warning("worker %r reads nothing: its outbox is full, dropping a %s", identity, msg.TYPE)
+            return False
         return True
+
+    async def _drain(self, identity: bytes, box: _Outbox) -> None:
+        """Hands `box` to libzmq as the worker's queue frees up; gives up when it disconnects."""
+        try:
+            while box.items and not self._sock.closed:
+                try:
+                    await self._sock.send_multipart(box.items[0], flags=zmq.NOBLOCK)
+                    box.pop()
+                except zmq.Again:
+                    await asyncio.sleep(OUTBOX_RETRY_S)
+                except zmq.ZMQError as exc:
+                    logger.warning("dropping %d queued messages for %r: %s", len(box.items), identity, exc)
+                    break
+        finally:
+            self._outboxes.pop(identity, None)
+
+    def close(self) -> None:
+        for task in list(self._drains):
+            task.cancel()
+        super().close()
+
+
+class _Outbox:
+    """Messages waiting for one worker whose libzmq queue is full; bounded in count and bytes."""
+
+    def __init__(self) -> None:
+        self.items: deque[list[bytes]] = deque()
+        self.bytes = 0
+
+    def put(self, frames: list[bytes]) -> bool:
+        size = len(frames[1])
+        if len(self.items) >= OUTBOX_MESSAGES or self.bytes + size > OUTBOX_BYTES:
+            return False
+        self.items.append(frames)
+        self.bytes += size
+        return True
+
+    def pop(self) -> None:
+        self.bytes -= len(self.items.popleft()[1])
 
 
 def _peer_address(frame: zmq.Frame) -> str | None:
@@ -284,7 +370,7 @@ class WorkerEndpoint(_Endpoint):
     ) -> None:
         check_loopback(connect_addr, allow_remote)
         check_worker_id(worker_id)
-        sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.DEALER, connect_addr)
+        sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.DEALER, connect_addr, max_bytes)
         try:
             if curve is not None:
                 _apply_curve(sock, curve, server=False)

@@ -1,0 +1,148 @@
+"""What an unauthenticated or stuck peer can make the router's socket hold, on real ZMQ sockets:
+an oversized frame gets its sender disconnected before it is buffered, the peer-address table
+stays bounded however many peers speak, and a worker that stops reading delays nobody else
+(its messages wait in a bounded outbox and reach it in order once it reads again)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
+
+from router.protocol import Heartbeat, Submit
+from router.transport import RouterEndpoint, WorkerEndpoint
+
+# Generous: each wait is for something that happens at once unless the code under test blocks.
+TIMEOUT_S = 60.0
+
+
+def _run(test: Callable[[], Awaitable[None]]) -> None:
+    asyncio.run(asyncio.wait_for(test(), TIMEOUT_S))
+
+
+async def _wait_event(monitor: zmq.asyncio.Socket, event: int) -> None:
+    while True:
+        msg = await recv_monitor_message(monitor)  # type: ignore[misc]
+        if msg["event"] == event:
+            return
+
+
+def test_an_oversized_frame_disconnects_its_sender_before_the_router_reads_it(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint(ctx=ctx, max_bytes=4096)
+        raw = ctx.socket(zmq.DEALER)
+        raw.setsockopt(zmq.LINGER, 0)
+        monitor = raw.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+        good = WorkerEndpoint(router.address, "w1", ctx=ctx)
+        try:
+            raw.connect(router.address)
+            await _wait_event(monitor, zmq.EVENT_CONNECTED)
+            await raw.send(b"x" * 100_000)
+            await _wait_event(monitor, zmq.EVENT_DISCONNECTED)  # libzmq cut it off
+            await good.send(Heartbeat(worker_id="w1", seq=1), wait_s=30.0)
+            identity, msg = await router.recv()
+            assert (identity, msg) == (b"w1", Heartbeat(worker_id="w1", seq=1))
+            assert router.dropped == 0  # the big frame never reached the application
+        finally:
+            raw.disable_monitor()
+            monitor.close(linger=0)
+            raw.close(linger=0)
+            good.close()
+            router.close()
+
+    _run(go)
+
+
+def test_a_worker_disconnects_a_router_that_sends_an_oversized_frame(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        raw = ctx.socket(zmq.ROUTER)
+        raw.setsockopt(zmq.LINGER, 0)
+        monitor = raw.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        try:
+            port = raw.bind_to_random_port("tcp://127.0.0.1")
+            worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx, max_bytes=4096)
+            try:
+                await worker.send(Heartbeat(worker_id="w0", seq=0), wait_s=30.0)
+                identity, _ = await raw.recv_multipart()
+                await raw.send_multipart([identity, b"x" * 100_000])
+                await _wait_event(monitor, zmq.EVENT_DISCONNECTED)
+                assert worker.dropped == 0
+            finally:
+                worker.close()
+        finally:
+            raw.disable_monitor()
+            monitor.close(linger=0)
+            raw.close(linger=0)
+
+    _run(go)
+
+
+def test_the_peer_table_stays_bounded_however_many_peers_speak(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint(ctx=ctx, max_peers=8)
+        peers: list[zmq.asyncio.Socket] = []
+        try:
+            for i in range(40):
+                sock = ctx.socket(zmq.DEALER)  # no routing id: libzmq makes up a new one each time
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.connect(router.address)
+                peers.append(sock)
+                await sock.send(Heartbeat(worker_id="w0", seq=i).to_wire())
+            seen = []
+            for _ in peers:
+                identity, _ = await router.recv()
+                seen.append(identity)
+                assert router.peers_known <= 8
+            assert len(set(seen)) == len(peers)
+            assert router.peer_host(seen[-1]) == "127.0.0.1"  # the latest speaker is remembered
+            assert router.peer_host(seen[0]) is None  # the oldest was let go
+        finally:
+            for sock in peers:
+                sock.close(linger=0)
+            router.close()
+
+    _run(go)
+
+
+def _submit(i: int) -> Submit:
+    return Submit(rid=f"r{i}", input_ids=list(range(1, 16_001)), sampling_params={})
+
+
+def test_a_worker_that_stops_reading_delays_no_one_else(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint(ctx=ctx, send_hwm=1)
+        stuck = ctx.socket(zmq.DEALER)
+        stuck.setsockopt(zmq.LINGER, 0)
+        stuck.setsockopt(zmq.RCVHWM, 1)
+        stuck.setsockopt(zmq.ROUTING_ID, b"stuck")
+        good = WorkerEndpoint(router.address, "w1", ctx=ctx)
+        try:
+            stuck.connect(router.address)
+            await stuck.send(Heartbeat(worker_id="stuck", seq=0).to_wire())
+            await good.send(Heartbeat(worker_id="w1", seq=0), wait_s=30.0)
+            for _ in range(2):
+                await router.recv()
+            accepted: list[str] = []
+            refused = 0
+            for i in range(1200):  # far more than its socket buffers and its outbox take
+                # each send must return at once, whatever the stuck worker's queue holds
+                if await asyncio.wait_for(router.send(b"stuck", _submit(i)), 10.0):
+                    accepted.append(f"r{i}")
+                else:
+                    refused += 1
+            assert refused > 0  # the outbox is bounded: the excess is refused, not held
+            assert await asyncio.wait_for(router.send(b"w1", _submit(-1)), 10.0)
+            assert (await good.recv()).rid == "r-1"  # type: ignore[attr-defined]
+            received = []
+            while len(received) < len(accepted):  # it reads again: everything queued arrives in order
+                received.append((await stuck.recv()).split(b'"rid":"', 1)[1].split(b'"', 1)[0].decode())
+            assert received == accepted
+        finally:
+            stuck.close(linger=0)
+            good.close()
+            router.close()
+
+    _run(go)
