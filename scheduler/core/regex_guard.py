@@ -31,16 +31,22 @@ unbounded or deeply ambiguous pattern) can always be rewritten with bounded coun
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from typing import Any
 
-try:  # Python 3.11+
-    from re import _constants as sre_c  # type: ignore[attr-defined]
-    from re import _parser as sre_parse  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as sre_c  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+
+def _stdlib(new: str, old: str) -> Any:
+    """The regex parser's modules (renamed in Python 3.11; the old names warn there)."""
+    try:
+        return importlib.import_module(new)
+    except ImportError:  # pragma: no cover - Python 3.10
+        return importlib.import_module(old)
+
+
+sre_c = _stdlib("re._constants", "sre_constants")
+sre_parse = _stdlib("re._parser", "sre_parse")
 
 MAX_PATTERNS = 8  # stop patterns per request
 MAX_PATTERN_CHARS = 256  # length of one pattern's source
