@@ -4,6 +4,7 @@ the wiring between the objects (selectors, Secret keys, ports) consistent."""
 
 from __future__ import annotations
 
+import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -124,8 +125,7 @@ def test_every_key_an_access_file_names_is_mounted_and_no_client_key_reaches_a_w
         if container["name"] == "worker":
             mounted_keys = {k for s, k in files.values() if s == "sglang-slo-keys"}
             assert not any(k.startswith("tenant") for k in mounted_keys), deployment
-            clients = [e["key_file"] for e in entries if e["role"] == "client"]
-            assert clients == ["/etc/sglang-slo/keys/worker-http"], deployment
+            assert not any(e["role"] == "client" for e in entries), deployment
         else:
             assert sum(e["role"] == "client" for e in entries) >= 2  # the multi-tenant example
 
@@ -183,24 +183,45 @@ def local_paths(tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_router_container_passes_launch_routers_checks(local_paths: dict[str, str]) -> None:
+    """Its flags and access file load: the tenants, operators and Prometheus by role, the worker
+    secret from the file."""
     import launch_router
+    from router.access import Role
 
     ((_, _, container),) = [c for c in containers() if c[2]["name"] == "router"]
     assert container["command"] == ["python", "-m", "launch_router"]
     config = launch_router.config_from_args(launch_router.build_parser().parse_args(_args(container, local_paths)))
     assert config.curve_secret_key and config.allow_remote_workers and config.tokenizer_path
+    assert config.max_queued_requests and config.worker_secret == stored_key("worker-secret").encode()
+    roles = {p.name: p.role for p in config.access.principals()}
+    assert roles == {"ops": Role.ADMIN, "prometheus": Role.METRICS, "tenant-a": Role.CLIENT, "tenant-b": Role.CLIENT}
+    tenant = config.access.authenticate(f"Bearer {stored_key('tenant-a')}")
+    assert tenant is not None and tenant.limits is not None and tenant.share == 2
+
+
+def stored_key(name: str) -> str:
+    return secrets()["sglang-slo-keys"]["stringData"][name]
 
 
 def test_every_worker_container_passes_launch_servers_checks(local_paths: dict[str, str]) -> None:
+    """Its flags and access file load: operators and Prometheus only, the router link's secret
+    from the file; no client key is accepted."""
     import launch_server
+    from server.worker_access import access_for, resolve_key_flags
 
     workers = [c for c in containers() if c[2]["name"] == "worker"]
     assert len(workers) == 2
     for deployment, pod, container in workers:
         assert container["command"] == ["python", "-m", "launch_server"]
         args = launch_server.build_parser().parse_args(_args(container, local_paths))
-        settings = launch_server._router_settings(args, args.port, None, False)
+        resolve_key_flags(args, env={})
+        access = access_for(args, argparse.Namespace(host=args.host))
+        settings = launch_server._router_settings(args, args.port, None, False, access.table.worker_secret())
         assert settings["router_curve_public_key"] and settings["advertise_host"] == "10.1.2.3", deployment
+        assert settings["worker_secret"] == stored_key("worker-secret").encode(), deployment
+        assert {p.name for p in access.table.principals()} == {"ops", "prometheus"}, deployment
+        assert access.table.authenticate(f"Bearer {stored_key('tenant-a')}") is None, deployment
+        assert args.max_queued_requests, deployment
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert container["readinessProbe"]["httpGet"]["path"] == "/health_generate"  # a real generation
         http = next(p["containerPort"] for p in container["ports"] if p["name"] == "http")
