@@ -677,6 +677,9 @@ class Dispatcher:
             await self.endpoint.send(identity, ack)
             if not ack.accepted:
                 return
+            trust = getattr(self.endpoint, "trust", None)  # its larger frames may now be decoded
+            if trust is not None:
+                trust(identity)
             self._registered.set()
             self._registered = asyncio.Event()
             for rid in previous:  # a live worker's new process: its work is gone

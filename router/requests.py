@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.service import GenerateCall
-from router.tokenizer import RouterTokenizer, TokenizeTimeout
+from router.tokenizer import RouterTokenizer, TokenizerBusy, TokenizeTimeout, input_chars
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import extract_slo
@@ -215,7 +215,9 @@ def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | No
 
 async def _encode(tokenizer: RouterTokenizer, text: str, name: str) -> list[int]:
     try:
-        ids = await tokenizer.run(lambda: tokenizer.encode(text), TOKENIZE_TIMEOUT_S)
+        ids = await tokenizer.run(lambda: tokenizer.encode(text), TOKENIZE_TIMEOUT_S, size=len(text))
+    except TokenizerBusy as exc:
+        raise ApiError.from_shed(exc.shed) from None
     except TokenizeTimeout as exc:
         raise bad(name, f"tokenizing {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault here
@@ -457,7 +459,9 @@ async def parse_chat(
     stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
     tok = await tokenizer()
     try:
-        ids = await tok.run(lambda: tok.chat_ids(messages, **kwargs), TOKENIZE_TIMEOUT_S)
+        ids = await tok.run(lambda: tok.chat_ids(messages, **kwargs), TOKENIZE_TIMEOUT_S, size=input_chars(messages))
+    except TokenizerBusy as exc:
+        raise ApiError.from_shed(exc.shed) from None
     except TokenizeTimeout as exc:
         raise bad("messages", f"rendering the chat template {exc}") from None
     except Exception as exc:  # noqa: BLE001 - a template that rejects the messages is the input's fault

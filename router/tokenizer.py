@@ -10,22 +10,36 @@ U+FFFD (a multi-byte character split across tokens). Each step costs O(window), 
 
 The Hugging Face tokenizer loads lazily in a thread: importing transformers and reading a
 tokenizer takes seconds, and the event loop must keep answering worker heartbeats meanwhile.
-For the same reason a request's prompt is tokenized (and its chat template rendered) on a small
-pool of threads with a time limit (`run`): a huge or hostile input costs that request a 400,
-never the other streams' latency.
+For the same reason a request's prompt is tokenized (and its chat template rendered) on threads
+(`run`), in two lanes by input size so that a few huge prompts cannot hold every thread while
+short ones wait: an input longer than `max_input_chars` is refused before it queues (400), one
+that runs past its limit counted from when it started gets a 400 (its thread cannot be stopped
+and finishes on its own, in its lane), and one that waits past `queue_timeout_s` for a thread
+never runs and gets a 503 with Retry-After: the router is busy, the input is not at fault.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
+import orjson
+
+from scheduler.core.shed_wire import Shed
+from wire import QUEUE_TIMEOUT
+
 REPLACEMENT = "\ufffd"
-TOKENIZE_THREADS = 2  # requests tokenized at once; the event loop never waits on one
+TOKENIZE_THREADS = 2  # short inputs tokenized at once; the event loop never waits on one
+LARGE_TOKENIZE_THREADS = 1  # long inputs have a lane of their own
+LARGE_INPUT_CHARS = 32 * 1024  # inputs longer than this go to the long lane
+MAX_INPUT_CHARS = 2 * 1024 * 1024  # longer inputs are refused before they queue
+QUEUE_TIMEOUT_S = 5.0  # longest wait for a tokenizer thread before the request gets a 503
 T = TypeVar("T")
 PROMPT_CONTEXT_TOKENS = 5  # prompt tokens decoded before the output, as SGLang does (leading spaces)
 
@@ -35,7 +49,52 @@ class TokenizerUnavailable(RuntimeError):
 
 
 class TokenizeTimeout(TimeoutError):
-    """Tokenizing one request took longer than its limit; the HTTP layer answers 400."""
+    """Tokenizing one request took longer than its limit once started; the HTTP layer answers 400."""
+
+
+class InputTooLong(ValueError):
+    """An input longer than the tokenizer takes; refused before it queues (400)."""
+
+
+class TokenizerBusy(RuntimeError):
+    """No tokenizer thread took the request within the queue limit: a 503 with Retry-After."""
+
+    def __init__(self, waited_s: float) -> None:
+        super().__init__(f"the router's tokenizer threads were busy for {waited_s:g} s")
+        self.shed = Shed(QUEUE_TIMEOUT, max(1, math.ceil(waited_s)), code="router_tokenizer_busy")
+
+
+def input_chars(value: Any) -> int:
+    """The size of a prompt or chat messages in characters (JSON length for structures)."""
+    if isinstance(value, str):
+        return len(value)
+    try:
+        return len(orjson.dumps(value))
+    except (TypeError, orjson.JSONEncodeError):
+        return 0  # not JSON: the template refuses it, quickly
+
+
+class _Job:
+    """One queued piece of work: it runs only if it starts before the caller gave up on it."""
+
+    def __init__(self, work: Callable[[], Any]) -> None:
+        self.work = work
+        self.lock = threading.Lock()
+        self.started_at: float | None = None  # time.monotonic() when a thread took it
+        self.abandoned = False
+
+    def __call__(self) -> Any:
+        with self.lock:
+            if self.abandoned:
+                return None
+            self.started_at = time.monotonic()
+        return self.work()
+
+    def abandon_if_queued(self) -> bool:
+        with self.lock:
+            if self.started_at is None:
+                self.abandoned = True
+            return self.abandoned
 
 
 def load_hf_tokenizer(path: str) -> Any:
@@ -62,25 +121,59 @@ class RouterTokenizer:
     """A lazily loaded Hugging Face tokenizer; `ensure(path)` must have succeeded before use."""
 
     def __init__(
-        self, path: str | None = None, *, tokenizer: Any = None, loader: Callable[[str], Any] = load_hf_tokenizer
+        self,
+        path: str | None = None,
+        *,
+        tokenizer: Any = None,
+        loader: Callable[[str], Any] = load_hf_tokenizer,
+        queue_timeout_s: float = QUEUE_TIMEOUT_S,
+        max_input_chars: int = MAX_INPUT_CHARS,
+        large_input_chars: int = LARGE_INPUT_CHARS,
     ):
         self.path = path
         self._hf = tokenizer
         self._loader = loader
         self._lock = threading.Lock()
         self.error: str | None = None  # the last load failure, for /slo/status
-        self._pool: ThreadPoolExecutor | None = None
+        self.queue_timeout_s = queue_timeout_s
+        self.max_input_chars = max_input_chars
+        self.large_input_chars = large_input_chars
+        self._pools: dict[bool, ThreadPoolExecutor] = {}  # large? -> its lane
 
-    async def run(self, work: Callable[[], T], timeout_s: float) -> T:
-        """`work` (tokenizing, templating) on the tokenizer's threads; TokenizeTimeout past
-        `timeout_s` (the thread finishes on its own, the request has its answer)."""
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="router-tokenize")
-        future = asyncio.get_running_loop().run_in_executor(self._pool, work)
+    def _lane(self, large: bool) -> ThreadPoolExecutor:
+        pool = self._pools.get(large)
+        if pool is None:
+            threads, name = (LARGE_TOKENIZE_THREADS, "long") if large else (TOKENIZE_THREADS, "short")
+            pool = self._pools[large] = ThreadPoolExecutor(threads, thread_name_prefix=f"router-tokenize-{name}")
+        return pool
+
+    async def run(self, work: Callable[[], T], timeout_s: float, size: int = 0) -> T:
+        """`work` (tokenizing, templating an input of `size` characters) on the lane for its size.
+
+        InputTooLong before queueing; TokenizerBusy when no thread took it within the queue
+        limit (it never runs); TokenizeTimeout when it ran longer than `timeout_s` (the thread
+        finishes on its own, the request has its answer)."""
+        if size > self.max_input_chars:
+            raise InputTooLong(f"{size} characters exceeds the router's limit of {self.max_input_chars}")
+        job = _Job(work)
+        future = asyncio.get_running_loop().run_in_executor(self._lane(size > self.large_input_chars), job)
+        queued_until = time.monotonic() + self.queue_timeout_s
         try:
-            return await asyncio.wait_for(future, timeout_s)
-        except asyncio.TimeoutError:
-            raise TokenizeTimeout(f"took longer than {timeout_s:g} s") from None
+            while True:
+                started = job.started_at
+                until = queued_until if started is None else started + timeout_s
+                left = until - time.monotonic()
+                if left > 0:
+                    done, _ = await asyncio.wait({future}, timeout=left)
+                    if done:
+                        return future.result()
+                elif started is None and job.abandon_if_queued():
+                    raise TokenizerBusy(self.queue_timeout_s)
+                elif started is not None:
+                    raise TokenizeTimeout(f"took longer than {timeout_s:g} s")
+        except asyncio.CancelledError:
+            job.abandon_if_queued()  # the client left: a queued job need not run
+            raise
 
     @property
     def loaded(self) -> bool:

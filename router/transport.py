@@ -18,7 +18,8 @@ bound to every interface advertises no address of its own, and is reached where 
 
 Anyone who reaches the router's port can connect before authenticating, so nothing a peer sends
 may grow without bound: libzmq drops a peer whose frame exceeds the protocol's limit before
-buffering it (MAXMSGSIZE), the peer-address table is a bounded LRU, and a send never waits on
+buffering it (MAXMSGSIZE), a large frame is decoded only from a connection that registered, the
+peer-address table is a bounded LRU, and a send never waits on
 one worker's full queue (the rest queue in that worker's bounded outbox), so one slow worker
 cannot stall the router's message handling for the others.
 """
@@ -46,6 +47,9 @@ DEFAULT_BIND = "tcp://127.0.0.1:0"  # port 0: the OS picks; read the real one fr
 _LOCAL_TRANSPORTS = ("ipc://", "inproc://")
 SEND_HWM = 100_000  # token chunks of many streams may queue while the router catches up
 MAX_PEERS = 4096  # peer addresses remembered (LRU): unauthenticated peers cannot grow the table
+# Frames larger than this are only decoded from connections that registered (`trust`): a
+# Register is small, and decoding a frame near MAX_MESSAGE_BYTES holds the event loop a while.
+STRANGER_MAX_BYTES = 64 * 1024
 OUTBOX_MESSAGES = 1024  # messages a worker whose queue is full may still have waiting for it
 OUTBOX_BYTES = 64 * 1024 * 1024
 OUTBOX_RETRY_S = 0.005
@@ -224,6 +228,7 @@ class RouterEndpoint(_Endpoint):
         max_bytes: int = MAX_MESSAGE_BYTES,
         curve: CurveKeys | None = None,
         max_peers: int = MAX_PEERS,
+        stranger_max_bytes: int = STRANGER_MAX_BYTES,
         send_hwm: int | None = None,  # per worker, in libzmq's queue (None: libzmq's default)
     ) -> None:
         check_loopback(bind_addr, allow_remote)
@@ -245,6 +250,8 @@ class RouterEndpoint(_Endpoint):
         # identity -> the address its connection comes from, most recent speaker last
         self._peers: OrderedDict[bytes, str] = OrderedDict()
         self._max_peers = max_peers
+        self._stranger_max_bytes = stranger_max_bytes
+        self._trusted: OrderedDict[bytes, None] = OrderedDict()  # registered connections, newest last
         self._outboxes: dict[bytes, _Outbox] = {}
         self._drains: set[asyncio.Task[None]] = set()
 
@@ -252,6 +259,13 @@ class RouterEndpoint(_Endpoint):
         """Where the worker with this identity connects from (tcp only; None before a message,
         or once MAX_PEERS others have spoken since its last one)."""
         return self._peers.get(identity)
+
+    def trust(self, identity: bytes) -> None:
+        """The connection registered: its frames may be as large as the protocol allows."""
+        self._trusted[identity] = None
+        self._trusted.move_to_end(identity)
+        while len(self._trusted) > self._max_peers:
+            self._trusted.popitem(last=False)
 
     @property
     def peers_known(self) -> int:
@@ -274,6 +288,10 @@ class RouterEndpoint(_Endpoint):
                 )
                 continue
             identity, payload = frames[0].bytes, frames[1].bytes
+            if len(payload) > self._stranger_max_bytes and identity not in self._trusted:
+                self.dropped += 1  # decoding it would hold the event loop for a stranger
+                logger.warning("dropping a %d-byte frame from unregistered peer %r", len(payload), identity)
+                continue
             peer = _peer_address(frames[1])
             if peer is not None:
                 self._note_peer(identity, peer)

@@ -12,7 +12,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from router.protocol import Heartbeat, Submit
+from router.protocol import Heartbeat, Submit, TokenChunk
 from router.transport import RouterEndpoint, WorkerEndpoint
 
 # Generous: each wait is for something that happens at once unless the code under test blocks.
@@ -143,6 +143,26 @@ def test_a_worker_that_stops_reading_delays_no_one_else(ctx: zmq.asyncio.Context
         finally:
             stuck.close(linger=0)
             good.close()
+            router.close()
+
+    _run(go)
+
+
+def test_a_large_frame_is_decoded_only_from_a_registered_connection(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint(ctx=ctx)
+        worker = WorkerEndpoint(router.address, "w0", ctx=ctx)
+        big = TokenChunk(rid="r1", worker_id="w0", token_ids=list(range(1, 30_001)), completion_tokens=30_000)
+        try:
+            await worker.send(big, wait_s=30.0)  # a stranger's: dropped undecoded
+            await worker.send(Heartbeat(worker_id="w0", seq=1))
+            identity, msg = await router.recv()
+            assert msg == Heartbeat(worker_id="w0", seq=1) and router.dropped == 1
+            router.trust(identity)  # what the dispatcher does once the worker registered
+            await worker.send(big)
+            assert await router.recv() == (identity, big)
+        finally:
+            worker.close()
             router.close()
 
     _run(go)
