@@ -44,3 +44,7 @@ SHED_REASON_KEY = "reason"
 RETRY_AFTER_KEY = "retry_after_s"
 PREDICTED_WAIT_KEY = "predicted_wait_ms"
 SHED_CLASS_KEY = "class"
+
+# ---- tenancy (set by an HTTP edge from the caller's key; clients' `slo_*` keys are stripped) ----
+TENANT_PARAM = "slo_tenant"  # custom_params: the caller's key name (fair shares between keys)
+SHARE_PARAM = "slo_share"  # custom_params: that key's share of contended capacity (> 0)

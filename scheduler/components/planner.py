@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from scheduler.core.columns import RowCache
+from scheduler.core.fairness import FairShare
 from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, plan_pass
 from scheduler.core.types import EngineView, PerfModel, Policy
 
@@ -21,12 +22,13 @@ class PassPlanner:
         self.errors = 0
         # The views come from the adapter's ViewBuilder, which keeps RowCache's contract.
         self.row_cache = RowCache()
+        self.fair = FairShare()  # tenants' served-token counters across passes
 
     def plan(
         self, view: EngineView, knob_model: KnobModel | None, wait_model: PerfModel | None = None
     ) -> FinalPlan | None:
         try:
-            return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.row_cache)
+            return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.row_cache, self.fair)
         except Exception:
             self.errors += 1
             logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)

@@ -17,7 +17,7 @@ from typing import Any
 
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import read_injected
-from wire import ARRIVAL_PARAM, ORACLE_HINT_PARAM
+from wire import ARRIVAL_PARAM, ORACLE_HINT_PARAM, SHARE_PARAM, TENANT_PARAM
 
 logger = logging.getLogger("sglang_slo.scheduler")
 
@@ -31,6 +31,8 @@ class RequestState:
     hinted: bool = False  # a benchmark's hidden true length lowered the engine's max_new_tokens
     client_cap: int | None = None  # ... and this was the client's own (what policies see)
     stage_deadline: Any = _UNSET  # compound: D_s fixed when the stage is first seen (float | None)
+    tenant: str | None = None  # the caller's key name, as the HTTP edge wrote it (fair shares)
+    share: float = 1.0  # that key's share
 
     @property
     def stage_deadline_known(self) -> bool:
@@ -47,6 +49,17 @@ def injected_arrival(sampling_params: Any) -> float | None:
     """The arrival the HTTP edge stamped (unix time), without parsing the SLO."""
     value = (getattr(sampling_params, "custom_params", None) or {}).get(ARRIVAL_PARAM)
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def request_tenant(sampling_params: Any) -> tuple[str | None, float]:
+    """The tenant and share the HTTP edge wrote from the caller's key (a client's own `slo_*`
+    keys were stripped there); no tenant, share 1 when absent or malformed."""
+    custom = getattr(sampling_params, "custom_params", None) or {}
+    tenant, share = custom.get(TENANT_PARAM), custom.get(SHARE_PARAM, 1.0)
+    if not isinstance(tenant, str) or not tenant:
+        return None, 1.0
+    ok = isinstance(share, (int, float)) and not isinstance(share, bool) and 0 < share < float("inf")
+    return tenant, float(share) if ok else 1.0
 
 
 def request_slo(rid: str, sampling_params: Any) -> tuple[SloSpec, float | None]:
@@ -79,7 +92,8 @@ class RequestStates:
         state = self._states.get(req.rid)
         if state is None:
             spec, arrival = request_slo(req.rid, req.sampling_params)
-            state = RequestState(spec, arrival if arrival is not None else now)
+            tenant, share = request_tenant(req.sampling_params)
+            state = RequestState(spec, arrival if arrival is not None else now, tenant=tenant, share=share)
             if req.rid in self._caps:
                 state.hinted, state.client_cap = True, self._caps.pop(req.rid)
             self._states[req.rid] = state

@@ -244,6 +244,8 @@ class ViewBuilder:
             stage_deadline=stage_deadline,
             best_effort_tier=spec.is_best_effort or self.states.is_declined(req.rid),
             oracle_output_len=oracle_hint(req.sampling_params) if self.oracle else None,
+            tenant=state.tenant,
+            share=state.share,
         )
         if self.lengths is not None:
             view.predicted_output_len = self._bound(req, view)

@@ -125,9 +125,20 @@ class SloTable:
 
 
 # Row layout of a request's static numbers: its own, then its spec's (SloTable's order).
-_ARRIVAL, _PROMPT, _MAX_NEW, _BASE, _DEADLINE, _GROUP_KEY = range(6)
-_SPEC = 6  # first spec row
+_ARRIVAL, _PROMPT, _MAX_NEW, _BASE, _DEADLINE, _GROUP_KEY, _TENANT, _SHARE = range(8)
+_SPEC = 8  # first spec row
 STATIC_ROWS = _SPEC + SloTable.ROWS
+
+
+_TENANT_IDS: dict[str, int] = {}  # tenant name -> id, for this process's life (names come from its key file)
+
+
+def tenant_id(name: str) -> int:
+    """A small stable number for a tenant (a key's name): ids outlive any one RowCache."""
+    found = _TENANT_IDS.get(name)
+    if found is None:
+        found = _TENANT_IDS.setdefault(name, len(_TENANT_IDS))
+    return found
 
 
 def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[object, object], int]) -> np.ndarray:
@@ -156,6 +167,8 @@ def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[
         sub_arrival = arrival[dl_rows]
         out[_BASE, dl_rows] = deadline_bases(sub_arrival, program_arrival)
         out[_DEADLINE, dl_rows] = absolute_deadlines(deadline_s[dl_rows], sub_arrival, program_arrival, stage)
+    out[_TENANT] = _floats([-1 if (t := r.tenant) is None else tenant_id(t) for r in reqs], n)
+    out[_SHARE] = _floats([r.share for r in reqs], n)
     out[_GROUP_KEY] = -1
     for i in (out[_SPEC + SloTable.CLS] == COMPOUND).nonzero()[0].tolist():
         slo = reqs[i].slo
@@ -229,8 +242,8 @@ class RowCache:
     per-pass numbers from the views.
 
     Contract with the engine that builds the views and keeps this cache: once a RequestView
-    exists, its rid, slo, arrival, prompt_len, max_new_tokens, program_arrival and
-    stage_deadline are never reassigned. The SGLang adapter's ViewBuilder and the simulator's
+    exists, its rid, slo, arrival, prompt_len, max_new_tokens, program_arrival,
+    stage_deadline, tenant and share are never reassigned. The SGLang adapter's ViewBuilder and the simulator's
     SimEngine keep to it: across passes they refresh only generated, prefix_cached,
     first_token_time, predicted_output_len, attained_service and best_effort_tier, which
     ViewColumns reads every pass. A request whose static fields change gets a new view (the
@@ -458,6 +471,12 @@ class ViewColumns:
     tpot_ms = _Static(_SPEC + SloTable.TPOT_MS)  # nan: none
     weight = _Static(_SPEC + SloTable.WEIGHT)
     max_queue_s = _Static(_SPEC + SloTable.MAX_QUEUE_S)  # nan: none
+    share = _Static(_SHARE)  # the tenant's share of contended capacity
+
+    @_Once
+    def tenant(self) -> np.ndarray:
+        """`tenant_id` of each request's tenant (-1: none)."""
+        return self._gather(_TENANT).astype(np.int64)
 
     @_Once
     def end_to_end_deadline(self) -> np.ndarray:

@@ -15,6 +15,9 @@ simulator apply exactly the same plan and differ only in the engine underneath:
   budget if it has one (`chunk_cap`);
 - under the SLO levers, best-effort-tier requests already past due are held while SLO work is
   in the engine (`lost_hold`: the tier runs on what the SLO requests leave, SLOs-Serve §4.1);
+- when several tenants (API keys) have work waiting, the policy's order is blended with their
+  fair-share order (`fairness.FairShare`, Tempo/JITServe §4.3), before any of the above reads
+  it; stock fcfs and PD decode workers keep their order;
 - guards keep a plan applicable: drops and tiers name waiting requests, preemptions running
   ones, the cap admits at least one request and the chunk stays within the start-up size.
 
@@ -32,6 +35,7 @@ import numpy as np
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
+from scheduler.core.fairness import DEFAULT_FAIRNESS, FairShare
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
@@ -50,6 +54,9 @@ class PlanSettings:
     # The most prompt tokens one step prefills under the levers (None: the start-up chunk): a
     # policy's own per-step token budget, over whatever the perf model sizes (gmax.py).
     chunk_cap: int | None = None
+    # f of the fair-share blend between tenants (scheduler/core/fairness.py; 0: the policy's
+    # order alone). Nothing changes while fewer than two tenants (API keys) have work waiting.
+    fairness: float = DEFAULT_FAIRNESS
 
 
 def settings_for(policy: Policy, mixed_batching: bool = True, role: str = MIXED) -> PlanSettings:
@@ -174,11 +181,17 @@ def plan_pass(
     knob_model: KnobModel | None = None,
     wait_model: PerfModel | None = None,
     cache: RowCache | None = None,
+    fair: FairShare | None = None,
 ) -> FinalPlan:
     """`policy`'s plan for `view`, finished: both read the view's columns once (`cache`: the
-    engine's static per-request numbers across passes, under RowCache's contract)."""
+    engine's static per-request numbers across passes, under RowCache's contract). `fair`:
+    the engine's tenant counters; the policy's order is blended with the tenants' fair order
+    before it is finished, so admission and drops see the order the engine applies."""
     with sharing(view, cache):
-        return finalize_plan(view, policy.plan(view), settings, knob_model, wait_model)
+        plan = policy.plan(view)
+        if fair is not None and settings.knobs and settings.role != DECODE:
+            plan = fair.blend(view, plan, settings.fairness)
+        return finalize_plan(view, plan, settings, knob_model, wait_model)
 
 
 def _knobs(

@@ -39,6 +39,7 @@ from typing import Protocol
 from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.columns import RowCache
 from scheduler.core.dynamic_chunking import budget_from_startup, dynamic_chunk
+from scheduler.core.fairness import FairShare
 from scheduler.core.plan_path import DECODE, PREFILL, FinalPlan, KnobModel, PlanSettings, plan_pass
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.slo import SloSpec
@@ -65,6 +66,8 @@ class SimRequest:
     think_s: float = 0.0
     generated: int = 0  # output tokens it arrives with (a PD decode engine's hand-off)
     prefix_hashes: tuple[int, ...] = ()  # chained hashes of its prompt's leading blocks (prefix reuse)
+    tenant: str | None = None  # the API key it came with (fair shares between keys)
+    share: float = 1.0  # that key's share
 
 
 @dataclass
@@ -219,6 +222,7 @@ class SimEngine:
         # A state's view keeps RowCache's contract (only per-pass fields are refreshed); a
         # recorded trace builds new views every pass, which a cache would only pile up.
         self._row_cache = None if record_trace else RowCache()
+        self._fair = FairShare()  # tenants' served-token counters across passes (fair shares)
         self.waiting: list[_State] = []
         self.running: dict[int, _State] = {}  # admitted_seq -> state: admission order, O(1) removal
         self.prefilling: list[_State] = []  # running requests still prefilling, in admission order
@@ -339,7 +343,7 @@ class SimEngine:
         if self.waiting or self.prefilling:  # as the adapter: a chunked prefill's next chunk is planned
             view = self.view(now)
             knobs = self.spec.knob_model(self.plan_perf) if self.spec is not None else self.knob_model
-            plan = plan_pass(view, self.policy, self.settings, knobs, cache=self._row_cache)
+            plan = plan_pass(view, self.policy, self.settings, knobs, cache=self._row_cache, fair=self._fair)
             if plan.preempt or plan.drop:
                 self.plans.append((self.steps, plan))
             if self.record_trace:
@@ -619,6 +623,8 @@ class SimEngine:
                 attained_service=attained,
                 best_effort_tier=st.be_tier,
                 oracle_output_len=r.output_len if self.oracle else None,
+                tenant=r.tenant,
+                share=r.share,
             )
             if not self.record_trace:
                 st.view = view

@@ -42,6 +42,8 @@ class RequestView:
     attained_service: float = 0.0  # LAS: tokens (prefill+decode) served to its program so far
     best_effort_tier: bool = False  # declined by admission, runs on leftover budget
     oracle_output_len: int | None = None  # true length: filled only for *_oracle policies
+    tenant: str | None = None  # the API key it came with (fair shares between keys); None: no key
+    share: float = 1.0  # that key's share of contended capacity
 
     @property
     def started(self) -> bool:

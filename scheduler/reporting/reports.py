@@ -23,6 +23,7 @@ class _Tracked:
     arrival: float
     token_times: list[float] = field(default_factory=list)
     best_effort: bool | None = None  # tier when its first token came out
+    clamped: dict[str, Any] | None = None  # what the caller's key limits changed (slo_limits)
 
 
 class SloReportKeeper:
@@ -78,8 +79,8 @@ class SloReportBook(SloReportKeeper):
         super().__init__(metrics, keep_reports)
         self._live: dict[str, _Tracked] = {}
 
-    def start(self, rid: str, slo: SloSpec, arrival: float) -> None:
-        self._live[rid] = _Tracked(slo, arrival)
+    def start(self, rid: str, slo: SloSpec, arrival: float, clamped: dict[str, Any] | None = None) -> None:
+        self._live[rid] = _Tracked(slo, arrival, clamped=clamped or None)
         self.begin(slo, arrival)
 
     def on_output(self, meta_info: dict[str, Any]) -> None:
@@ -111,4 +112,7 @@ class SloReportBook(SloReportKeeper):
     def _finish(self, rid: str, finished: bool) -> dict[str, Any]:
         tracked = self._live.pop(rid)
         tier = "best_effort" if tracked.best_effort else "admitted"
-        return self.score(rid, tracked.slo, tracked.arrival, tracked.token_times, finished, tier)
+        report = self.score(rid, tracked.slo, tracked.arrival, tracked.token_times, finished, tier)
+        if tracked.clamped:
+            report["clamped"] = tracked.clamped  # the kept report (OpenAI's `slo` block) says it too
+        return report
