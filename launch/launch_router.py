@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -57,13 +58,32 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="policy constructor parameter, VALUE in JSON (repeatable), e.g. tau=20 or tiers_ms=[50,100]",
     )
-    parser.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
+    parser.add_argument(
+        "--api-key",
+        help="a client key: clients send 'Authorization: Bearer KEY' (generation, model and server info). "
+        "Visible in the process list: prefer --api-key-file or $SGLANG_SLO_API_KEY",
+    )
+    parser.add_argument("--api-key-file", metavar="PATH", help="read the client key from this file")
+    parser.add_argument(
+        "--admin-api-key",
+        help="the operator's key (/slo/status, /slo/migrate, /flush_cache, /metrics and every client route; at "
+        "least 16 bytes); a client key never reaches those. Prefer --admin-api-key-file or "
+        "$SGLANG_SLO_ADMIN_API_KEY",
+    )
+    parser.add_argument("--admin-api-key-file", metavar="PATH", help="read the admin key from this file")
+    parser.add_argument(
+        "--auth-config",
+        metavar="FILE",
+        help="keys with roles (client, admin, metrics, worker), per-key SLO limits and shares, in one YAML "
+        "file (router/access.py); its worker key is the worker secret",
+    )
     parser.add_argument(
         "--worker-secret",
         metavar="SECRET",
-        help="the workers' credential, separate from the client key (at least 16 bytes; prefer "
-        "--worker-secret-file or $SGLANG_SLO_WORKER_SECRET): workers prove it in a nonce handshake and every "
-        "message to them is authenticated with it. Without it, --api-key stands in (then anyone holding the "
+        help="the workers' credential, separate from every HTTP key (at least 16 bytes; prefer "
+        "--worker-secret-file, $SGLANG_SLO_WORKER_SECRET or a worker key in --auth-config): workers prove it "
+        "in a nonce handshake and every message to them is authenticated with it. Required with "
+        "--allow-remote-workers; on loopback, without it, --api-key stands in (then anyone holding the "
         "client key can join as a worker)",
     )
     parser.add_argument("--worker-secret-file", metavar="PATH", help="read --worker-secret from this file")
@@ -144,18 +164,6 @@ def config_from_args(args: argparse.Namespace) -> Any:
         raise SystemExit("--request-timeout-s: must be >= 0 (0 disables it)")
     if args.max_queued_requests is not None and args.max_queued_requests < 1:
         raise SystemExit("--max-queued-requests: must be >= 1")
-    from router.worker_auth import resolve_worker_secret
-
-    try:
-        secret, source = resolve_worker_secret(args.worker_secret, args.worker_secret_file, args.api_key)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--worker-secret: {e}") from None
-    if source != "worker secret":
-        logging.getLogger("launch_router").warning(
-            "no --worker-secret: workers are authenticated by %s%s",
-            source,
-            " (anyone holding the client API key can join as a worker)" if source.startswith("api key") else "",
-        )
     if args.migrate_interval_s < 0:
         raise SystemExit("--migrate-interval-s: must be >= 0 (0 disables migrations)")
     if args.worker_bind and args.worker_port is not None:
@@ -176,6 +184,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
             f"--worker-bind {bind}: links that leave the machine are encrypted: give --curve-secret-key "
             "(make keys with: python -c \"import zmq.auth; zmq.auth.create_certificates('keys', 'router')\")"
         )
+    api_key, access = access_from_args(args)
+    secret = worker_secret_from_args(args, api_key, access, remote=args.allow_remote_workers or not is_loopback(bind))
     if args.tokenizer_path and not Path(args.tokenizer_path).exists():
         raise SystemExit(f"--tokenizer-path: no such file or folder {args.tokenizer_path}")
     return RouterConfig(
@@ -184,7 +194,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
         curve_secret_key=args.curve_secret_key,
         routing_policy=args.routing_policy,
         policy_params=_policy_params(args.routing_policy_param, args.routing_policy),
-        api_key=args.api_key,
+        api_key=api_key,
+        access=access,
         tokenizer_path=args.tokenizer_path,
         dead_after_s=args.dead_after_s,
         migrate_interval_s=args.migrate_interval_s or None,
@@ -197,6 +208,78 @@ def config_from_args(args: argparse.Namespace) -> Any:
         stall_after_s=args.stall_after_s,
         forget_after_s=args.forget_after_s,
     )
+
+
+API_KEY_ENV = "SGLANG_SLO_API_KEY"
+ADMIN_API_KEY_ENV = "SGLANG_SLO_ADMIN_API_KEY"
+
+
+def _key(value: str | None, path: str | None, env_name: str, flag: str) -> str | None:
+    """A key from its flag, its file or its environment variable (in that order)."""
+    if value is not None and path is not None:
+        raise SystemExit(f"{flag} and {flag}-file: give one of them")
+    if path is not None:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as e:
+            raise SystemExit(f"{flag}-file: {e}") from None
+        if not value:
+            raise SystemExit(f"{flag}-file: {path} is empty")
+        return value
+    if value is not None:
+        logging.getLogger("launch_router").warning(
+            "%s on the command line is visible in the process list: prefer %s-file or $%s", flag, flag, env_name
+        )
+        return value
+    return os.environ.get(env_name) or None
+
+
+def access_from_args(args: argparse.Namespace) -> tuple[str | None, Any]:
+    """(the client key of --api-key, the AccessTable of every HTTP key); a mistake is a SystemExit
+    naming its flag or the file's field."""
+    from router.access import MIN_KEY_BYTES, AccessConfigError, AccessTable
+
+    api_key = _key(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key")
+    admin_key = _key(args.admin_api_key, args.admin_api_key_file, ADMIN_API_KEY_ENV, "--admin-api-key")
+    if admin_key is not None and len(admin_key.encode()) < MIN_KEY_BYTES:
+        raise SystemExit(f"--admin-api-key: must be at least {MIN_KEY_BYTES} bytes")
+    try:
+        return api_key, AccessTable.build(api_key=api_key, admin_api_key=admin_key, config_path=args.auth_config)
+    except AccessConfigError as e:
+        where = f"--auth-config {args.auth_config}" if args.auth_config else "--admin-api-key"
+        raise SystemExit(f"{where}: {e}") from None
+
+
+def worker_secret_from_args(args: argparse.Namespace, api_key: str | None, access: Any, remote: bool) -> bytes | None:
+    """The workers' credential. Off loopback it must be a secret of its own: a key any client
+    holds (the legacy stand-in) would let that client register as a worker and read others' prompts."""
+    from router.worker_auth import resolve_worker_secret
+
+    try:
+        secret, source = resolve_worker_secret(
+            args.worker_secret, args.worker_secret_file, api_key, access.worker_secret()
+        )
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--worker-secret: {e}") from None
+    if source == "worker secret":
+        assert secret is not None
+        if not access.is_open and access.authenticate(b"Bearer " + secret) is not None:
+            raise SystemExit(
+                "--worker-secret: must differ from every HTTP key (--api-key, --admin-api-key, --auth-config)"
+            )
+        return secret
+    if remote:
+        raise SystemExit(
+            "--worker-secret: remote workers (--allow-remote-workers) need a worker secret of their own "
+            "(--worker-secret-file, $SGLANG_SLO_WORKER_SECRET or a worker key in --auth-config); "
+            "a client key does not stand in off this machine"
+        )
+    logging.getLogger("launch_router").warning(
+        "no --worker-secret: workers are authenticated by %s%s",
+        source,
+        " (anyone holding the client API key can join as a worker)" if source.startswith("api key") else "",
+    )
+    return secret
 
 
 def build_service(config: Any) -> Any:

@@ -10,7 +10,8 @@ block) scored from the times tokens reached the router, and the workers it ran o
 Errors: a refused request is a JSON error naming its field (400), no worker is a 503, and a
 worker's own error is passed through with its status while no byte was sent; once a stream has
 started, an error becomes a final `data: {"error": ...}` event. A client that disconnects aborts
-its request on the worker.
+its request on the worker. Who may call each route (client, admin, metrics keys) is
+router/http_guard.py's table.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import hmac
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,6 +32,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import openai_format as oai
+from router.access import AccessTable
 from router.dispatcher import (
     NoWorkerAvailable,
     RequestStream,
@@ -41,6 +42,7 @@ from router.dispatcher import (
     StreamEvent,
 )
 from router.generation import Generation
+from router.http_guard import ROUTE_ROLES, RoleGuard, scrub_secrets
 from router.protocol import MAX_MESSAGE_BYTES, ProtocolError
 from router.requests import ApiError, bad, parse_chat, parse_completion, parse_native
 from router.service import GenerateCall, PromptTooLong, RouterService, WorkerUnavailable
@@ -51,7 +53,6 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = MAX_MESSAGE_BYTES  # nothing larger could reach a worker
 DONE = b"data: [DONE]\n\n"
 PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
-OPEN_PATHS = ("/health",)  # /health and /health_generate answer without the API key, as in SGLang
 T = TypeVar("T")
 
 
@@ -187,23 +188,6 @@ class SseResponse(StreamingResponse):
             exc = pump.exception()
             if not isinstance(exc, OSError):  # a send to a gone client is a disconnect, not a bug
                 logger.error("event stream failed", exc_info=exc)
-
-
-class ApiKeyGuard:
-    """Bearer-token check on every route except the health checks."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(OPEN_PATHS):
-            given = dict(scope.get("headers", [])).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self.expected):
-                err = ApiError(401, "missing or wrong API key (Authorization: Bearer KEY)", kind="authentication_error")
-                await error_response(err)(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 # --- one generation, whatever the route ---
@@ -397,6 +381,9 @@ def create_app(
         parsed = None
         with contextlib.suppress(ValueError):
             parsed = resp.json()
+        if isinstance(parsed, dict):  # a worker's settings hold its own keys: never passed through
+            parsed = scrub_secrets(parsed)
+            return worker_id, json_response(parsed, resp.status_code), parsed
         media = resp.content_type or "application/json"
         return worker_id, Response(resp.content, resp.status_code, media_type=media), parsed
 
@@ -413,10 +400,10 @@ def create_app(
         worker_id, resp, parsed = await proxied("/server_info")
         if resp.status_code != 200 or not isinstance(parsed, dict):
             return resp
-        status = service.status()
+        status = service.status()  # the worker address and requests in flight are the admin's (/slo/status)
         parsed["router"] = {
             "info_from_worker": worker_id,
-            **{k: status[k] for k in ("policy", "policy_params", "worker_address", "dispatcher")},
+            **{k: status[k] for k in ("policy", "policy_params")},
             "workers": [w["worker_id"] for w in status["workers"]],
         }
         return json_response(parsed)
@@ -470,7 +457,7 @@ def create_app(
         Route("/get_server_info", server_info, methods=["GET"]),
         Route("/server_info", server_info, methods=["GET"]),
         Route("/v1/models", models, methods=["GET"]),
-        Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+        Route("/flush_cache", flush_cache, methods=["POST"]),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
@@ -488,7 +475,10 @@ def create_app(
         finally:
             await service.stop()
 
-    app: ASGIApp = Starlette(routes=routes, lifespan=run_service if lifespan else None)
-    if service.config.api_key:
-        app = ApiKeyGuard(app, service.config.api_key)
-    return app
+    unguarded = sorted({route.path for route in routes} - set(ROUTE_ROLES))
+    if unguarded:
+        raise RuntimeError(f"routes without a role in router.http_guard.ROUTE_ROLES: {unguarded}")
+    table = service.config.access
+    if table is None:  # a config from code (tests, embedders): its api_key is a client key
+        table = AccessTable.build(api_key=service.config.api_key, env={})
+    return RoleGuard(Starlette(routes=routes, lifespan=run_service if lifespan else None), table)

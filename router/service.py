@@ -22,6 +22,7 @@ from typing import Any
 
 import zmq.asyncio
 
+from router.access import AccessTable
 from router.dispatcher import Dispatcher, RequestStream
 from router.pd import DECODE, PREFILL
 from router.pd_sizing import MixTracker, profile_inputs, split_devices, tracker_sizing
@@ -52,7 +53,8 @@ class RouterConfig:
     curve_secret_key: str | None = None  # the router's CURVE key pair file: workers' links encrypted
     routing_policy: str = "goodserve"
     policy_params: dict[str, Any] = field(default_factory=dict)
-    api_key: str | None = None
+    api_key: str | None = None  # a client key; used only when `access` is None
+    access: AccessTable | None = None  # every HTTP key with its role (router/access.py); None: from api_key
     tokenizer_path: str | None = None  # None: the model path of the first registered worker
     dead_after_s: float = 2.0
     migrate_interval_s: float | None = 0.1  # None: never ask the policy for migrations

@@ -69,10 +69,18 @@ def legacy_secret(api_key: str) -> bytes:
     return hashlib.sha256(b"sglang-slo worker credential\0" + api_key.encode()).digest()
 
 
-def resolve_worker_secret(value: str | None, path: str | None, api_key: str | None) -> tuple[bytes | None, str]:
+def resolve_worker_secret(
+    value: str | None, path: str | None, api_key: str | None, configured: bytes | None = None
+) -> tuple[bytes | None, str]:
     """The credential a router or worker uses, and where it came from ("worker secret",
-    "api key (legacy)" or "none")."""
+    "api key (legacy)" or "none"). `configured` is the worker key of the access file
+    (AccessTable.worker_secret()); given with a different --worker-secret, neither is guessed
+    at (ValueError)."""
     secret = load_worker_secret(value, path)
+    if configured is not None:
+        if secret is not None and not hmac.compare_digest(secret, configured):
+            raise ValueError("differs from the worker key of --auth-config: give the secret in one place")
+        return configured, "worker secret"
     if secret is not None:
         return secret, "worker secret"
     if api_key:

@@ -183,7 +183,10 @@ def test_remote_workers_need_the_routers_curve_keys(tmp_path: Path) -> None:
 
     zmq.auth.create_certificates(str(tmp_path), "router")
     secret = str(tmp_path / "router.key_secret")
-    cfg = _config("--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers", "--curve-secret-key", secret)
+    cfg = _config(
+        "--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers", "--curve-secret-key", secret,
+        "--worker-secret", "a worker secret of its own",
+    )  # fmt: skip
     assert cfg.allow_remote_workers and cfg.curve_secret_key == secret
     assert _config("--curve-secret-key", secret).curve_secret_key == secret  # loopback may encrypt too
     with pytest.raises(SystemExit, match="--curve-secret-key: .*no secret key"):
@@ -207,3 +210,97 @@ def test_a_workers_model_path_missing_here_asks_for_tokenizer_path() -> None:
     ):
         asyncio.run(tokenizer.ensure("/models/on/the/worker/llama"))
     assert "--tokenizer-path" in (tokenizer.error or "")
+
+
+@pytest.fixture
+def _no_key_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("SGLANG_SLO_WORKER_SECRET", "SGLANG_SLO_API_KEY", "SGLANG_SLO_ADMIN_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.mark.usefixtures("_no_key_env")
+def test_remote_workers_need_a_worker_secret_of_their_own(tmp_path: Path) -> None:
+    import zmq.auth
+
+    zmq.auth.create_certificates(str(tmp_path), "router")
+    remote = ["--worker-bind", "tcp://10.0.0.1:5000", "--allow-remote-workers",
+              "--curve-secret-key", str(tmp_path / "router.key_secret")]  # fmt: skip
+    for extra in ([], ["--api-key", "the client key, 16+ bytes"]):  # the client key is no stand-in off loopback
+        with pytest.raises(SystemExit, match="^--worker-secret: remote workers"):
+            _config(*remote, *extra)
+    with pytest.raises(SystemExit, match="^--worker-secret: remote workers"):
+        _config("--allow-remote-workers", "--api-key", "k")  # allowed is enough, even on a loopback bind
+    assert (
+        _config(*remote, "--worker-secret", "a worker secret of its own").worker_secret == b"a worker secret of its own"
+    )
+    assert _config("--api-key", "k").worker_secret is not None  # loopback: the legacy stand-in, with a warning
+
+
+@pytest.mark.usefixtures("_no_key_env")
+def test_the_worker_secret_is_no_http_key(tmp_path: Path) -> None:
+    key = "one key for everything, 16+ bytes"
+    with pytest.raises(SystemExit, match="^--worker-secret: must differ from every HTTP key"):
+        _config("--api-key", key, "--worker-secret", key)
+    admin = tmp_path / "admin"
+    admin.write_text(key + "\n")
+    with pytest.raises(SystemExit, match="^--worker-secret: must differ from every HTTP key"):
+        _config("--admin-api-key-file", str(admin), "--worker-secret", key)
+
+
+@pytest.mark.usefixtures("_no_key_env")
+def test_keys_come_from_files_or_the_environment_with_their_roles(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from router.access import Role
+
+    client, admin = tmp_path / "client", tmp_path / "admin"
+    client.write_text("client key from a file\n")
+    admin.write_text("admin key from a file, 16+ bytes\n")
+    cfg = _config("--api-key-file", str(client), "--admin-api-key-file", str(admin))
+    assert cfg.access.authenticate("Bearer client key from a file").role is Role.CLIENT
+    assert cfg.access.authenticate("Bearer admin key from a file, 16+ bytes").role is Role.ADMIN
+    assert cfg.api_key == "client key from a file"
+    monkeypatch.setenv("SGLANG_SLO_API_KEY", "client key from the env")
+    monkeypatch.setenv("SGLANG_SLO_ADMIN_API_KEY", "admin key from the env, 16+ bytes")
+    cfg = _config()
+    assert cfg.access.authenticate("Bearer client key from the env").role is Role.CLIENT
+    assert cfg.access.authenticate("Bearer admin key from the env, 16+ bytes").role is Role.ADMIN
+    assert _config("--api-key", "the flag wins").access.authenticate("Bearer client key from the env") is None
+    monkeypatch.delenv("SGLANG_SLO_API_KEY")
+    monkeypatch.delenv("SGLANG_SLO_ADMIN_API_KEY")
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    for argv, message in (
+        (["--api-key", "k", "--api-key-file", str(client)], "^--api-key and --api-key-file: give one"),
+        (["--api-key-file", str(empty)], "^--api-key-file: .* is empty"),
+        (["--admin-api-key-file", str(tmp_path / "nope")], "^--admin-api-key-file: "),
+        (["--admin-api-key", "short"], "^--admin-api-key: must be at least 16 bytes"),
+        (["--api-key-file", str(admin), "--admin-api-key-file", str(admin)], "^--admin-api-key: .*same key"),
+    ):
+        with pytest.raises(SystemExit, match=message):
+            _config(*argv)
+
+
+@pytest.mark.usefixtures("_no_key_env")
+def test_the_auth_config_gives_roles_and_the_worker_secret(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from router.access import Role
+
+    monkeypatch.setenv("TEST_WORKER_KEY", "the worker key of the file")
+    monkeypatch.setenv("TEST_SCRAPER_KEY", "the scraper key of the file")
+    conf = tmp_path / "auth.yaml"
+    conf.write_text(
+        "keys:\n"
+        "  - {name: scraper, role: metrics, key_env: TEST_SCRAPER_KEY}\n"
+        "  - {name: workers, role: worker, key_env: TEST_WORKER_KEY}\n"
+    )
+    cfg = _config("--auth-config", str(conf), "--api-key", "a client key")
+    assert cfg.worker_secret == b"the worker key of the file"
+    assert cfg.access.authenticate("Bearer the scraper key of the file").role is Role.METRICS
+    assert cfg.access.authenticate("Bearer the worker key of the file") is None  # never an HTTP key
+    assert cfg.access.authenticate("Bearer a client key").role is Role.CLIENT
+    with pytest.raises(SystemExit, match="^--worker-secret: differs from the worker key of --auth-config"):
+        _config("--auth-config", str(conf), "--worker-secret", "another worker secret")
+    assert _config("--auth-config", str(conf), "--worker-secret", "the worker key of the file").worker_secret
+    conf.write_text("keys:\n  - {name: x, role: root, key_env: TEST_WORKER_KEY}\n")
+    with pytest.raises(SystemExit, match=f"^--auth-config {conf}: keys\\[0\\].role: must be one of"):
+        _config("--auth-config", str(conf))

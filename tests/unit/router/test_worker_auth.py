@@ -122,3 +122,15 @@ def test_a_client_key_alone_is_a_legacy_credential(monkeypatch: pytest.MonkeyPat
     assert resolve_worker_secret(None, None, "k") == (legacy_secret("k"), "api key (legacy)")
     assert resolve_worker_secret(None, None, None) == (None, "none")
     assert resolve_worker_secret("a-real-secret-0123456", None, "k")[1] == "worker secret"
+
+
+def test_the_access_files_worker_key_is_the_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SGLANG_SLO_WORKER_SECRET", raising=False)
+    configured = b"the worker key of the access file"
+    assert resolve_worker_secret(None, None, "k", configured) == (configured, "worker secret")  # not the legacy
+    assert resolve_worker_secret(configured.decode(), None, None, configured) == (configured, "worker secret")
+    with pytest.raises(ValueError, match="differs from the worker key of --auth-config"):
+        resolve_worker_secret("another secret, 16+ bytes", None, None, configured)
+    monkeypatch.setenv("SGLANG_SLO_WORKER_SECRET", "an env secret, 16+ bytes")
+    with pytest.raises(ValueError, match="differs"):
+        resolve_worker_secret(None, None, None, configured)
