@@ -51,6 +51,8 @@ DEFAULT_TPOT_MS = 100.0  # requests without a TPOT, when no tier is known to bor
 PROBE_BATCH = 256  # decode batch at which the per-token cost is measured (see perf_constants)
 PROBE_PREFILL_TOKENS = 2048  # prefill chunk at which a prefill device's throughput is measured
 NO_TPOT = "no_tpot"  # tier label of requests without a TPOT
+TIER_STEPS = (1.0, 1.25, 1.6, 2.0, 2.5, 3.2, 4.0, 5.0, 6.3, 8.0)  # tpot_tier's grid within a decade
+MIN_TIER_MS, MAX_TIER_MS = 1.0, 100_000.0
 
 
 @dataclass(frozen=True)
@@ -177,6 +179,18 @@ def prefill_throughput(perf: PerfModel, chunk_tokens: int = PROBE_PREFILL_TOKENS
     if not t > 0:
         raise ValueError(f"step-time model gives no positive prefill time for {chunk_tokens} tokens")
     return chunk_tokens / t
+
+
+def tpot_tier(tpot_ms: float | None) -> float | None:
+    """A client's TPOT snapped down onto a fixed log grid (ten steps a decade, MIN..MAX_TIER_MS):
+    tiers keyed by the raw number would let each client mint new tracker keys and metric labels
+    at will. Down, so a tier is never looser than the requests in it."""
+    if tpot_ms is None:
+        return None
+    x = min(max(float(tpot_ms), MIN_TIER_MS), MAX_TIER_MS)
+    decade = 10.0 ** math.floor(math.log10(x))
+    step = max(s for s in TIER_STEPS if s * decade <= x * (1.0 + 1e-9))
+    return round(step * decade, 6)
 
 
 def _label(tier_ms: float | None) -> str:

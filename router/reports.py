@@ -77,11 +77,32 @@ TIER_GAUGES = (
 TIER_COUNTERS = ("routed", "promoted", "scaled_up", "best_effort", "released")
 
 
+MAX_TIER_LABELS = 64  # tier_ms label values per family; the rest are summed under OTHER_TIERS
+OTHER_TIERS = "other"
+
+
+def _bounded_tiers(tiers: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """At most MAX_TIER_LABELS tiers, the rest summed into one: a policy that makes a tier of every
+    distinct client TPOT must not give Prometheus a series per client-chosen number."""
+    names = sorted(tiers)
+    kept = {t: {k: float(v or 0) for k, v in tiers[t].items() if isinstance(v, (int, float))} for t in names}
+    if len(names) <= MAX_TIER_LABELS:
+        return kept
+    out = {t: kept[t] for t in names[: MAX_TIER_LABELS - 1]}
+    other: dict[str, float] = {}
+    for t in names[MAX_TIER_LABELS - 1 :]:
+        for k, v in kept[t].items():
+            other[k] = other.get(k, 0.0) + v
+    out[OTHER_TIERS] = other
+    return out
+
+
 def tier_metrics(policy_status: dict[str, Any] | None) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
     """PolyServe's per-tier autoscaling signals (a policy status with `tiers`), labelled by TPOT ms."""
     tiers = (policy_status or {}).get("tiers")
     if not isinstance(tiers, dict):
         return
+    tiers = _bounded_tiers(tiers)
     for name, doc in TIER_GAUGES:
         family = GaugeMetricFamily(f"sglang_slo_router_tier_{name}", doc, labels=["tier_ms"])
         for tier, signals in sorted(tiers.items()):

@@ -25,7 +25,7 @@ import zmq.asyncio
 from router.access import AccessTable
 from router.dispatcher import Dispatcher, RequestStream
 from router.pd import DECODE, PREFILL
-from router.pd_sizing import MixTracker, profile_inputs, split_devices, tracker_sizing
+from router.pd_sizing import MixTracker, profile_inputs, split_devices, tpot_tier, tracker_sizing
 from router.policies import RoutingContext, make_routing_policy
 from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
 from router.protocol import Submit
@@ -284,11 +284,13 @@ class RouterService:
         )
 
     def tier_of(self, slo: SloSpec) -> float | None:
-        """The request's TPOT tier as the policy bins it (PolyServe), else its own TPOT."""
+        """The request's TPOT tier as the policy bins it (PolyServe's configured tiers), else its
+        TPOT on a fixed grid (pd_sizing.tpot_tier): tiers key the mix tracker and metric labels."""
         tier_of = getattr(self.policy, "tier_of", None)
-        if tier_of is None:
-            return slo.tpot_ms
-        return tier_of(RouteRequest(rid="-", prompt_tokens=0, slo=slo, arrival_s=0.0))
+        tier = slo.tpot_ms
+        if tier_of is not None:
+            tier = tier_of(RouteRequest(rid="-", prompt_tokens=0, slo=slo, arrival_s=0.0))
+        return tier if tier is None or tier in (getattr(self.policy, "tiers_ms", None) or ()) else tpot_tier(tier)
 
     def observe_output(self, call: GenerateCall, completion_tokens: int) -> None:
         """Teach an online predictor (the history default) what this request's answer took."""
