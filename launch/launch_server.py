@@ -433,8 +433,17 @@ def _default_slo(args: argparse.Namespace) -> dict[str, Any] | None:
     return spec or None
 
 
-def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu: bool) -> dict[str, Any]:
-    """The worker's identity in a router's pool; checked here so a typo stops start-up."""
+def _router_settings(
+    args: argparse.Namespace,
+    port: int,
+    emulation: Any,
+    on_cpu: bool,
+    config_secret: bytes | None = None,
+    client_key: str | None = None,
+) -> dict[str, Any]:
+    """The worker's identity in a router's pool; checked here so a typo stops start-up.
+    `config_secret`: the worker key of --auth-config, the link's secret unless a flag gives one;
+    `client_key`: the client API key (args.api_key unless given), the legacy stand-in for it."""
     if not args.router_address:
         if args.worker_id or args.worker_gpu or args.worker_tier_ms is not None or args.router_curve_public_key:
             raise SystemExit(
@@ -473,9 +482,13 @@ def _router_settings(args: argparse.Namespace, port: int, emulation: Any, on_cpu
     from router.worker_auth import resolve_worker_secret
 
     try:
-        secret, source = resolve_worker_secret(args.worker_secret, args.worker_secret_file, args.api_key)
+        secret, source = resolve_worker_secret(
+            args.worker_secret, args.worker_secret_file, client_key if client_key is not None else args.api_key
+        )
     except (OSError, ValueError) as e:
         raise SystemExit(f"--worker-secret: {e}") from None
+    if source != "worker secret" and config_secret is not None:
+        secret, source = config_secret, "worker secret"
     if source != "worker secret":
         print(f"launch_server: no --worker-secret; the router link is authenticated by: {source}", flush=True)
     return {
@@ -610,6 +623,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ServerArgs.add_cli_args(parser)
     add_slo_args(parser)
+    from server.worker_access import add_access_args
+
+    add_access_args(parser)
     return parser
 
 
@@ -647,6 +663,12 @@ def main(argv: list[str] | None = None) -> None:
     from server.emulation import stand_in_applies
 
     args = build_parser().parse_args(argv)
+    from server.worker_access import access_for, guard_keys, resolve_key_flags
+
+    resolve_key_flags(args)
+    access = access_for(args)
+    client_key = args.api_key
+    guard_keys(args, access)
     logging.basicConfig(
         level=getattr(logging, args.log_level.upper()),
         format="[%(asctime)s] %(message)s",
@@ -730,7 +752,9 @@ def main(argv: list[str] | None = None) -> None:
         max_queued_tokens=args.slo_max_queued_tokens,
         drain_timeout_s=args.slo_drain_timeout_s,
     )
-    membership = _router_settings(args, server_args.port, emulation, on_cpu)
+    membership = _router_settings(
+        args, server_args.port, emulation, on_cpu, access.table.worker_secret(), client_key or ""
+    )
     base = f"http://{server_args.host}:{server_args.port}"
     print(
         f"sglang-slo: serving {server_args.model_path} with --slo-policy {args.slo_policy}.\n"
@@ -750,7 +774,7 @@ def main(argv: list[str] | None = None) -> None:
     from server.sglang_http import RouterMembership, launch
 
     watch_parent()  # started by a launcher: never outlive it
-    launch(server_args, config, RouterMembership(**membership) if membership else None)
+    launch(server_args, config, RouterMembership(**membership) if membership else None, access)
 
 
 if __name__ == "__main__":

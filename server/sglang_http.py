@@ -36,6 +36,7 @@ from server.draining import Drain, install_drain_handler
 from server.process import kill_tree
 from server.scheduler_process import run_slo_scheduler_process
 from server.slo_middleware import SloMiddleware
+from server.worker_access import WorkerAccess
 
 _BOOK = SloReportBook(SloMetrics())
 _MANAGERS: list[TokenizerManager] = []  # the process's tokenizer manager, once SGLang built it
@@ -195,8 +196,31 @@ def _join_router(
     pre_exit.append(handle.hand_back)
 
 
-def launch(server_args: Any, config: SloServerConfig, membership: RouterMembership | None = None) -> None:
-    """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown."""
+def _outermost(app: fastapi.FastAPI, middleware: type) -> None:
+    """Starlette nests middleware in reverse order of adding, and SGLang adds its own (its key
+    check, metrics) inside launch_server, after ours: the stack is built with ours outside them,
+    so every request meets the worker's key check before anything of SGLang's."""
+    build = app.build_middleware_stack
+
+    def build_ours_first() -> Any:
+        app.user_middleware.sort(key=lambda m: m.cls is not middleware)  # stable: the rest keep their order
+        return build()
+
+    app.build_middleware_stack = build_ours_first  # type: ignore[method-assign]
+
+
+def launch(
+    server_args: Any,
+    config: SloServerConfig,
+    membership: RouterMembership | None = None,
+    access: WorkerAccess | None = None,
+) -> None:
+    """Start SGLang's HTTP server with the SLO adapter; blocks until shutdown. `access`: the
+    worker's keys and roles (None: SGLang's own key check, as configured in server_args); with
+    keys, server_args carries the internal key as both of SGLang's (worker_access.guard_keys),
+    so SGLang's warm-up and this worker's agent call with it."""
+    from sglang.srt.environ import envs
+
     config.to_env()  # inherited by the spawned scheduler process
     subscriber = ReplicaStatus(config.status_address, int(getattr(server_args, "dp_size", 1) or 1))
     for address in subscriber.addresses:
@@ -244,7 +268,10 @@ def launch(server_args: Any, config: SloServerConfig, membership: RouterMembersh
         drain=drain,
         on_started=on_started,
         vertex_fields=frozenset(f.name for f in fields(GenerateReqInput)),
+        access=access,
+        decompression=bool(envs.SGLANG_ENABLE_REQUEST_DECOMPRESSION.get()),
     )
+    _outermost(http_server.app, SloMiddleware)
     if membership is not None:
         _join_router(server_args, config, membership, agent_token, lambda: dict(subscriber.latest), drain, pre_exit)
     http_server.launch_server(

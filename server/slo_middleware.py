@@ -10,12 +10,18 @@ scheduler shed with the shed's status (429/503), Retry-After and reason, serves 
 and appends the SLO counters to GET /metrics. While draining (graceful shutdown) it answers new
 generation requests 503 `draining` and /health 503.
 
+With keys configured it is also the worker's key check (server/worker_access.py says why here):
+every route is answered 401/403 unless the caller's key has the route's role, the caller's
+Principal goes into the ASGI scope, and /server_info leaves without SGLang's keys. It opens
+`x-body-compressed` bodies itself (server/compressed_body.py) so no check is skipped on them.
+
 The benchmark-only true-length hint (`slo_oracle_output_len`) is kept from any client: it also
 ends the request at that length, so a hint that flatters a request only cuts its own answer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import math
 import os
@@ -25,15 +31,17 @@ from typing import Any
 
 import orjson
 
+from router.access import PRINCIPAL_SCOPE_KEY
 from scheduler.core.admission import retry_after_s
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai
 from scheduler.reporting.reports import SloReportBook
-from server import request_context
+from server import compressed_body, request_context
 from server.draining import Drain
 from server.engine_metrics import engine_exposition
 from server.spec_metrics import speculation_exposition
+from server.worker_access import WorkerAccess, scrub_secrets
 from wire import AGENT_TOKEN_HEADER, ARRIVAL_HEADER, DRAINING, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM
 
 NATIVE, OPENAI, VERTEX = "native", "openai", "vertex"
@@ -118,6 +126,25 @@ def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[
     return kept + [(b"content-length", str(length).encode())]
 
 
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+async def _capture(app: App, scope: Scope, receive: Receive) -> tuple[int, list[Any], bytes]:
+    """The inner app's whole answer (status, headers, body), uncompressed so it can be rewritten."""
+    captured: dict[str, Any] = {"status": 404, "headers": [], "body": []}
+
+    async def capture(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            captured["status"] = message["status"]
+            captured["headers"] = message.get("headers", [])
+        elif message["type"] == "http.response.body":
+            captured["body"].append(message.get("body", b""))
+
+    plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
+    await app({**scope, "headers": plain}, receive, capture)
+    return captured["status"], captured["headers"], b"".join(captured["body"])
+
+
 async def _respond_shed(send: Send, shed: Shed) -> None:
     body = orjson.dumps(shed.body())
     await send(
@@ -163,8 +190,12 @@ class SloMiddleware:
         drain: Drain | None = None,
         on_started: Callable[[], None] | None = None,
         vertex_fields: frozenset[str] | None = None,
+        access: WorkerAccess | None = None,
+        decompression: bool = False,
     ) -> None:
         self.app = app
+        self.access = access  # None: no key check here (SGLang's own, or none)
+        self.decompression = decompression  # SGLANG_ENABLE_REQUEST_DECOMPRESSION: open bodies here
         # SGLang spreads a Vertex body's "parameters" into GenerateReqInput(**parameters): a name
         # it does not know is a TypeError there (a 500), so it is a 400 here. None: not checked.
         self.vertex_fields = vertex_fields
@@ -182,9 +213,58 @@ class SloMiddleware:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "lifespan" and self.on_started is not None:
             return await self.app(scope, receive, self._lifespan_send(send))
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        if self.access is not None:
+            admitted = await self._admit(scope, receive, send)
+            if admitted is None:
+                return
+            scope = admitted
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
+        method_name = compressed_body.compression(scope.get("headers", [])) if self.decompression else None
+        if method_name is not None:
+            return await self._decompressed(scope, receive, send, method_name)
+        return await self._route(scope, receive, send)
+
+    async def _admit(self, scope: Scope, receive: Receive, send: Send) -> Scope | None:
+        """The scope to serve with the caller's Principal in it and SGLang's internal key in
+        place of the caller's; None when the caller was refused (answered 401/403 here)."""
+        assert self.access is not None
+        websocket = scope["type"] == "websocket"
+        authorization = next((v for k, v in scope.get("headers", []) if k.lower() == b"authorization"), None)
+        verdict = self.access.check(scope.get("method", "GET"), scope["path"], authorization, websocket)
+        if not verdict.allowed:
+            if websocket:  # closing before accepting answers the handshake with 403
+                await send({"type": "websocket.close", "code": 1008})
+            else:
+                await _respond(send, verdict.status, error_body("authorization", verdict.message, verdict.status))
+            return None
+        inner = self.access.inner_authorization()
+        if verdict.principal is None or inner is None:
+            return scope
+        headers = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"authorization"]
+        return {**scope, "headers": [*headers, (b"authorization", inner)], PRINCIPAL_SCOPE_KEY: verdict.principal}
+
+    async def _decompressed(self, scope: Scope, receive: Receive, send: Send, method_name: str) -> None:
+        """Opens an `x-body-compressed` body (bounded) before any check reads it."""
+        field = compressed_body.HEADER.decode()
+        try:
+            raw = await _read_body(receive)
+            body = await asyncio.get_running_loop().run_in_executor(
+                None, compressed_body.decompress, method_name, raw, MAX_BODY_BYTES
+            )
+        except SloValidationError as e:
+            return await _respond(send, 413, error_body(e.field, e.message, 413))
+        except compressed_body.BodyError as e:
+            return await _respond(send, e.status, error_body(field, e.message, e.status))
+        headers = compressed_body.without_compression(list(scope.get("headers", [])), len(body))
+        await self._route({**scope, "headers": headers}, _replay(body, receive), send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
+        if method == "GET" and path in ("/server_info", "/get_server_info"):
+            return await self._server_info(scope, receive, send)
         if method == "GET" and path == "/slo/status":
             return await _respond(send, 200, orjson.dumps(self.status()))
         if method == "GET" and path == "/metrics":
@@ -227,6 +307,8 @@ class SloMiddleware:
         if not isinstance(body, dict):  # not ours to judge: SGLang answers malformed bodies
             return await self.app(scope, _replay(raw, receive), send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        if not headers.get(AGENT_TOKEN_HEADER, "").isascii():
+            return await _respond(send, 400, error_body(AGENT_TOKEN_HEADER, "must be ASCII"))
         ctx = request_context.begin()
         ctx.from_agent = self._from_agent(headers)
         arrival = self._forwarded_arrival(headers, arrival) if ctx.from_agent else arrival
@@ -278,7 +360,9 @@ class SloMiddleware:
 
     def _from_agent(self, headers: dict[str, str]) -> bool:
         token = headers.get(AGENT_TOKEN_HEADER)
-        return self.agent_token is not None and token is not None and hmac.compare_digest(token, self.agent_token)
+        if self.agent_token is None or token is None or not token.isascii():
+            return False
+        return hmac.compare_digest(token.encode(), self.agent_token.encode())
 
     def _forwarded_arrival(self, headers: dict[str, str], arrival: float) -> float:
         """The router's arrival time when its agent sent the request, else this server's."""
@@ -351,22 +435,17 @@ class SloMiddleware:
                 changed = True
         return b"\n\n".join(events) if changed else chunk
 
+    async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """SGLang's server info without the keys in its server settings (SGLang returns them)."""
+        status, _, raw = await _capture(self.app, scope, receive)
+        try:
+            await _respond(send, status, orjson.dumps(scrub_secrets(orjson.loads(raw))))
+        except orjson.JSONDecodeError:  # not JSON: nothing of it is passed on
+            await _respond(send, 502, error_body("server_info", "the engine's answer is not JSON", 502))
+
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        captured: dict[str, Any] = {"status": 404, "headers": [], "body": []}
-
-        async def capture(message: dict[str, Any]) -> None:
-            if message["type"] == "http.response.start":
-                captured["status"] = message["status"]
-                captured["headers"] = message.get("headers", [])
-            elif message["type"] == "http.response.body":
-                captured["body"].append(message.get("body", b""))
-
-        plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
-        await self.app({**scope, "headers": plain}, receive, capture)  # uncompressed, so we can append
+        status, _, raw = await _capture(self.app, scope, receive)
         engine = self.status().get("engine") or {}
         ours = self.book.metrics.exposition() + speculation_exposition(engine) + engine_exposition(engine)
-        if captured["status"] == 200:
-            body = b"".join(captured["body"]).rstrip(b"\n") + b"\n" + ours
-        else:
-            body = ours
+        body = raw.rstrip(b"\n") + b"\n" + ours if status == 200 else ours
         await _respond(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")

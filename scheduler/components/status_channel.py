@@ -16,9 +16,16 @@ from typing import Any
 import orjson
 import zmq
 
+PRIVATE_DIR_PREFIX = "sglang-slo-"
+
 
 def default_address(port: int) -> str:
-    return f"ipc://{tempfile.gettempdir()}/sglang-slo-status-{port}-{os.getpid()}.ipc"
+    """A socket in a fresh directory only this user can enter (mkdtemp: random name, mode 0700).
+    A fixed path in the shared temp directory let another local user bind it first and feed the
+    HTTP process a false status, or connect and read every snapshot. The scheduler process
+    learns the address from the launcher's config (SloServerConfig.to_env)."""
+    directory = tempfile.mkdtemp(prefix=PRIVATE_DIR_PREFIX)
+    return f"ipc://{directory}/status-{port}.ipc"
 
 
 def dp_status_address(base: str, dp_index: int) -> str:
@@ -58,11 +65,20 @@ def merge_replicas(snapshots: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def remove_ipc_file(address: str) -> None:
-    """The bound ipc:// socket file outlives the scheduler; the launcher removes it at exit."""
-    if address.startswith("ipc://"):
+    """The bound ipc:// socket file outlives the scheduler; the launcher removes it at exit, and
+    its private directory with the last of its sockets."""
+    if not address.startswith("ipc://"):
+        return
+    path = address[len("ipc://") :]
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    directory = os.path.dirname(path)
+    if os.path.basename(directory).startswith(PRIVATE_DIR_PREFIX):
         try:
-            os.unlink(address[len("ipc://") :])
-        except FileNotFoundError:
+            os.rmdir(directory)
+        except OSError:  # other replicas' sockets still there, or already gone
             pass
 
 
