@@ -4,7 +4,6 @@ the wiring between the objects (selectors, Secret keys, ports) consistent."""
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -215,12 +214,17 @@ def test_every_worker_container_passes_launch_servers_checks(local_paths: dict[s
         assert container["command"] == ["python", "-m", "launch_server"]
         args = launch_server.build_parser().parse_args(_args(container, local_paths))
         resolve_key_flags(args, env={})
-        access = access_for(args, argparse.Namespace(host=args.host))
+        access = access_for(args)
         settings = launch_server._router_settings(args, args.port, None, False, access.table.worker_secret())
         assert settings["router_curve_public_key"] and settings["advertise_host"] == "10.1.2.3", deployment
         assert settings["worker_secret"] == stored_key("worker-secret").encode(), deployment
         assert {p.name for p in access.table.principals()} == {"ops", "prometheus"}, deployment
         assert access.table.authenticate(f"Bearer {stored_key('tenant-a')}") is None, deployment
+        prometheus = f"Bearer {stored_key('metrics')}".encode()
+        assert access.check("GET", "/metrics", prometheus).allowed, deployment  # Prometheus scrapes
+        assert access.check("GET", "/metrics", None).status == 401, deployment
+        assert access.check("POST", "/abort_request", prometheus).status == 403, deployment
+        assert access.check("GET", "/health_generate", None).allowed, deployment  # the kubelet's probe
         assert args.max_queued_requests, deployment
         assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
         assert container["readinessProbe"]["httpGet"]["path"] == "/health_generate"  # a real generation

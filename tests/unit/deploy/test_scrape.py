@@ -135,14 +135,20 @@ def key(local: dict[str, str], name: str) -> str:
 
 
 async def serve_one_request(router: ServerProcess, local: dict[str, str], address: str) -> None:
+    """A worker joins, one tenant request is served. On the way, the router's readiness probe
+    behaves as the readiness model (_cluster_model.py) takes it: 503 until a worker has joined,
+    then 200."""
     ctx = zmq.asyncio.Context()
     worker = CurveWorker(
         ctx, address, f"{local['/etc/sglang-slo/curve']}/router.key", key(local, "worker-secret").encode()
     )
     try:
-        await worker.start()
-        client = {"Authorization": f"Bearer {key(local, 'tenant-a')}"}
         async with httpx.AsyncClient(base_url=router.url, timeout=30) as http:
+            assert (await http.get("/health")).status_code == 503  # running, not Ready: no worker yet
+            await worker.start()
+            while (await http.get("/health")).status_code != 200:
+                await asyncio.sleep(0.05)
+            client = {"Authorization": f"Bearer {key(local, 'tenant-a')}"}
             resp = await http.post("/generate", json=REQUEST, headers=client)
             assert resp.status_code == 200, resp.text
     finally:
