@@ -16,9 +16,10 @@ What our processes do (the dependencies, from router/ and server/):
 - the router listens on `--port` (HTTP) and `--worker-bind` (ZMQ) from its start; its `/health`
   answers 200 only with at least one healthy worker registered;
 - a worker's engine answers `/health` and `/health_generate` (a local one-token generation) once
-  loaded, router or not; it registers once the host of its `--router-address` names a Service
-  that has an endpoint on that port leading to a router's worker port, and NetworkPolicy lets the
-  connection through both ways of the path.
+  loaded, router or not; its agent waits for that `/health` (over loopback), then registers once
+  the host of its `--router-address` names a Service that has an endpoint on that port leading
+  to a router's worker port, and NetworkPolicy lets the connection through (the worker's egress
+  and the router's ingress).
 """
 
 from __future__ import annotations
@@ -284,7 +285,8 @@ class Simulation:
     def step(self, state: State) -> State:
         nxt = State(set(), set(state.registered), dict(state.router_of))
         for pod in self.cluster.pods:
-            if pod.kind == "worker" and pod.name not in nxt.registered:
+            # the agent registers once its own engine answers /health (over loopback)
+            if pod.kind == "worker" and pod.name not in nxt.registered and self.route_ok(pod, "/health", state):
                 router = self.router_target(pod, state)
                 if router is not None:
                     nxt.registered.add(pod.name)
