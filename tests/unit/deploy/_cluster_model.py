@@ -207,7 +207,7 @@ class Cluster:
         if ingress and not any(
             self._port_matches(rule.get("ports"), dst, port, protocol)
             and (
-                "from" not in rule
+                not rule.get("from")  # empty or missing: every source
                 or any(self._peer_matches(f, src, p["metadata"].get("namespace", NAMESPACE)) for f in rule["from"])
             )
             for p in ingress
@@ -218,7 +218,7 @@ class Cluster:
         return not egress or any(
             self._port_matches(rule.get("ports"), dst, port, protocol)
             and (
-                "to" not in rule
+                not rule.get("to")
                 or any(self._peer_matches(t, dst.peer, p["metadata"].get("namespace", NAMESPACE)) for t in rule["to"])
             )
             for p in egress
@@ -231,7 +231,7 @@ class Cluster:
         egress = self._policies(src, "Egress")
         return not egress or any(
             self._port_matches(rule.get("ports"), probe, port, protocol)
-            and ("to" not in rule or any(self._peer_matches(t, dst, NAMESPACE) for t in rule["to"]))
+            and (not rule.get("to") or any(self._peer_matches(t, dst, NAMESPACE) for t in rule["to"]))
             for p in egress
             for rule in p["spec"].get("egress", [])
         )
