@@ -20,6 +20,11 @@ a mismatch is a worker failure (a 502 for the retry logic), so a worker that cou
 tokens fails loudly instead of silently losing some. The client's `StreamChunk.completion_tokens`
 is always the number of tokens it has received, whatever the worker says.
 
+What does not carry over (router/handover.py): a grammar-constrained request is never migrated
+by choice after its first token; when its worker is lost it restarts from scratch if its client
+has seen nothing yet (not streamed: a `restart` chunk voids what came before), else it ends with
+an error. Stop strings spanning a hand-over are matched here, over the router's decoded text.
+
 Every request gets an answer. A request with no event from its worker for `request_timeout_s`
 is resubmitted elsewhere (or answered 504); each worker's load report lists the requests it
 holds, and one the router placed there over `reconcile_grace_s` ago that is missing was lost
@@ -53,6 +58,7 @@ from typing import Any
 
 import zmq
 
+from router.handover import Decode, MigrationRefused, StopWatch, constraint_of, migration_blocker, stop_strings
 from router.pd import DECODE, PREFILL, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
 from router.policies.base import NoWorkerError, RoutingPolicy
 from router.protocol import (
@@ -90,6 +96,10 @@ STATUS_EVENTS = (
     "resubmitted",
     "migrated",
     "migrations_skipped",
+    "migrations_pinned",  # requests kept off the policy's migration checks: their output cannot move
+    "migrations_refused",  # operator moves refused for that reason
+    "restarted",  # constrained requests restarted from scratch after losing their worker
+    "stopped_at_handover",  # stop strings the router matched across a hand-over
     "workers_lost",
     "late_chunks_dropped",
     "duplicate_tokens_trimmed",
@@ -130,6 +140,7 @@ class StreamChunk:
     text: str | None = None
     finish_reason: str | None = None
     meta: dict[str, Any] | None = None
+    restart: bool = False  # the request starts over (not streamed): every earlier token is void
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,8 @@ class _Flight:
     stale: list[str] = field(default_factory=list)
     placed_s: float = 0.0  # router clock when its current owner got it (reconciliation's grace)
     active_at: float = 0.0  # loop time of its last placement or chunk (the inactivity timeout)
+    watch: StopWatch | None = None  # stop strings matched across its last hand-over
+    pinned: bool = False  # counted once in migrations_pinned
 
 
 class RequestStream:
@@ -293,6 +306,7 @@ class Dispatcher:
         max_queued: int | None = None,  # requests without a first token the router holds (None: no bound)
         reconcile_grace_s: float = 1.0,  # a placement this young may be missing from a load report
         auth: RouterAuth | None = None,  # the worker secret (None: workers are not authenticated)
+        decode: Decode | None = None,  # the router's detokenizer: stop strings across a hand-over
     ) -> None:
         self.endpoint = endpoint
         self.policy = policy
@@ -308,6 +322,7 @@ class Dispatcher:
         self.max_queued = max_queued
         self.reconcile_grace_s = reconcile_grace_s
         self.auth = auth if auth is not None else RouterAuth(None)
+        self.decode = decode
         self._fetches: dict[str, asyncio.Future[FetchReply]] = {}
         self._unstarted: set[str] = set()  # rids in flight with no first token yet
         self._recently_ended: dict[str, float] = {}  # rid -> router clock it ended (a report may still list it)
@@ -450,6 +465,7 @@ class Dispatcher:
         goes to both workers of the pair, and only the owner's (decode) chunks reach the client.
         """
         msg = resume_submit(flight.submit, flight.delivered)
+        flight.watch = self._stop_watch(msg)
         if prefill is not None:
             reg = self.registry.registration(prefill)
             assert reg is not None and reg.bootstrap_port is not None
@@ -466,6 +482,17 @@ class Dispatcher:
         self.registry.track(flight.route.rid, worker_id)
         self.routed[worker_id] += 1
         return msg
+
+    def _stop_watch(self, msg: Submit) -> StopWatch | None:
+        """What matches `msg`'s stop strings across its hand-over (None: nothing to match)."""
+        stops = stop_strings(msg.sampling_params)
+        if not msg.resume_output_ids or not stops or self.decode is None:
+            return None
+        try:
+            return StopWatch(stops, msg.resume_output_ids, self.decode)
+        except Exception:  # noqa: BLE001 - no decoder yet: the worker's own matching is all there is
+            logger.exception("cannot watch the stop strings of %s", msg.rid)
+            return None
 
     def _release(self, flight: _Flight) -> str | None:
         """Detach the request from its owner (whose later chunks are then ignored) and from its
@@ -542,6 +569,8 @@ class Dispatcher:
             final = StreamChunk(flight.route.rid, (), len(flight.delivered), None, finish_reason="length")
             self._finish(flight, final, "completed")
             return True
+        if flight.delivered and not self._restart_constrained(flight):
+            return True
         excluded = set(exclude)
         while not flight.done:
             if flight.stale:
@@ -572,6 +601,25 @@ class Dispatcher:
                 self._release(flight)
                 flight.stale.append(worker_id)
             excluded.add(prefill)
+        return True
+
+    def _restart_constrained(self, flight: _Flight) -> bool:
+        """A grammar-constrained request about to resume elsewhere: its grammar would restart at
+        its root mid-output. Not streamed, it starts over (True); streamed, its client already has
+        tokens, so it ends with an error naming why (False)."""
+        name = constraint_of(flight.submit.sampling_params)
+        if name is None:
+            return True
+        rid, n = flight.route.rid, len(flight.delivered)
+        if flight.submit.stream:
+            msg = f"lost its worker after {n} streamed tokens; its {name} grammar cannot be resumed on another worker"
+            self._finish(flight, StreamError(rid, 502, msg), "failed")
+            return False
+        flight.delivered.clear()
+        flight.first_token_s = None
+        self._unstarted.add(rid)
+        self.counters["restarted"] += 1
+        flight.queue.put_nowait(StreamChunk(rid, (), 0, None, restart=True))
         return True
 
     async def _resubmit(self, flight: _Flight, away_from: str | None, why: str) -> None:
@@ -774,6 +822,21 @@ class Dispatcher:
             tokens, text = tokens[cut:], None
             if not tokens and chunk.finish_reason is None:
                 return
+        stopped = None
+        if flight.watch is not None and tokens:
+            try:
+                stopped = flight.watch.feed(tokens)
+            except Exception:  # noqa: BLE001 - a decoder failure must not lose the chunk
+                logger.exception("cannot match the stop strings of %s", chunk.rid)
+                flight.watch.done = True
+            if flight.watch.done:
+                flight.watch = None
+        if stopped is not None:  # a stop string spanning the hand-over: end here, as the worker would
+            keep, matched = stopped
+            tokens, text = tokens[:keep], None
+            chunk = replace(chunk, finish_reason="stop", meta={"finish_reason": {"type": "stop", "matched": matched}})
+            self.counters["stopped_at_handover"] += 1
+            self._spawn(self._send(chunk.worker_id, Abort(rid=chunk.rid)))
         flight.delivered.extend(tokens)
         flight.active_at = asyncio.get_running_loop().time()
         if tokens and flight.first_token_s is None:
@@ -926,14 +989,32 @@ class Dispatcher:
         running = [
             RunningView(f.route, f.owner, len(f.delivered), f.first_token_s)
             for f in self._flights.values()
-            if f.owner is not None and not f.done
+            if f.owner is not None and not f.done and self._movable(f)
         ]
         moves = self.policy.migrations(running, self._policy_views(now, None)[0], now)
         for rid, target in moves:
             await self._migrate(rid, target)
 
+    def _movable(self, flight: _Flight) -> bool:
+        """Whether the policy may move it: its output can be carried over (router/handover.py)."""
+        if self._blocker(flight) is None:
+            return True
+        if not flight.pinned:
+            flight.pinned = True
+            self.counters["migrations_pinned"] += 1
+        return False
+
+    def _blocker(self, flight: _Flight) -> str | None:
+        return migration_blocker(flight.submit.sampling_params, len(flight.delivered), self.decode is not None)
+
     async def migrate(self, rid: str, target: str) -> bool:
-        """Move a running request to `target` now (operator hook); False when it was skipped."""
+        """Move a running request to `target` now (operator hook); False when it was skipped,
+        MigrationRefused when its output cannot be carried over."""
+        flight = self._flights.get(rid)
+        why = None if flight is None else self._blocker(flight)
+        if why is not None:
+            self.counters["migrations_refused"] += 1
+            raise MigrationRefused(f"request {rid!r} cannot be migrated: {why}")
         before = self.counters["migrated"]
         await self._migrate(rid, target)
         return self.counters["migrated"] > before
@@ -945,8 +1026,8 @@ class Dispatcher:
         if flight is None or source is None or source == target or not self.registry.is_alive(target):
             self.counters["migrations_skipped"] += 1
             return
-        if cap_reached(flight.submit, len(flight.delivered)):
-            self.counters["migrations_skipped"] += 1  # nothing left to generate: let it finish
+        if cap_reached(flight.submit, len(flight.delivered)) or self._blocker(flight) is not None:
+            self.counters["migrations_skipped"] += 1  # nothing left to generate, or it cannot move
             return
         prefill = None
         role = next((v.role for v in self.registry.views(self.clock()) if v.worker_id == target), None)

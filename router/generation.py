@@ -77,6 +77,10 @@ class Generation:
         Streaming requests are detokenized as they go; others once, at the end.
         """
         now = self.wall()
+        if chunk.restart:  # the request starts over on another worker (never when streamed): drop its past
+            self.output_ids.clear()
+            self.token_times.clear()
+            return ""
         ids = chunk.token_ids
         self.output_ids.extend(ids)
         self.token_times.extend([now] * len(ids))

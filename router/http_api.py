@@ -42,6 +42,7 @@ from router.dispatcher import (
     StreamEvent,
 )
 from router.generation import Generation
+from router.handover import MigrationRefused
 from router.http_guard import ROUTE_ROLES, RoleGuard, scrub_secrets
 from router.protocol import MAX_MESSAGE_BYTES, ProtocolError
 from router.requests import ApiError, bad, parse_chat, parse_completion, parse_native
@@ -444,6 +445,8 @@ def create_app(
             result = await service.migrate(rid, target)
         except KeyError:
             raise ApiError(404, f"no running request {rid!r}", "rid", kind="not_found") from None
+        except MigrationRefused as exc:  # its output cannot be carried over (router/handover.py)
+            raise ApiError(409, str(exc), "rid", kind="conflict") from None
         except ValueError as exc:
             raise bad("to", str(exc)) from None
         return json_response(result)

@@ -192,6 +192,7 @@ class RouterService:
             request_timeout_s=cfg.request_timeout_s,
             max_queued=cfg.max_queued_requests,
             auth=self.auth,
+            decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),  # as SGLang matches stops
         )
         try:
             await self._dispatcher.start()
