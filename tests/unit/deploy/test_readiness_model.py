@@ -25,7 +25,7 @@ from tests.unit.deploy._cluster_model import (
 )
 from tests.unit.deploy.test_kubernetes import documents
 
-MONITORING = {"monitoring": {}, "kube-system": {}, "clients": {}}
+NAMESPACES: dict[str, dict[str, str]] = {"monitoring": {}, "kube-system": {}, "clients": {}}  # beside ours
 CLIENT = Peer("client", "clients", {})
 PROMETHEUS = Peer("prometheus-0", "monitoring", {"app.kubernetes.io/name": "prometheus"})
 DNS = Peer("coredns", "kube-system", {"k8s-app": "kube-dns"})
@@ -68,7 +68,7 @@ def manifests() -> list[dict[str, Any]]:
 
 
 def cluster(docs: list[dict[str, Any]] | None = None) -> Cluster:
-    return Cluster(manifests() if docs is None else docs, MONITORING)
+    return Cluster(manifests() if docs is None else docs, NAMESPACES)
 
 
 def by_kind(c: Cluster, kind: str) -> list[Pod]:
@@ -126,6 +126,7 @@ def test_client_traffic_reaches_only_a_ready_router() -> None:
     sim = Simulation(c)
     (router,) = by_kind(c, "router")
     http = router.port("http")
+    assert http is not None
     client_services = [
         svc for svc in c.services.values() if any(t == http for _, t in c.endpoints(svc, http, {router.name}))
     ]
