@@ -33,6 +33,26 @@ the worker holds that the router does not own is aborted there. A request the wo
 (queue full, SLO infeasible, queue timeout) is answered as shed, never retried elsewhere (that
 would add load exactly when the pool is overloaded); only a draining worker's is.
 
+Poison containment. When a worker's engine stalls, the requests it was running are suspects: the
+stall is something the engine did while stepping them (a stop pattern that backtracks without end,
+an input that hangs a kernel), and the router cannot tell which of the running batch did it.
+Resubmitting them would let the culprit stall the next worker, and the next, up to
+`max_resubmits` times; so each request that ran on the stalled worker (it received a token from
+it) is quarantined: answered 503 `quarantined`, never placed again. The innocent ones of that
+batch pay one retry, which their clients do with a fresh request on a healthy worker. Requests
+only queued there (no token from it) did not run and move on; but one that was on two stalled
+workers is quarantined whatever it did, as a request in a stalled engine twice is the likeliest
+culprit (one that stalls the engine before its first token reaches the router, e.g. in prefill).
+Either way a poison request hangs at most two workers, and usually one.
+
+One budget per request: `request_timeout_s` counts from the request's last progress (its
+submission, or the last token delivered), across every worker it is moved to, so a request
+waits at most that long for a 504, however often it moves. A placement silent for a share of it
+(`request_timeout_s / (max_resubmits + 1)`) is moved on before the budget is spent.
+
+Router-made errors say why (`reason`: no_worker, worker_failed, timeout, quarantined) and when
+to come back (`retry_after_s`, from the workers' predicted queue drain).
+
 Admission: with `max_queued` set, a new request finds the router's queue full when that many
 requests are waiting for their first token, and is refused at once (429 queue_full) with a
 Retry-After from the workers' own predicted queue drain.
@@ -112,9 +132,16 @@ STATUS_EVENTS = (
     "stale_aborts_sent",
     "foreign_dropped",
     "workers_stalled",
+    "quarantined",  # requests that ran on a stalled engine: answered, never resubmitted
     "workers_forgotten",
 )
 NO_DRAIN_ESTIMATE_S = 1.0  # Retry-After when no worker has predicted its queue's drain yet
+NO_WORKER_RETRY_S = 5  # Retry-After with no healthy worker: a worker joins or comes back in seconds
+QUARANTINE_STALLS = 2  # stalled engines a request was on before it is quarantined though it never ran
+DEFAULT_MAX_QUEUED = 2048  # the router's queue bound by default (requests without a first token)
+DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a request's budget without progress, across its workers
+# Why the router itself ended a request (the error's `reason`).
+NO_WORKER, WORKER_FAILED, TIMED_OUT, QUARANTINED = "no_worker", "worker_failed", "timeout", "quarantined"
 
 
 class NoWorkerAvailable(NoWorkerError):
@@ -152,6 +179,8 @@ class StreamError:
     message: str
     worker_id: str | None = None  # None when the router itself ended the request
     shed: Shed | None = None  # a worker shed it: the answer carries its reason and Retry-After
+    reason: str | None = None  # why the router ended it (NO_WORKER, ...); None for a worker's own error
+    retry_after_s: int | None = None  # when to come back, with a reason
 
 
 StreamEvent = StreamChunk | StreamError
@@ -179,6 +208,9 @@ class _Flight:
     stale: list[str] = field(default_factory=list)
     placed_s: float = 0.0  # router clock when its current owner got it (reconciliation's grace)
     active_at: float = 0.0  # loop time of its last placement or chunk (the inactivity timeout)
+    progress_at: float = 0.0  # loop time of its submission or last token: its budget counts from here
+    placed_delivered: int = 0  # tokens delivered when its current owner got it (did it run there?)
+    stalls: int = 0  # stalled engines it was on
     watch: StopWatch | None = None  # stop strings matched across its last hand-over
     pinned: bool = False  # counted once in migrations_pinned
 
@@ -302,8 +334,8 @@ class Dispatcher:
         resume_timeout_s: float = 10.0,  # a request whose worker died waits this long for another
         max_resubmits: int = 3,  # failovers + retries per request: a request that kills workers stops
         max_error_retries: int = 1,  # a worker's 5xx is retried this often elsewhere
-        request_timeout_s: float | None = 600.0,  # no event from its worker this long: fail over or 504
-        max_queued: int | None = None,  # requests without a first token the router holds (None: no bound)
+        request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S,  # no progress this long, over all its workers: 504
+        max_queued: int | None = DEFAULT_MAX_QUEUED,  # requests without a first token the router holds (None: no bound)
         reconcile_grace_s: float = 1.0,  # a placement this young may be missing from a load report
         auth: RouterAuth | None = None,  # the worker secret (None: workers are not authenticated)
         decode: Decode | None = None,  # the router's detokenizer: stop strings across a hand-over
@@ -385,6 +417,7 @@ class Dispatcher:
         try:
             while not await self._place(flight):
                 remaining = deadline - loop.time()
+        flight.progress_at = loop.time()
                 if remaining <= 0:
                     self.counters["rejected"] += 1
                     raise NoWorkerAvailable(
@@ -483,6 +516,7 @@ class Dispatcher:
         self.routed[worker_id] += 1
         return msg
 
+        flight.placed_delivered = len(flight.delivered)
     def _stop_watch(self, msg: Submit) -> StopWatch | None:
         """What matches `msg`'s stop strings across its hand-over (None: nothing to match)."""
         stops = stop_strings(msg.sampling_params)
@@ -628,7 +662,7 @@ class Dispatcher:
             return
         if flight.resubmits >= self.max_resubmits:
             msg = f"{why}; gave up after {flight.resubmits} resubmissions"
-            self._finish(flight, StreamError(flight.route.rid, 502, msg), "failed")
+            self._finish(flight, self._router_error(flight.route.rid, 502, msg, WORKER_FAILED), "failed")
             return
         flight.resubmits += 1
         self.counters["resubmitted"] += 1
@@ -647,7 +681,7 @@ class Dispatcher:
                 flight.waiting_since = None
             elif flight.waiting_since is not None and now - flight.waiting_since >= self.resume_timeout_s:
                 msg = f"no healthy worker to resume on within {self.resume_timeout_s:g} s"
-                self._finish(flight, StreamError(rid, 503, msg), "failed")
+                self._finish(flight, self._router_error(rid, 503, msg, NO_WORKER), "failed")
             else:
                 self._waiting[rid] = flight
 
@@ -843,6 +877,8 @@ class Dispatcher:
             flight.first_token_s = now
             self._unstarted.discard(chunk.rid)
         event = StreamChunk(
+        if tokens:
+            flight.progress_at = flight.active_at
             rid=chunk.rid,
             token_ids=tokens,
             completion_tokens=len(flight.delivered),
@@ -916,6 +952,8 @@ class Dispatcher:
             for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
                 await self._prefill_failed(flight, 502, f"prefill worker {worker_id} {why}")
         await self._expire_inactive()
+                if stalled and self._quarantine(flight, worker_id):
+                    continue
         for rid in [rid for rid, t in self._recently_ended.items() if now - t >= self.reconcile_grace_s]:
             del self._recently_ended[rid]
         for worker_id in self.registry.forget_dead(now):
@@ -927,28 +965,58 @@ class Dispatcher:
             await self._retry_waiting()
 
     async def _expire_inactive(self) -> None:
-        """A placed request with no event for `request_timeout_s`: its worker lost it without a
-        word (a hung stream, a lost message): place it elsewhere, or answer 504 at the limit."""
+        """A placed request that made no progress for `request_timeout_s`, over all its workers,
+        is answered 504; one whose current worker was silent for a share of that budget (a hung
+        stream, a lost message) is placed elsewhere first."""
         if self.request_timeout_s is None:
+    def _quarantine(self, flight: _Flight, worker_id: str) -> bool:
+        """End a request taken off a stalled engine if it is a suspect (see the module doc): it
+        ran there, or it was on QUARANTINE_STALLS stalled engines. False: it may move on."""
+        flight.stalls += 1
+        ran_here = len(flight.delivered) > flight.placed_delivered
+        if not ran_here and flight.stalls < QUARANTINE_STALLS:
+            return False
+        rid = flight.route.rid
+        why = "was running" if ran_here else f"was on {flight.stalls} stalled engines"
+        msg = f"quarantined: it {why} when worker {worker_id}'s engine stopped stepping; not retried elsewhere"
+        logger.warning("request %s %s", rid, msg)
+        self.counters["quarantined"] += 1
+        self._finish(flight, self._router_error(rid, 503, msg, QUARANTINED, worker_id), "failed")
+        return True
+
+    def _router_error(
+        self, rid: str, status: int, message: str, reason: str, worker_id: str | None = None
+    ) -> StreamError:
+        """An error the router decided, with its reason and when to come back."""
+        return StreamError(rid, status, message, worker_id, reason=reason, retry_after_s=self.retry_after_s())
+
+    def retry_after_s(self) -> int:
+        """Retry-After for a router-made error: the soonest healthy worker's predicted queue
+        drain; NO_WORKER_RETRY_S when no worker is healthy."""
+        views = [v for v in self.registry.views(self.clock()) if v.healthy and v.role != PREFILL]
+        if not views:
+            return NO_WORKER_RETRY_S
+        drains = [v.queue_drain_s for v in views if v.queue_drain_s is not None]
+        return retry_after_s(min(drains) if drains else min(v.queue_delay_s for v in views))
+
             return
         loop_now = asyncio.get_running_loop().time()
-        idle = [
-            f
-            for f in self._flights.values()
-            if f.owner is not None and not f.done and loop_now - f.active_at > self.request_timeout_s
-        ]
-        for flight in idle:
+        share = self.request_timeout_s / (self.max_resubmits + 1)
+        for flight in [f for f in self._flights.values() if f.owner is not None and not f.done]:
+            spent = loop_now - flight.progress_at > self.request_timeout_s
+            if not spent and loop_now - flight.active_at <= share:
+                continue
             owner, rid = flight.owner, flight.route.rid
             self.counters["timed_out"] += 1
-            if flight.resubmits >= self.max_resubmits or owner is None:
-                msg = f"no progress from worker {owner} in {self.request_timeout_s:g} s"
-                self._finish(flight, StreamError(rid, 504, msg, owner), "failed")
+            if spent or flight.resubmits >= self.max_resubmits or owner is None:
+                msg = f"no progress in {loop_now - flight.progress_at:.0f} s on workers {', '.join(flight.hops)}"
+                self._finish(flight, self._router_error(rid, 504, msg, TIMED_OUT, owner), "failed")
                 if owner is not None:
                     self._spawn(self._send(owner, Abort(rid=rid)))
                 continue
             self._release(flight)
             flight.stale.append(owner)
-            await self._resubmit(flight, owner, f"no progress from worker {owner} in {self.request_timeout_s:g} s")
+            await self._resubmit(flight, owner, f"no progress from worker {owner} in {share:g} s")
 
     async def _reconcile(self, worker_id: str, held: tuple[str, ...], now: float) -> None:
         """Match the worker's own list of the requests it holds against the router's."""
