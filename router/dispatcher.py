@@ -413,11 +413,11 @@ class Dispatcher:
         self._flights[rid] = flight  # before the Submit goes out, so its first chunk finds it
         self._unstarted.add(rid)
         loop = asyncio.get_running_loop()
+        flight.progress_at = loop.time()
         deadline = loop.time() + self.admission_timeout_s
         try:
             while not await self._place(flight):
                 remaining = deadline - loop.time()
-        flight.progress_at = loop.time()
                 if remaining <= 0:
                     self.counters["rejected"] += 1
                     raise NoWorkerAvailable(
@@ -512,11 +512,11 @@ class Dispatcher:
         flight.hops.append(worker_id)
         flight.placed_s = self.clock()
         flight.active_at = asyncio.get_running_loop().time()
+        flight.placed_delivered = len(flight.delivered)
         self.registry.track(flight.route.rid, worker_id)
         self.routed[worker_id] += 1
         return msg
 
-        flight.placed_delivered = len(flight.delivered)
     def _stop_watch(self, msg: Submit) -> StopWatch | None:
         """What matches `msg`'s stop strings across its hand-over (None: nothing to match)."""
         stops = stop_strings(msg.sampling_params)
@@ -873,12 +873,12 @@ class Dispatcher:
             self._spawn(self._send(chunk.worker_id, Abort(rid=chunk.rid)))
         flight.delivered.extend(tokens)
         flight.active_at = asyncio.get_running_loop().time()
+        if tokens:
+            flight.progress_at = flight.active_at
         if tokens and flight.first_token_s is None:
             flight.first_token_s = now
             self._unstarted.discard(chunk.rid)
         event = StreamChunk(
-        if tokens:
-            flight.progress_at = flight.active_at
             rid=chunk.rid,
             token_ids=tokens,
             completion_tokens=len(flight.delivered),
@@ -948,12 +948,12 @@ class Dispatcher:
                     continue
                 self._release(flight)
                 self._spawn(self._abort_stale(worker_id, rid))  # if it wakes up, it should stop
+                if stalled and self._quarantine(flight, worker_id):
+                    continue
                 await self._resubmit(flight, worker_id, f"worker {worker_id} {why}")
             for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
                 await self._prefill_failed(flight, 502, f"prefill worker {worker_id} {why}")
         await self._expire_inactive()
-                if stalled and self._quarantine(flight, worker_id):
-                    continue
         for rid in [rid for rid, t in self._recently_ended.items() if now - t >= self.reconcile_grace_s]:
             del self._recently_ended[rid]
         for worker_id in self.registry.forget_dead(now):
@@ -964,11 +964,6 @@ class Dispatcher:
         if self._waiting:
             await self._retry_waiting()
 
-    async def _expire_inactive(self) -> None:
-        """A placed request that made no progress for `request_timeout_s`, over all its workers,
-        is answered 504; one whose current worker was silent for a share of that budget (a hung
-        stream, a lost message) is placed elsewhere first."""
-        if self.request_timeout_s is None:
     def _quarantine(self, flight: _Flight, worker_id: str) -> bool:
         """End a request taken off a stalled engine if it is a suspect (see the module doc): it
         ran there, or it was on QUARANTINE_STALLS stalled engines. False: it may move on."""
@@ -999,6 +994,11 @@ class Dispatcher:
         drains = [v.queue_drain_s for v in views if v.queue_drain_s is not None]
         return retry_after_s(min(drains) if drains else min(v.queue_delay_s for v in views))
 
+    async def _expire_inactive(self) -> None:
+        """A placed request that made no progress for `request_timeout_s`, over all its workers,
+        is answered 504; one whose current worker was silent for a share of that budget (a hung
+        stream, a lost message) is placed elsewhere first."""
+        if self.request_timeout_s is None:
             return
         loop_now = asyncio.get_running_loop().time()
         share = self.request_timeout_s / (self.max_resubmits + 1)
