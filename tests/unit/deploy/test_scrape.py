@@ -23,8 +23,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router.transport import CurveKeys, WorkerEndpoint
 from server.process import ServerProcess, free_port
-from tests.unit.deploy.test_kubernetes import _args, containers, materialize_secrets, secrets
-from tests.unit.deploy.test_monitoring import DASHBOARD, PROMETHEUS
+from tests.unit.deploy.test_kubernetes import _args, containers, documents, materialize_secrets, secrets
+from tests.unit.deploy.test_monitoring import DASHBOARD, PROMETHEUS, _relabel, _sanitize
 from tests.unit.router._router_harness import ScriptedWorker, tiny_path
 
 # Where the Prometheus pod finds the Secret sglang-slo-metrics (docs/deployment.md, "Monitoring"):
@@ -37,20 +37,31 @@ REQUEST = {"text": "hi", "sampling_params": {"max_new_tokens": 4}, "slo": {"ttft
 Deployed = tuple[ServerProcess, dict[str, str], str, str]  # router, local paths, worker address, policy
 
 
-def router_job() -> dict[str, Any]:
-    """The kubernetes job of prometheus.yml that keeps the router's pods."""
-    config = yaml.safe_load(PROMETHEUS.read_text())
+def router_job(config_path: Path = PROMETHEUS) -> dict[str, Any]:
+    """The scrape job of prometheus.yml that keeps the router's pods (its relabelling applied to
+    the router pod of the manifests)."""
+    config = yaml.safe_load(config_path.read_text())
+    (router,) = [
+        d for _, d in documents() if d["kind"] == "Deployment" and d["metadata"]["name"] == "sglang-slo-router"
+    ]
+    template = router["spec"]["template"]
+    meta = {"__address__": "10.1.2.3:9999"}
+    meta |= {f"__meta_kubernetes_pod_label_{_sanitize(k)}": v for k, v in template["metadata"]["labels"].items()}
+    meta |= {
+        f"__meta_kubernetes_pod_annotation_{_sanitize(k)}": v for k, v in template["metadata"]["annotations"].items()
+    }
     (job,) = [
-        j
-        for j in config["scrape_configs"]
-        if any(r.get("action") == "keep" and r.get("regex") == "router" for r in j.get("relabel_configs", []))
+        j for j in config["scrape_configs"] if "kubernetes_sd_configs" in j and _relabel(j["relabel_configs"], meta)
     ]
     return job
 
 
 def scrape_headers(job: dict[str, Any], local: dict[str, str]) -> dict[str, str]:
-    """The Authorization header Prometheus sends for `job`, its key file read from `local`."""
-    auth = job["authorization"]
+    """The Authorization header Prometheus sends for `job` (none without `authorization`), its
+    key file read from `local`."""
+    auth = job.get("authorization")
+    if auth is None:
+        return {}
     path = auth["credentials_file"]
     for remote, here in local.items():
         path = path.replace(remote, here)
