@@ -113,9 +113,12 @@ class Generation:
     def _score(self, finished: bool, tier: str | None, now: float) -> None:
         self.end_unix = now
         call = self.call
-        self.report = self.reports.finish(
+        report = self.reports.finish(
             call.rid, call.slo, call.arrival_unix, self.token_times, finished=finished, tier=tier, now=now
         )
+        if call.slo_clamped:  # the key's limits changed the SLO: the client sees what it asked and got
+            report = {**report, "clamped": call.slo_clamped}
+        self.report = report
 
     def _finish_reason(self, chunk: StreamChunk) -> dict[str, Any]:
         """The worker's SGLang finish_reason, corrected for the whole request; a bare type otherwise."""

@@ -32,7 +32,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router import openai_format as oai
-from router.access import AccessTable
+from router.access import PRINCIPAL_SCOPE_KEY, AccessTable, Principal
 from router.dispatcher import (
     NoWorkerAvailable,
     RequestStream,
@@ -113,6 +113,12 @@ async def read_json(request: Request) -> dict[str, Any]:
 
 def lower_headers(request: Request) -> dict[str, str]:
     return {k.lower(): v for k, v in request.headers.items()}
+
+
+def caller(request: Request) -> Principal | None:
+    """The authenticated caller the guard left in the scope (router.access.Principal), if any:
+    its key's SLO limits, program namespace and fair share apply to what it sends."""
+    return request.scope.get(PRINCIPAL_SCOPE_KEY)
 
 
 async def _until_disconnect(receive: Receive) -> None:
@@ -315,7 +321,7 @@ def create_app(
     async def generate(request: Request) -> Response:
         arrival = (time.time(), time.monotonic())
         body = await read_json(request)
-        call = await parse_native(body, lower_headers(request), tokenizer, default_slo(), arrival)
+        call = await parse_native(body, lower_headers(request), tokenizer, default_slo(), arrival, caller(request))
         run = await open_run(service, call, await tokenizer())
         incremental = service.config.incremental_streaming_output
 
@@ -336,7 +342,9 @@ def create_app(
     async def completions(request: Request) -> Response:
         arrival = (time.time(), time.monotonic())
         body = await read_json(request)
-        call, opts = await parse_completion(body, lower_headers(request), tokenizer, default_slo(), arrival)
+        call, opts = await parse_completion(
+            body, lower_headers(request), tokenizer, default_slo(), arrival, caller(request)
+        )
         run = await open_run(service, call, await tokenizer())
         created = int(time.time())
 
@@ -354,7 +362,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         arrival = (time.time(), time.monotonic())
         body = await read_json(request)
-        call, opts = await parse_chat(body, lower_headers(request), tokenizer, default_slo(), arrival)
+        call, opts = await parse_chat(body, lower_headers(request), tokenizer, default_slo(), arrival, caller(request))
         run = await open_run(service, call, await tokenizer())
         created = int(time.time())
         started = False

@@ -17,10 +17,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from router.access import OPEN_ACCESS, Principal
 from router.service import GenerateCall
 from router.tokenizer import RouterTokenizer, TokenizerBusy, TokenizeTimeout, input_chars
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
+from scheduler.core.slo_limits import SloLimitError, hold_to_key
 from scheduler.core.slo_wire import extract_slo
 from wire import ARRIVAL_PARAM, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM, SLO_PARAM
 
@@ -213,6 +215,24 @@ def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | No
         raise bad(exc.field, exc.message) from None
 
 
+def _hold_to_key(
+    spec: SloSpec, params: dict[str, Any], principal: Principal | None
+) -> tuple[SloSpec, dict[str, Any] | None]:
+    """The caller's key limits, program namespace and fair share on this request (after the
+    client's `slo_*` custom params were stripped); nothing without a key (no caller, or no key
+    configured at all). 403 naming the field when the key may not ask for this SLO."""
+    if principal is None or principal is OPEN_ACCESS:
+        return spec, None
+    custom = params.get("custom_params")
+    if custom is None:
+        custom = params["custom_params"] = {}
+    try:
+        spec, clamped = hold_to_key(spec, principal.name, principal.limits, principal.share, custom)
+    except SloLimitError as exc:
+        raise ApiError(403, exc.message, exc.field, kind="permission_error") from None
+    return spec, clamped or None
+
+
 async def _encode(tokenizer: RouterTokenizer, text: str, name: str) -> list[int]:
     try:
         ids = await tokenizer.run(lambda: tokenizer.encode(text), TOKENIZE_TIMEOUT_S, size=len(text))
@@ -258,6 +278,7 @@ async def parse_native(
     tokenizer: TokenizerSource,
     default_slo: SloSpec | None = None,
     arrival: tuple[float, float] | None = None,
+    principal: Principal | None = None,
 ) -> GenerateCall:
     """SGLang's GenerateReqInput, single request only."""
     arrival_unix, arrival_s = arrival or _arrival()
@@ -292,11 +313,23 @@ async def parse_native(
         params.pop("custom_params", None)
     else:
         params["custom_params"] = custom
+    spec, clamped = _hold_to_key(spec, params, principal)
     field = "input_ids" if ids is not None else "text"
     if ids is None:
         assert text is not None  # checked above: exactly one of the two was given
         ids = await _encode(await tokenizer(), text, "text")
-    return GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text, prompt_field=field)
+    return GenerateCall(
+        rid,
+        ids,
+        params,
+        spec,
+        stream,
+        arrival_unix,
+        arrival_s,
+        prompt_text=text,
+        prompt_field=field,
+        slo_clamped=clamped,
+    )
 
 
 # --- OpenAI ---
@@ -394,6 +427,7 @@ async def parse_completion(
     tokenizer: TokenizerSource,
     default_slo: SloSpec | None = None,
     arrival: tuple[float, float] | None = None,
+    principal: Principal | None = None,
 ) -> tuple[GenerateCall, OpenAIOptions]:
     """POST /v1/completions."""
     arrival_unix, arrival_s = arrival or _arrival()
@@ -405,12 +439,22 @@ async def parse_completion(
         raise bad("best_of", "must be 1: the router serves one completion per request")
     params = _openai_params(body, body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS), "max_tokens")
     stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
+    spec, clamped = _hold_to_key(spec, params, principal)
     if isinstance(prompt, str):
         ids, text = await _encode(await tokenizer(), prompt, "prompt"), prompt
     else:
         ids, text = _token_ids(prompt, "prompt"), None
     call = GenerateCall(
-        rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_text=text, prompt_field="prompt"
+        rid,
+        ids,
+        params,
+        spec,
+        stream,
+        arrival_unix,
+        arrival_s,
+        prompt_text=text,
+        prompt_field="prompt",
+        slo_clamped=clamped,
     )
     return call, options
 
@@ -445,6 +489,7 @@ async def parse_chat(
     tokenizer: TokenizerSource,
     default_slo: SloSpec | None = None,
     arrival: tuple[float, float] | None = None,
+    principal: Principal | None = None,
 ) -> tuple[GenerateCall, OpenAIOptions]:
     """POST /v1/chat/completions: the tokenizer's chat template with add_generation_prompt."""
     arrival_unix, arrival_s = arrival or _arrival()
@@ -457,6 +502,7 @@ async def parse_chat(
     params = _openai_params(body, max_tokens, name)
     kwargs = template_kwargs(body.get("chat_template_kwargs"))
     stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
+    spec, clamped = _hold_to_key(spec, params, principal)
     tok = await tokenizer()
     try:
         ids = await tok.run(lambda: tok.chat_ids(messages, **kwargs), TOKENIZE_TIMEOUT_S, size=input_chars(messages))
@@ -468,5 +514,7 @@ async def parse_chat(
         raise bad("messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
     if not ids:
         raise bad("messages", "the chat template produced no tokens")
-    call = GenerateCall(rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_field="messages")
+    call = GenerateCall(
+        rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_field="messages", slo_clamped=clamped
+    )
     return call, options

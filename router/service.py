@@ -95,6 +95,8 @@ class GenerateCall:
     arrival_s: float  # router clock (time.monotonic) at arrival (policies)
     prompt_text: str | None = None  # when the client sent text (the length predictor reads it)
     prompt_field: str = "text"  # the body field the prompt came from (errors name it)
+    # What the caller's key limits changed in its SLO (slo_limits.apply_limits): the report says so
+    slo_clamped: dict[str, Any] | None = None
 
     @property
     def max_new_tokens(self) -> int | None:

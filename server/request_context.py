@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 from scheduler.core.shed_wire import Shed
 
@@ -20,6 +21,7 @@ from scheduler.core.shed_wire import Shed
 class RequestContext:
     from_agent: bool = False  # the router's agent sent it (verified token): stream deltas, trust its stamps
     shed: Shed | None = None  # set when the scheduler shed the request
+    slo_clamped: dict[str, Any] | None = None  # what the caller's key limits changed (its SLO report says so)
 
 
 _CURRENT: ContextVar[RequestContext | None] = ContextVar("sglang_slo_request", default=None)

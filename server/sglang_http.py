@@ -102,7 +102,7 @@ class SloTokenizerManager(TokenizerManager):
         def track(rid: str) -> None:
             if injected is not None and rid not in started:
                 started.add(rid)
-                _BOOK.start(rid, *injected)
+                _BOOK.start(rid, *injected, clamped=ctx.slo_clamped if ctx is not None else None)
 
         try:
             async for out in super().generate_request(obj, request):

@@ -31,10 +31,11 @@ from typing import Any
 
 import orjson
 
-from router.access import PRINCIPAL_SCOPE_KEY
+from router.access import OPEN_ACCESS, PRINCIPAL_SCOPE_KEY
 from scheduler.core.admission import retry_after_s
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
+from scheduler.core.slo_limits import SloLimitError, hold_to_key
 from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai
 from scheduler.reporting.reports import SloReportBook
 from server import compressed_body, request_context
@@ -177,6 +178,16 @@ def _strip_body(body: dict[str, Any], kind: str) -> None:
     params = body.get("sampling_params")
     for p in params if isinstance(params, list) else [params]:
         strip_internal(p)
+
+
+def _add_custom(body: dict[str, Any], kind: str, extra: dict[str, Any]) -> None:
+    """`extra` into every custom_params of the body (inject_* made them)."""
+    if not extra:
+        return
+    params = body if kind == OPENAI else body.get("sampling_params")
+    for p in params if isinstance(params, list) else [params]:
+        if isinstance(p, dict) and isinstance(p.get("custom_params"), dict):
+            p["custom_params"].update(extra)
 
 
 class SloMiddleware:
@@ -326,7 +337,14 @@ class SloMiddleware:
             if not ctx.from_agent:
                 _strip_body(target, kind)
             spec = extract_slo(target, headers, self.default_slo, native=kind != OPENAI)
+            tenant: dict[str, Any] = {}
+            principal = None if ctx.from_agent else scope.get(PRINCIPAL_SCOPE_KEY)  # the router held it already
+            if principal is not None and principal is not OPEN_ACCESS:
+                spec, ctx.slo_clamped = hold_to_key(spec, principal.name, principal.limits, principal.share, tenant)
             (inject_openai if kind == OPENAI else inject_native)(target, spec, arrival)
+            _add_custom(target, kind, tenant)
+        except SloLimitError as e:
+            return await _respond(send, 403, error_body(e.field, e.message, 403))
         except SloValidationError as e:
             field = f"parameters.{e.field}" if kind == VERTEX and not e.field.startswith("x-slo") else e.field
             return await _respond(send, 400, error_body(field, e.message))
