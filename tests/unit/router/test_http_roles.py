@@ -14,7 +14,9 @@ import orjson
 import zmq.asyncio
 
 from router.access import PRINCIPAL_SCOPE_KEY, AccessTable, Principal, Role
+from router.http_api import create_app
 from router.http_guard import ROUTE_ROLES, RoleGuard, is_secret_name, scrub_secrets
+from router.service import RouterConfig, RouterService
 from router.worker_auth import legacy_secret
 from tests.unit.router._fake_worker import until
 from tests.unit.router._router_harness import FakeWorkerHttp, router, run
@@ -192,7 +194,7 @@ def test_secret_names_are_found_at_any_depth() -> None:
     assert is_secret_name("SGLANG_SLO_WORKER_SECRET", None) and not is_secret_name("tokenizer_path", "p")
 
 
-def test_the_guard_leaves_the_caller_in_the_scope_and_every_route_has_a_role(ctx: zmq.asyncio.Context) -> None:
+def test_the_guard_leaves_the_caller_in_the_scope() -> None:
     seen: list[Any] = []
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
@@ -206,6 +208,9 @@ def test_the_guard_leaves_the_caller_in_the_scope_and_every_route_has_a_role(ctx
         await client.get("/metrics", headers={"Authorization": f"bearer {METRICS}"})
         await client.get("/health")
         assert [p.name if p else None for p in seen] == ["tenant-a", "prometheus", None]
+        for raw in (b"Bearer \xff\xfe", b"Basic " + CLIENT.encode(), b"Bearer", CLIENT.encode()):
+            resp = await client.get("/v1/models", headers=[(b"authorization", raw)])
+            assert resp.status_code == 401, raw  # never a 500, never a pass
         open_client = httpx.AsyncClient(
             transport=httpx.ASGITransport(RoleGuard(app, AccessTable())), base_url="http://r"
         )
@@ -213,7 +218,11 @@ def test_the_guard_leaves_the_caller_in_the_scope_and_every_route_has_a_role(ctx
         assert seen[-1].role is Role.ADMIN
         await client.aclose()
         await open_client.aclose()
-        async with router(ctx, []) as h:
-            assert {route.path for route in h.app.app.routes} == set(ROUTE_ROLES)
 
     run(go)
+
+
+def test_every_route_of_the_app_has_a_role() -> None:
+    app = create_app(RouterService(RouterConfig(routing_policy="round_robin", length_predictor="none")), lifespan=False)
+    assert isinstance(app, RoleGuard)
+    assert {route.path for route in app.app.routes} == set(ROUTE_ROLES)
