@@ -47,7 +47,7 @@ def test_the_policy_never_moves_a_constrained_request_once_it_has_a_token(ctx: z
 def test_an_operator_move_of_a_constrained_request_is_refused_naming_why(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
         async with cluster(ctx, [{"delay_s": 0.03}, {"base": 500}], migrate_interval_s=None) as (dispatcher, (w0, w1)):
-            stream = await dispatcher.submit(*_constrained("r1", 30, regex="[a-z]+"))
+            stream = await dispatcher.submit(*_constrained("r1", 100, regex="[a-z]+"))
             await until(lambda: bool(dispatcher.running_on("w0")) and dispatcher.running_on("w0")[0].generated > 0)
             with pytest.raises(MigrationRefused, match="regex"):
                 await dispatcher.migrate("r1", "w1")

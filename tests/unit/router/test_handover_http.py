@@ -16,12 +16,13 @@ from tests.unit.router._fake_worker import until
 from tests.unit.router._router_harness import SCRIPT_TEXT, router, run, script_ids, sse_events
 
 SCHEMA = '{"type": "string"}'
+SLOW_HOST_S = 90.0  # each test starts a router and streams a few short requests: generous on a loaded host
 FAILS_AFTER_6 = {"chunk": 2, "error_status": 502, "error_after": 3}  # 6 tokens, then a 5xx: retried on w1
 
 
 def test_slo_migrate_refuses_a_constrained_request_with_409(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
-        slow = {"chunk": 1, "delay_s": 0.05}
+        slow = {"chunk": 1, "delay_s": 0.05, "script": script_ids() * 4}  # still running when it is asked to move
         async with router(ctx, [slow, slow]) as h:
             dispatcher = h.service.dispatcher
             chat = {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}
@@ -31,7 +32,7 @@ def test_slo_migrate_refuses_a_constrained_request_with_409(ctx: zmq.asyncio.Con
             ]
             for path, body in bodies:
                 task = asyncio.ensure_future(h.client.post(path, json=body))
-                await until(lambda: any(r.generated > 0 for w in ("w0", "w1") for r in dispatcher.running_on(w)))
+                await until(lambda: any(r.generated > 0 for w in ("w0", "w1") for r in dispatcher.running_on(w)), 30.0)
                 (running,) = [r for w in ("w0", "w1") for r in dispatcher.running_on(w)]
                 other = "w1" if running.worker_id == "w0" else "w0"
                 resp = await h.client.post("/slo/migrate", json={"rid": running.request.rid, "to": other})
@@ -42,7 +43,7 @@ def test_slo_migrate_refuses_a_constrained_request_with_409(ctx: zmq.asyncio.Con
             assert [len(w.submits) for w in h.workers] == [1, 1]  # each ran where it started
             assert dispatcher.status()["migrations_refused"] == 2 and dispatcher.status()["migrated"] == 0
 
-    run(go)
+    run(go, timeout_s=SLOW_HOST_S)
 
 
 def test_a_constrained_request_not_streamed_restarts_transparently(ctx: zmq.asyncio.Context) -> None:
@@ -58,7 +59,7 @@ def test_a_constrained_request_not_streamed_restarts_transparently(ctx: zmq.asyn
             (restart,) = h.workers[1].submits
             assert restart.resume_output_ids == ()  # its grammar starts at the root, with its output
 
-    run(go)
+    run(go, timeout_s=SLOW_HOST_S)
 
 
 def test_a_streamed_constrained_request_ends_with_an_error_naming_the_grammar(ctx: zmq.asyncio.Context) -> None:
@@ -72,7 +73,7 @@ def test_a_streamed_constrained_request_ends_with_an_error_naming_the_grammar(ct
             assert error["code"] == 502 and "regex" in error["message"]
             assert all("error" not in e for e in events[:-2]) and h.workers[1].submits == []
 
-    run(go)
+    run(go, timeout_s=SLOW_HOST_S)
 
 
 def test_a_stop_string_across_the_hand_over_stops_the_request(ctx: zmq.asyncio.Context) -> None:
@@ -84,7 +85,7 @@ def test_a_stop_string_across_the_hand_over_stops_the_request(ctx: zmq.asyncio.C
             assert out["output_ids"] == script_ids()[:9]  # ends with the token that completes it
             assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": "wörld"}
             assert h.workers[1].submits[0].resume_output_ids == tuple(script_ids()[:6])
-            await until(lambda: bool(h.workers[1].aborts))  # the new worker stops generating too
+            await until(lambda: bool(h.workers[1].aborts), 30.0)  # the new worker stops generating too
 
             stream = {**body, "stream": True}
             events = sse_events((await h.client.post("/generate", json=stream)).content)
@@ -93,4 +94,4 @@ def test_a_stop_string_across_the_hand_over_stops_the_request(ctx: zmq.asyncio.C
             assert final["meta_info"]["completion_tokens"] == 9 and final["meta_info"]["workers"][-1] != "w0"
             assert final["text"] == " Hello wör"  # what was streamed before the match cannot be taken back
 
-    run(go)
+    run(go, timeout_s=SLOW_HOST_S)
