@@ -19,6 +19,7 @@ import httpx
 import pytest
 import yaml
 import zmq.asyncio
+import zmq.auth
 from prometheus_client.parser import text_string_to_metric_families
 
 from router.transport import CurveKeys, WorkerEndpoint
