@@ -647,7 +647,7 @@ class Dispatcher:
         rid, n = flight.route.rid, len(flight.delivered)
         if flight.submit.stream:
             msg = f"lost its worker after {n} streamed tokens; its {name} grammar cannot be resumed on another worker"
-            self._finish(flight, StreamError(rid, 502, msg), "failed")
+            self._finish(flight, self._router_error(rid, 502, msg, WORKER_FAILED), "failed")
             return False
         flight.delivered.clear()
         flight.first_token_s = None

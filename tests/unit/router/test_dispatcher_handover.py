@@ -68,7 +68,8 @@ def test_a_streamed_constrained_request_that_lost_its_worker_ends_with_an_error(
             events = await _collect(await dispatcher.submit(*_constrained("r1", 8, ebnf='root ::= "a"+')))
             assert _tokens(events) == [100, 101, 102]
             error = events[-1]
-            assert isinstance(error, StreamError) and error.status == 502
+            assert isinstance(error, StreamError) and error.status == 502 and error.reason == "worker_failed"
+            assert error.retry_after_s is not None  # a fresh request may be sent: when, it says
             assert "ebnf" in error.message and "3 streamed tokens" in error.message
             assert w1.submits == []  # nothing resumed that could break the grammar
 
