@@ -34,6 +34,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from router import openai_format as oai
 from router.access import PRINCIPAL_SCOPE_KEY, AccessTable, Principal
 from router.dispatcher import (
+    NO_WORKER,
+    NO_WORKER_RETRY_S,
+    WORKER_FAILED,
     NoWorkerAvailable,
     RequestStream,
     RouterQueueFull,
@@ -48,6 +51,7 @@ from router.protocol import MAX_MESSAGE_BYTES, ProtocolError
 from router.requests import ApiError, bad, parse_chat, parse_completion, parse_native
 from router.service import GenerateCall, PromptTooLong, RouterService, WorkerUnavailable
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
+from scheduler.core.json_depth import unforwardable
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +95,9 @@ def worker_error(err: StreamError) -> ApiError:
     where = f" (worker {err.worker_id})" if err.worker_id else ""
     if err.shed is not None:
         return ApiError.from_shed(err.shed, where)
-    return ApiError(err.status, message + where)
+    reason = err.reason or (WORKER_FAILED if err.status >= 500 else None)  # a worker's own 5xx: retry elsewhere
+    retry = err.retry_after_s if err.retry_after_s is not None else (1 if reason else None)
+    return ApiError(err.status, message + where, reason=reason, retry_after_s=retry)
 
 
 async def read_json(request: Request) -> dict[str, Any]:
@@ -108,6 +114,9 @@ async def read_json(request: Request) -> dict[str, Any]:
         raise bad("body", f"not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise bad("body", "must be a JSON object")
+    why = unforwardable(body)  # parsed, but the worker link could not carry it
+    if why is not None:
+        raise bad("body", why)
     return body
 
 
@@ -156,9 +165,13 @@ def guarded(handler: Callable[[Request], Awaitable[Response]]) -> Callable[[Requ
         except RouterQueueFull as exc:
             return error_response(ApiError.from_shed(exc.shed))
         except (NoWorkerAvailable, TokenizerUnavailable) as exc:
-            return error_response(ApiError(503, str(exc), kind="service_unavailable"))
+            err = ApiError(503, str(exc), kind="service_unavailable", reason=NO_WORKER, retry_after_s=NO_WORKER_RETRY_S)
+            return error_response(err)
         except WorkerUnavailable as exc:
-            return error_response(ApiError(exc.status, str(exc), kind="service_unavailable"))
+            reason = NO_WORKER if exc.status == 503 else WORKER_FAILED
+            retry = NO_WORKER_RETRY_S if exc.status == 503 else 1
+            err = ApiError(exc.status, str(exc), kind="service_unavailable", reason=reason, retry_after_s=retry)
+            return error_response(err)
         except ClientGone:
             return Response(status_code=499)
         except Exception:  # noqa: BLE001 - one bad request must not take the router down

@@ -20,11 +20,20 @@ from typing import Any
 from router.access import OPEN_ACCESS, Principal
 from router.service import GenerateCall
 from router.tokenizer import RouterTokenizer, TokenizerBusy, TokenizeTimeout, input_chars
+from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_limits import SloLimitError, hold_to_key
 from scheduler.core.slo_wire import extract_slo
-from wire import ARRIVAL_PARAM, INTERNAL_PARAM_PREFIX, ORACLE_HINT_PARAM, SLO_PARAM
+from wire import (
+    ARRIVAL_PARAM,
+    INTERNAL_PARAM_PREFIX,
+    ORACLE_HINT_PARAM,
+    RETRY_AFTER_HEADER,
+    RETRY_AFTER_KEY,
+    SHED_REASON_KEY,
+    SLO_PARAM,
+)
 
 DEFAULT_MAX_NEW_TOKENS = 128  # SGLang's SamplingParams default (native route)
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # SGLang's CompletionRequest default (OpenAI's too)
@@ -98,10 +107,19 @@ TokenizerSource = Callable[[], Awaitable[RouterTokenizer]]
 
 class ApiError(Exception):
     """A request the router refuses; `field` is the offending field (None: not one field's fault).
-    A shed request (`shed`) answers with the shed's reason, Retry-After and predicted wait too."""
+    A shed request (`shed`) answers with the shed's reason, Retry-After and predicted wait too;
+    another refusal the client may retry (no worker, a worker failed, a timeout) with its
+    `reason` and `retry_after_s`."""
 
     def __init__(
-        self, status: int, message: str, field: str | None = None, kind: str | None = None, shed: Shed | None = None
+        self,
+        status: int,
+        message: str,
+        field: str | None = None,
+        kind: str | None = None,
+        shed: Shed | None = None,
+        reason: str | None = None,
+        retry_after_s: int | None = None,
     ) -> None:
         super().__init__(f"{field}: {message}" if field else message)
         self.status = status
@@ -109,6 +127,8 @@ class ApiError(Exception):
         self.field = field
         self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
         self.shed = shed
+        self.reason = reason
+        self.retry_after_s = retry_after_s
 
     @classmethod
     def from_shed(cls, shed: Shed, where: str = "") -> ApiError:
@@ -124,10 +144,14 @@ class ApiError(Exception):
         }
         if self.shed is not None:
             error.update(self.shed.fields())
+        elif self.reason is not None:
+            error.update({SHED_REASON_KEY: self.reason, RETRY_AFTER_KEY: self.retry_after_s})
         return {"error": error}
 
     def headers(self) -> dict[str, str]:
-        return self.shed.headers() if self.shed is not None else {}
+        if self.shed is not None:
+            return self.shed.headers()
+        return {} if self.retry_after_s is None else {RETRY_AFTER_HEADER: str(self.retry_after_s)}
 
 
 def bad(field: str, message: str) -> ApiError:
@@ -206,6 +230,15 @@ def _strip_slo(custom: Any, name: str) -> Any:
         and (not str(k).startswith(INTERNAL_PARAM_PREFIX) or k == ORACLE_HINT_PARAM)
     }
     return kept or None
+
+
+def _stop_regex(value: Any, field: str) -> None:
+    """SGLang runs stop patterns inside its scheduler loop: only boundedly costly ones pass
+    (scheduler.core.regex_guard)."""
+    try:
+        check_stop_regex(value, field)
+    except UnsafeRegex as exc:
+        raise bad(exc.field, exc.message) from None
 
 
 def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | None, native: bool) -> SloSpec:
@@ -305,6 +338,7 @@ async def parse_native(
     _count(params["max_new_tokens"], "sampling_params.max_new_tokens")
     if params.get("n") not in (None, 1):
         raise bad("sampling_params.n", "must be 1: the router serves one completion per request")
+    _stop_regex(params.get("stop_regex"), "sampling_params.stop_regex")
     stream = _opt_bool(body, "stream")
     rid = _rid(body)
     spec = _slo(body, headers, default_slo, native=True)  # reads custom_params.slo before it is stripped
@@ -344,6 +378,7 @@ def _openai_sampling(body: Mapping[str, Any], max_tokens: int | None) -> dict[st
         raise bad("n", "must be 1: the router serves one completion per request")
     if "stop" in params and not isinstance(params["stop"], (str, list)):
         raise bad("stop", "must be a string or a list of strings")
+    _stop_regex(body.get("stop_regex"), "stop_regex")
     custom = _strip_slo(params.get("custom_params"), "custom_params")
     if custom is None:
         params.pop("custom_params", None)
