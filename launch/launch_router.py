@@ -13,11 +13,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launch_server import json_params
 from router.policies import ROUTING_POLICIES
 from router.service import DEFAULT_LENGTH_PREDICTOR
+
+if TYPE_CHECKING:
+    from router.access import AccessTable
 
 
 def _policy_params(pairs: list[str], policy: str) -> dict[str, Any]:
@@ -234,7 +237,7 @@ def _key(value: str | None, path: str | None, env_name: str, flag: str) -> str |
     return os.environ.get(env_name) or None
 
 
-def access_from_args(args: argparse.Namespace) -> tuple[str | None, Any]:
+def access_from_args(args: argparse.Namespace) -> tuple[str | None, AccessTable]:
     """(the client key of --api-key, the AccessTable of every HTTP key); a mistake is a SystemExit
     naming its flag or the file's field."""
     from router.access import MIN_KEY_BYTES, AccessConfigError, AccessTable
@@ -250,11 +253,18 @@ def access_from_args(args: argparse.Namespace) -> tuple[str | None, Any]:
         raise SystemExit(f"{where}: {e}") from None
 
 
-def worker_secret_from_args(args: argparse.Namespace, api_key: str | None, access: Any, remote: bool) -> bytes | None:
+def worker_secret_from_args(
+    args: argparse.Namespace, api_key: str | None, access: AccessTable, remote: bool
+) -> bytes | None:
     """The workers' credential. Off loopback it must be a secret of its own: a key any client
     holds (the legacy stand-in) would let that client register as a worker and read others' prompts."""
-    from router.worker_auth import resolve_worker_secret
+    from router.worker_auth import SECRET_ENV, resolve_worker_secret
 
+    if args.worker_secret is not None:
+        logging.getLogger("launch_router").warning(
+            "--worker-secret on the command line is visible in the process list: prefer --worker-secret-file or $%s",
+            SECRET_ENV,
+        )
     try:
         secret, source = resolve_worker_secret(
             args.worker_secret, args.worker_secret_file, api_key, access.worker_secret()
@@ -324,7 +334,9 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     app = create_app(service, on_started=announce)
-    server = uvicorn.Server(
+    from router.graceful import GracefulServer
+
+    server = GracefulServer(
         uvicorn.Config(
             app,
             host=args.host,
@@ -333,9 +345,15 @@ def main(argv: list[str] | None = None) -> None:
             lifespan="on",
             timeout_graceful_shutdown=5,
             access_log=args.log_level == "debug",
-        )
+        ),
+        before_drain=service.stop,  # open streams get the 503 event and workers an Abort first
     )
-    server.run()  # uvicorn turns SIGINT/SIGTERM into a graceful shutdown: the lifespan stops the service
+    server.run()  # SIGINT/SIGTERM: the streams end, uvicorn drains, the lifespan stops the rest
+    import zmq.asyncio
+
+    from router.transport import CLOSE_LINGER_MS
+
+    zmq.asyncio.Context.instance().destroy(linger=CLOSE_LINGER_MS)  # the last Aborts leave before exit
     if not server.started:
         raise SystemExit(1)
 
