@@ -33,6 +33,8 @@ import orjson
 
 from router.access import OPEN_ACCESS, PRINCIPAL_SCOPE_KEY
 from scheduler.core.admission import retry_after_s
+from scheduler.core.json_depth import unforwardable
+from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_limits import SloLimitError, hold_to_key
@@ -190,6 +192,27 @@ def _add_custom(body: dict[str, Any], kind: str, extra: dict[str, Any]) -> None:
             p["custom_params"].update(extra)
 
 
+def unsafe_stop_regex(target: dict[str, Any], kind: str) -> UnsafeRegex | None:
+    """SGLang runs stop patterns inside its scheduler loop: refuse the ones whose matching cost
+    is not bounded (scheduler.core.regex_guard), naming the field."""
+    if kind == OPENAI:
+        found = [("stop_regex", target.get("stop_regex"))]
+    else:
+        params = target.get("sampling_params")
+        many = isinstance(params, list)
+        found = [
+            (f"sampling_params{f'[{i}]' if many else ''}.stop_regex", p.get("stop_regex"))
+            for i, p in enumerate(params if many else [params])
+            if isinstance(p, dict)
+        ]
+    try:
+        for field, value in found:
+            check_stop_regex(value, field)
+    except UnsafeRegex as exc:
+        return exc
+    return None
+
+
 class SloMiddleware:
     def __init__(
         self,
@@ -317,6 +340,9 @@ class SloMiddleware:
             body = None
         if not isinstance(body, dict):  # not ours to judge: SGLang answers malformed bodies
             return await self.app(scope, _replay(raw, receive), send)
+        too_deep = unforwardable(body)  # it could not be handed on to SGLang (a 500 there)
+        if too_deep is not None:
+            return await _respond(send, 400, error_body("body", too_deep))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if not headers.get(AGENT_TOKEN_HEADER, "").isascii():
             return await _respond(send, 400, error_body(AGENT_TOKEN_HEADER, "must be ASCII"))
@@ -333,6 +359,10 @@ class SloMiddleware:
             unknown = sorted(set(target) - self.vertex_fields) if self.vertex_fields is not None else []
             if unknown:
                 return await _respond(send, 400, error_body(f"parameters.{unknown[0]}", "is not a generate field"))
+        unsafe = unsafe_stop_regex(target, kind)
+        if unsafe is not None:
+            field = f"parameters.{unsafe.field}" if kind == VERTEX else unsafe.field
+            return await _respond(send, 400, error_body(field, unsafe.message))
         try:
             if not ctx.from_agent:
                 _strip_body(target, kind)
