@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
+from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS
 from scheduler.core.slo import SloSpec, parse_slo
 
 ENV_VAR = "SGLANG_SLO_CONFIG"
@@ -39,6 +40,7 @@ class SloServerConfig:
     spec_draft_ratio: float | None = None  # draft step / target decode step (None: measured weights)
     max_queued_tokens: int | None = None  # bound on the queued requests' prompt tokens (429 beyond)
     drain_timeout_s: float = 30.0  # SIGTERM: how long requests in flight may finish before the exit
+    tenant_fairness: float = DEFAULT_TENANT_FAIRNESS  # f of the fair-share blend between API keys (0: none)
 
     def default_spec(self) -> SloSpec | None:
         return None if not self.default_slo else parse_slo(self.default_slo, prefix="--slo-default-")

@@ -156,7 +156,12 @@ class SloSchedulerMixin:
             or getattr(self.tree_cache, "supports_fast_match_prefix", lambda: False)()
         )
         role = _disagg_role(self)
-        slo.planner.settings = settings_for(slo.planner.policy, mixed_batching=bool(self.is_mixed_chunk), role=role)
+        slo.planner.settings = settings_for(
+            slo.planner.policy,
+            mixed_batching=bool(self.is_mixed_chunk),
+            role=role,
+            tenant_fairness=slo.config.tenant_fairness,
+        )
         slo.chunk_budget = self.chunked_prefill_size
         if role == PREFILL and slo.knobs_on and self.chunked_prefill_size:
             # PD prefill: PolyServe dynamic chunking; the launcher started SGLang at 2B so that a

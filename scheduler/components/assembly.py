@@ -174,7 +174,7 @@ def build_components(
         clock=clock,
         perf=perf,
         meter=EngineMeter(perf, pacer, timing_ok=True, emulated_card=config.emulate_name),
-        planner=PassPlanner(policy, settings_for(policy)),
+        planner=PassPlanner(policy, settings_for(policy, tenant_fairness=config.tenant_fairness)),
         states=states,
         views=views,
         compound=compound,

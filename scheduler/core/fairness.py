@@ -20,6 +20,10 @@ normalised to [0, 1] (1: first), which every policy has:
   tenant furthest behind goes first until its counter catches up (VTC), while a smaller f lets
   the policy's most urgent requests of other tenants pass it.
 
+This is fairness between API keys. Tempo's and GMAX's own `fairness` parameter (`--slo-fairness`,
+off by default) blends the same way between requests, by each program's attained service; the
+two compose: that one shapes the policy's order, this one its split between keys.
+
 With one tenant (or none) waiting, or counters all even, the policy's order is kept as it is:
 a single-tenant server plans exactly as before. The counters are the only state; an engine
 (the adapter's planner, the simulator's engine) keeps one FairShare next to its policy and the
@@ -35,7 +39,7 @@ import numpy as np
 from scheduler.core.columns import ViewColumns, columns_of
 from scheduler.core.types import EngineView, StepPlan
 
-DEFAULT_FAIRNESS = 0.5  # f: the weight of the fair order against the policy's own
+DEFAULT_TENANT_FAIRNESS = 0.5  # f: the weight of the fair order against the policy's own
 _NO_TENANT = -1
 
 

@@ -35,7 +35,7 @@ import numpy as np
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
 from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
-from scheduler.core.fairness import DEFAULT_FAIRNESS, FairShare
+from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
@@ -56,10 +56,12 @@ class PlanSettings:
     chunk_cap: int | None = None
     # f of the fair-share blend between tenants (scheduler/core/fairness.py; 0: the policy's
     # order alone). Nothing changes while fewer than two tenants (API keys) have work waiting.
-    fairness: float = DEFAULT_FAIRNESS
+    tenant_fairness: float = DEFAULT_TENANT_FAIRNESS
 
 
-def settings_for(policy: Policy, mixed_batching: bool = True, role: str = MIXED) -> PlanSettings:
+def settings_for(
+    policy: Policy, mixed_batching: bool = True, role: str = MIXED, tenant_fairness: float = DEFAULT_TENANT_FAIRNESS
+) -> PlanSettings:
     """How an engine finishes `policy`'s plans: fcfs is stock SGLang (nothing applied); an
     ordering baseline's own knobs apply but the engine's SLO levers do not (as in the papers'
     baselines, which reorder a stock engine); an SLO policy gets both."""
@@ -71,6 +73,7 @@ def settings_for(policy: Policy, mixed_batching: bool = True, role: str = MIXED)
         mixed_batching=mixed_batching,
         role=role,
         chunk_cap=getattr(policy, "chunk_cap", None) if levers else None,  # optional: few policies set one
+        tenant_fairness=tenant_fairness,
     )
 
 
@@ -190,7 +193,7 @@ def plan_pass(
     with sharing(view, cache):
         plan = policy.plan(view)
         if fair is not None and settings.knobs and settings.role != DECODE:
-            plan = fair.blend(view, plan, settings.fairness)
+            plan = fair.blend(view, plan, settings.tenant_fairness)
         return finalize_plan(view, plan, settings, knob_model, wait_model)
 
 

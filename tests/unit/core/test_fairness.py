@@ -47,7 +47,7 @@ def _flood() -> list[RequestView]:
 def test_one_tenant_plans_exactly_as_without_the_blend(policy: str, tenant: str | None) -> None:
     waiting = [_req(f"r{i}", tenant, GREEDY if i % 3 else PATIENT, arrival=0.01 * i) for i in range(30)]
     running = [_req(f"x{i}", tenant, PATIENT) for i in range(3)]
-    off = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(fairness=0.0), KnobModel(PERF))
+    off = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(tenant_fairness=0.0), KnobModel(PERF))
     fair = FairShare()
     for _ in range(3):  # counters build up over passes: still nothing changes
         on = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(), KnobModel(PERF), fair=fair)
@@ -55,7 +55,7 @@ def test_one_tenant_plans_exactly_as_without_the_blend(policy: str, tenant: str 
 
 
 def test_edf_alone_puts_the_whole_flood_first() -> None:
-    plan = plan_pass(_view(_flood()), make_policy("edf"), PlanSettings(fairness=0.0), KnobModel(PERF))
+    plan = plan_pass(_view(_flood()), make_policy("edf"), PlanSettings(tenant_fairness=0.0), KnobModel(PERF))
     assert plan.order is not None and all(rid.startswith("a") for rid in plan.order[:40])
 
 
@@ -68,7 +68,7 @@ def _served_a() -> list[RequestView]:
 
 
 def _first_b(fairness: float) -> int:
-    settings = PlanSettings(fairness=fairness)
+    settings = PlanSettings(tenant_fairness=fairness)
     plan = plan_pass(_view(_flood(), _served_a()), make_policy("edf"), settings, KnobModel(PERF), fair=FairShare())
     assert plan.order is not None and sorted(plan.order) == sorted(r.rid for r in _flood())
     # each tenant's own requests keep the policy's order
@@ -85,7 +85,9 @@ def test_the_blend_moves_the_tenant_behind_its_share_to_the_front_with_f() -> No
 
 def test_even_counters_keep_the_policys_order() -> None:
     """Nobody served yet: nobody is behind, edf's order stands."""
-    plan = plan_pass(_view(_flood()), make_policy("edf"), PlanSettings(fairness=1.0), KnobModel(PERF), fair=FairShare())
+    plan = plan_pass(
+        _view(_flood()), make_policy("edf"), PlanSettings(tenant_fairness=1.0), KnobModel(PERF), fair=FairShare()
+    )
     assert plan.order is not None and all(rid.startswith("a") for rid in plan.order[:40])
 
 
@@ -121,7 +123,7 @@ def _sim(fairness: float) -> dict[str, list[float]]:
         SimRequest(f"b{i}", PATIENT, 0.0, 200, 20, max_new_tokens=20, tenant="b") for i in range(20)
     ]
     policy = make_policy("edf")
-    settings = PlanSettings(**{**settings_for(policy).__dict__, "fairness": fairness})
+    settings = PlanSettings(**{**settings_for(policy).__dict__, "tenant_fairness": fairness})
     sim = Simulator(policy, PERF, EngineConfig(max_running_requests=4, chunk_size=512), settings=settings)
     result = sim.run(reqs)
     done: dict[str, list[float]] = {"a": [], "b": []}

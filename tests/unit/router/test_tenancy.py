@@ -56,7 +56,7 @@ def _edf_first(submits: list[tuple[Submit, float]]) -> str:
         for s, arrival in submits
     ]
     view = EngineView(0.6, waiting, [], 8, 512, 10**6, 10**6)
-    plan = plan_pass(view, make_policy("edf"), PlanSettings(fairness=0.0), KnobModel(PERF))
+    plan = plan_pass(view, make_policy("edf"), PlanSettings(tenant_fairness=0.0), KnobModel(PERF))
     assert plan.order is not None
     return plan.order[0]
 
