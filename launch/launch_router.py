@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launch_server import json_params
+from router.dispatcher import DEFAULT_MAX_QUEUED
 from router.policies import ROUTING_POLICIES
 from router.service import DEFAULT_LENGTH_PREDICTOR
 
@@ -94,16 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-queued-requests",
         type=int,
         metavar="N",
+        default=DEFAULT_MAX_QUEUED,
         help="at most N requests waiting for their first token; beyond, a new request is answered at once with "
-        "HTTP 429 queue_full and a Retry-After from the workers' predicted queue drain (default: no bound)",
+        "HTTP 429 queue_full and a Retry-After from the workers' predicted queue drain (default %(default)s)",
     )
     parser.add_argument(
         "--request-timeout-s",
         type=float,
         default=600.0,
         metavar="S",
-        help="a request whose worker sends nothing for S seconds is placed elsewhere, or answered 504 "
-        "(default %(default)s; 0 disables)",
+        help="a request that makes no progress for S seconds in total, over every worker it is moved to, is "
+        "answered 504; a worker silent for a share of S loses it to another first (default %(default)s; 0 disables)",
     )
     parser.add_argument(
         "--stall-after-s",

@@ -23,7 +23,7 @@ from typing import Any
 import zmq.asyncio
 
 from router.access import AccessTable
-from router.dispatcher import Dispatcher, RequestStream
+from router.dispatcher import DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT_S, Dispatcher, RequestStream
 from router.pd import DECODE, PREFILL
 from router.pd_sizing import MixTracker, profile_inputs, split_devices, tpot_tier, tracker_sizing
 from router.policies import RoutingContext, make_routing_policy
@@ -65,8 +65,8 @@ class RouterConfig:
     incremental_streaming_output: bool = False  # SGLang's flag: native streams send deltas
     proxy_timeout_s: float = 30.0
     worker_secret: bytes | None = None  # the workers' credential (router/worker_auth.py)
-    max_queued_requests: int | None = None  # requests without a first token; beyond: 429
-    request_timeout_s: float | None = 600.0  # no event from a request's worker this long: fail over or 504
+    max_queued_requests: int | None = DEFAULT_MAX_QUEUED  # requests without a first token; beyond: 429
+    request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S  # no progress this long, over all its workers: 504
     stall_after_s: float = 30.0  # a busy worker whose engine does not step this long is unhealthy
     forget_after_s: float = 600.0  # dead workers are forgotten this long after they died
 

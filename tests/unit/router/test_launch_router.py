@@ -12,6 +12,7 @@ import pytest
 import zmq.asyncio
 
 import launch_router
+from router.dispatcher import DEFAULT_MAX_QUEUED
 from router.http_api import create_app
 from router.policies import accepted_params
 from router.policies.slos import SlosRoutingPolicy
@@ -160,7 +161,8 @@ def test_history_quantile_predictor_bounds_lengths_and_bad_specs_name_the_flag()
 def test_overload_and_trust_flags(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.delenv("SGLANG_SLO_WORKER_SECRET", raising=False)
     cfg = _config()
-    assert cfg.max_queued_requests is None and cfg.request_timeout_s == 600.0 and cfg.worker_secret is None
+    assert cfg.max_queued_requests == DEFAULT_MAX_QUEUED
+    assert cfg.request_timeout_s == 600.0 and cfg.worker_secret is None
     assert cfg.stall_after_s == 30.0 and cfg.forget_after_s == 600.0
     cfg = _config("--max-queued-requests", "8", "--request-timeout-s", "0", "--stall-after-s", "5")
     assert cfg.max_queued_requests == 8 and cfg.request_timeout_s is None and cfg.stall_after_s == 5.0
