@@ -384,6 +384,7 @@ class Cluster:
     def __init__(self, specs: list[WorkerSpec], router: RouterSpec | None = None, api_key: str | None = None) -> None:
         self.specs = specs
         self.api_key = api_key
+        self.admin_key = secrets.token_hex(32)
         # the router's and workers' own credential, never a client's (router/worker_auth.py)
         self.env = {**os.environ, SECRET_ENV: os.environ.get(SECRET_ENV) or secrets.token_hex(32)}
         key = ["--api-key", api_key] if api_key else []
@@ -419,9 +420,15 @@ class Cluster:
     def _router_process(self, router: RouterSpec, port: int | None) -> ServerProcess:
         assert self.worker_port is not None
         key = ["--api-key", self.api_key] if self.api_key else []
+        # The client key is no operator key: the launcher reads /slo/status with an admin key of this run.
+        # Without --api-key the router is open, whatever keys this shell's environment holds.
+        keys = ("SGLANG_SLO_API_KEY", "SGLANG_SLO_ADMIN_API_KEY")
+        env = {k: v for k, v in self.env.items() if k not in keys}
+        if self.api_key:
+            env["SGLANG_SLO_ADMIN_API_KEY"] = self.admin_key
         return ServerProcess(
             *router.argv(self.worker_port), *key, name="router", module="launch_router", port=port,
-            ready_path="/slo/status", api_key=self.api_key, env=self.env,
+            ready_path="/slo/status", api_key=self.admin_key if self.api_key else None, env=env,
         )  # fmt: skip
 
     def restart_router(self, router: RouterSpec) -> None:

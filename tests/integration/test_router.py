@@ -26,8 +26,11 @@ from server.process import ServerProcess, free_port
 
 JOIN_TIMEOUT_S = 60.0
 API_KEY = "router-test-key"  # enforced by the router and every worker; with no worker secret it stands in as theirs
+ADMIN_KEY = "router-test-admin-key"  # the operator's (/slo/status, /slo/migrate), given by env: not in ps
 HTTP = requests.Session()
 HTTP.headers["Authorization"] = f"Bearer {API_KEY}"
+ADMIN = requests.Session()
+ADMIN.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
 PROMPT = [5 + (i * 7) % 500 for i in range(40)]  # ids inside the tiny model's 512-token vocabulary
 MIXED_SLOS = [
     {"ttft_ms": 30_000, "tpot_ms": 2_000},
@@ -70,18 +73,19 @@ def pool() -> Iterator[Pool]:
 def start_router(pool: Pool, policy: str, *flags: str) -> ServerProcess:
     router = ServerProcess(
         "--worker-port", str(pool.worker_port), "--routing-policy", policy, "--api-key", API_KEY, *flags,
-        name=f"router-{policy}", module="launch_router", ready_path="/slo/status", api_key=API_KEY,
+        name=f"router-{policy}", module="launch_router", ready_path="/slo/status", api_key=ADMIN_KEY,
+        env={**os.environ, "SGLANG_SLO_ADMIN_API_KEY": ADMIN_KEY},
     )  # fmt: skip
     return router.start()
 
 
 def healthy_workers(router: ServerProcess) -> set[str]:
-    status = HTTP.get(router.url + "/slo/status", timeout=5).json()
+    status = ADMIN.get(router.url + "/slo/status", timeout=5).json()
     return {w["worker_id"] for w in status["workers"] if w["healthy"]}
 
 
 def dispatcher_status(router: ServerProcess) -> dict:
-    return HTTP.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
+    return ADMIN.get(router.url + "/slo/status", timeout=5).json()["dispatcher"]
 
 
 def wait_joined(router: ServerProcess, want: set[str], timeout: float = JOIN_TIMEOUT_S) -> None:
@@ -214,7 +218,7 @@ def test_a_migrated_request_keeps_its_stream_whole(round_robin: ServerProcess, p
             source = dispatcher_status(round_robin).get("owners", {}).get("moving")
             time.sleep(0.05)
         target = next(w for w in pool.workers if w != source)
-        moved = HTTP.post(round_robin.url + "/slo/migrate", json={"rid": "moving", "to": target}, timeout=10)
+        moved = ADMIN.post(round_robin.url + "/slo/migrate", json={"rid": "moving", "to": target}, timeout=10)
         assert moved.status_code == 200, moved.text
         ids, meta, counts = future.result(timeout=300)
     assert len(ids) == n == meta["completion_tokens"]
@@ -229,6 +233,24 @@ def test_the_api_key_is_enforced_at_the_router_and_at_the_workers(round_robin: S
         wrong = {"Authorization": "Bearer nope"}
         assert requests.post(url + "/generate", json=body(2), headers=wrong, timeout=30).status_code == 401
     assert HTTP.post(round_robin.url + "/generate", json=body(2), timeout=60).status_code == 200
+
+
+def test_the_client_key_is_no_operator_key_and_server_info_no_secret(round_robin: ServerProcess) -> None:
+    """The workers' settings hold their keys (SGLang's server_info lists api_key): none reaches a
+    client; the operator's routes and /metrics answer the client key 403 and the admin key 200."""
+    url = round_robin.url
+    operator = (("GET", "/slo/status"), ("POST", "/slo/migrate"), ("POST", "/flush_cache"), ("GET", "/metrics"))
+    for method, path in operator:
+        resp = HTTP.request(method, url + path, json={}, timeout=30)
+        assert resp.status_code == 403 and resp.json()["error"]["type"] == "permission_error", (path, resp.text)
+    assert ADMIN.get(url + "/metrics", timeout=30).status_code == 200
+    assert ADMIN.get(url + "/flush_cache", timeout=30).status_code == 405  # POST only
+    for path in ("/server_info", "/get_server_info"):
+        resp = HTTP.get(url + path, timeout=30)
+        assert resp.status_code == 200 and API_KEY not in resp.text and ADMIN_KEY not in resp.text, path
+        info = resp.json()
+        assert "model_path" in info and "api_key" not in info and "admin_api_key" not in info
+        assert "dispatcher" not in info["router"] and "worker_address" not in info["router"]
 
 
 def test_bad_requests_are_4xx_naming_the_field(round_robin: ServerProcess) -> None:

@@ -32,6 +32,9 @@ API_KEY = "client-key-of-the-faults-test"
 SECRET = "the workers' own secret of the faults test"
 HTTP = requests.Session()
 HTTP.headers["Authorization"] = f"Bearer {API_KEY}"
+ADMIN_KEY = "the operator's key of the faults test"  # the router's /slo/status is the admin's
+ADMIN = requests.Session()
+ADMIN.headers["Authorization"] = f"Bearer {ADMIN_KEY}"
 PROMPT = [5 + (i * 7) % 500 for i in range(40)]
 WORKERS = ("tiny-a", "tiny-b")
 
@@ -43,7 +46,7 @@ class Pool:
     workers: dict[str, ServerProcess] = field(default_factory=dict)
 
     def status(self) -> dict:
-        return HTTP.get(self.router.url + "/slo/status", timeout=10).json()
+        return ADMIN.get(self.router.url + "/slo/status", timeout=10).json()
 
     def healthy(self) -> set[str]:
         return {w["worker_id"] for w in self.status()["workers"] if w["healthy"]}
@@ -62,7 +65,7 @@ def pool() -> Iterator[Pool]:
     router = ServerProcess(
         "--worker-port", str(worker_port), "--routing-policy", "round_robin", "--api-key", API_KEY,
         "--dead-after-s", "2", name="router-faults", module="launch_router", ready_path="/slo/status",
-        api_key=API_KEY, env=env,
+        api_key=ADMIN_KEY, env={**env, "SGLANG_SLO_ADMIN_API_KEY": ADMIN_KEY},
     )  # fmt: skip
     p = Pool(router, worker_port)
     for wid in WORKERS:
