@@ -9,6 +9,7 @@ the scheduler's Req unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -63,8 +64,9 @@ def extract_slo(body: dict[str, Any], headers: Mapping[str, str], defaults: SloS
     if raw is not None and not isinstance(raw, dict):
         raise SloValidationError(prefix.rstrip("."), f"must be an object, got {type(raw).__name__}")
     from_headers = _header_fields(headers)
-    if raw is None and not from_headers:
-        return merge_defaults(None, defaults)
+    if raw is None and not from_headers:  # the server's default: nothing in it is the client's ask
+        spec = merge_defaults(None, defaults)
+        return dataclasses.replace(spec, explicit=frozenset()) if spec.explicit else spec
     merged = {**from_headers, **{k: v for k, v in (raw or {}).items() if v is not None}}
     return parse_slo(merged, prefix=prefix)
 
