@@ -78,7 +78,15 @@ from typing import Any
 
 import zmq
 
-from router.handover import Decode, MigrationRefused, StopWatch, constraint_of, migration_blocker, stop_strings
+from router.handover import (
+    Decode,
+    MigrationRefused,
+    StopWatch,
+    constraint_of,
+    migration_blocker,
+    stop_regexes,
+    stop_strings,
+)
 from router.pd import DECODE, PREFILL, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
 from router.policies.base import NoWorkerError, RoutingPolicy
 from router.protocol import (
@@ -519,11 +527,12 @@ class Dispatcher:
 
     def _stop_watch(self, msg: Submit) -> StopWatch | None:
         """What matches `msg`'s stop strings across its hand-over (None: nothing to match)."""
-        stops = stop_strings(msg.sampling_params)
-        if not msg.resume_output_ids or not stops or self.decode is None:
+        stops, regexes = stop_strings(msg.sampling_params), stop_regexes(msg.sampling_params)
+        if not msg.resume_output_ids or not (stops or regexes) or self.decode is None:
             return None
         try:
-            return StopWatch(stops, msg.resume_output_ids, self.decode)
+            watch = StopWatch(stops, msg.resume_output_ids, self.decode, regexes)
+            return None if watch.done else watch
         except Exception:  # noqa: BLE001 - no decoder yet: the worker's own matching is all there is
             logger.exception("cannot watch the stop strings of %s", msg.rid)
             return None

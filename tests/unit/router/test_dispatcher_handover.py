@@ -107,6 +107,16 @@ def test_a_stop_string_spanning_the_hand_over_stops_the_request(ctx: zmq.asyncio
     _run(go)
 
 
+def test_a_stop_regex_spanning_the_hand_over_stops_the_request(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        async with cluster(ctx, [{"die_after": 3}, {}], decode=_letters) as (dispatcher, (w0, w1)):
+            events = await _collect(await dispatcher.submit(*_constrained("r1", 10, stop_regex=["x+", "c[d-z]{2}"])))
+            assert _letters(_tokens(events)) == "abcde"
+            assert events[-1].meta == {"finish_reason": {"type": "stop", "matched": "c[d-z]{2}"}}
+
+    _run(go)
+
+
 def test_a_request_whose_stop_string_never_spans_runs_to_its_end(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
         async with cluster(ctx, [{"die_after": 3}, {}], decode=_letters) as (dispatcher, (w0, w1)):
@@ -122,12 +132,16 @@ def test_the_stop_watch_ends_once_no_stop_string_can_span() -> None:
     assert watch.feed([3]) is None and not watch.done
     assert watch.feed([4]) is None and watch.done  # "de" after the hand-over: "xyz" cannot span now
     assert StopWatch(["bcd"], [0, 1, 2], _letters).feed([3, 4]) == (1, "bcd")
+    assert StopWatch([], [0, 1, 2], _letters, ["b[a-z]d"]).feed([3, 4]) == (1, "b[a-z]d")
+    assert StopWatch([], [0, 1, 2], _letters, ["ab", "d"]).feed([3]) is None  # wholly on one side: the workers'
+    assert StopWatch([], [0, 1, 2], _letters, ["(a+)+$"]).done  # an unbounded pattern is never run here
 
 
 def test_what_blocks_a_move() -> None:
     assert migration_blocker({"json_schema": "{}"}, 0, True) is None  # no token yet: nothing to lose
     assert "json_schema" in (migration_blocker({"json_schema": "{}"}, 2, True) or "")
-    assert "stop_regex" in (migration_blocker({"stop_regex": "a"}, 2, True) or "")
-    assert migration_blocker({"stop": ["x"]}, 2, True) is None
+    assert migration_blocker({"stop": ["x"], "stop_regex": ["a{2}", "b"]}, 2, True) is None
+    assert "stop_regex" in (migration_blocker({"stop_regex": "(a+)+$"}, 2, True) or "")  # never run here
     assert "decoder" in (migration_blocker({"stop": "x"}, 2, False) or "")
+    assert "decoder" in (migration_blocker({"stop_regex": "x"}, 2, False) or "")
     assert migration_blocker({"regex": None, "stop": ""}, 2, False) is None
