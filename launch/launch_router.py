@@ -336,7 +336,18 @@ def main(argv: list[str] | None = None) -> None:
         )
 
     app = create_app(service, on_started=announce)
+    import asyncio
+
+    import zmq.asyncio
+
     from router.graceful import GracefulServer
+    from router.transport import CLOSE_LINGER_MS
+
+    async def end_streams() -> None:
+        await service.stop()  # open streams get the 503 event, their workers an Abort
+        # uvicorn re-raises the signal once it is done, which ends the process at once: the
+        # Aborts must have left by then (destroy waits for them, at most the linger)
+        await asyncio.to_thread(zmq.asyncio.Context.instance().destroy, CLOSE_LINGER_MS)
 
     server = GracefulServer(
         uvicorn.Config(
@@ -348,14 +359,9 @@ def main(argv: list[str] | None = None) -> None:
             timeout_graceful_shutdown=5,
             access_log=args.log_level == "debug",
         ),
-        before_drain=service.stop,  # open streams get the 503 event and workers an Abort first
+        before_drain=end_streams,
     )
     server.run()  # SIGINT/SIGTERM: the streams end, uvicorn drains, the lifespan stops the rest
-    import zmq.asyncio
-
-    from router.transport import CLOSE_LINGER_MS
-
-    zmq.asyncio.Context.instance().destroy(linger=CLOSE_LINGER_MS)  # the last Aborts leave before exit
     if not server.started:
         raise SystemExit(1)
 

@@ -114,6 +114,7 @@ from wire import DRAINING, ORACLE_HINT_PARAM, QUEUE_FULL, REGISTER_AGAIN
 logger = logging.getLogger(__name__)
 
 DECISION_WINDOW = 1024  # recent policy.choose latencies kept for status()
+ABORT_GRACE_S = 1.0  # at stop, how long workers get to read their Aborts before the socket closes
 STATUS_OWNERS = 1000  # in-flight requests whose worker status() lists (for operators and tests)
 # the event counters status() reports (and the router's metrics export as events_total{event=...})
 STATUS_EVENTS = (
@@ -370,6 +371,8 @@ class Dispatcher:
         self._waiting: dict[str, _Flight] = {}  # lost their worker, none to go to yet
         self._registered = asyncio.Event()  # replaced after each registration: wakes admission waits
         self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = False  # stop() ran: nothing new is admitted
+        self.abort_grace_s = ABORT_GRACE_S
         self._background: set[asyncio.Task[Any]] = set()  # fire-and-forget sends (aborts)
         self.counters: Counter[str] = Counter()
         self.routed: Counter[str] = Counter()  # placements per worker, resumes included
@@ -390,15 +393,19 @@ class Dispatcher:
 
     async def stop(self) -> None:
         """Stop the loops, end every open stream with a 503 and abort its worker (best effort)."""
+        self._stopped = True
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks = []
+        aborted = False
         for flight in list(self._flights.values()):
             owner = flight.owner
             self._finish(flight, StreamError(flight.route.rid, 503, "router shutting down"), "failed")
             if owner is not None:
-                await self._send(owner, Abort(rid=flight.route.rid))
+                aborted = await self._send(owner, Abort(rid=flight.route.rid)) or aborted
+        if aborted:  # a worker loses what it has not read yet once the router's socket closes
+            await asyncio.sleep(self.abort_grace_s)
         for task in list(self._background):
             task.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -414,6 +421,8 @@ class Dispatcher:
             raise ValueError("resume_output_ids are the dispatcher's to set")
         if rid in self._flights:
             raise ValueError(f"request {rid!r} is already in flight")
+        if self._stopped:
+            raise NoWorkerAvailable("the router is shutting down")
         if self.max_queued is not None and self.queued() >= self.max_queued:
             self.counters["shed"] += 1
             raise RouterQueueFull(self.queue_full_shed(route))

@@ -1,7 +1,8 @@
 """Thin asyncio ZMQ endpoints for the router (ROUTER socket, binds) and its workers (DEALER, connect).
 
 They only move validated `Message`s: framing, the loopback guard, encryption and socket hygiene
-(linger 0, so a dead peer never blocks shutdown) live here; membership and routing live
+(a worker's linger 0, so a dead router never blocks its shutdown; the router's a short linger, so
+the Aborts it sends to workers as it stops still leave) live here; membership and routing live
 elsewhere. A worker's ZMQ routing id is its worker_id unless it picks one (the worker agent
 picks a random, unannounced one, which the router's registry binds to its worker_id at
 registration); a reconnecting peer with the same routing id takes over its old connection
@@ -53,6 +54,7 @@ STRANGER_MAX_BYTES = 64 * 1024
 OUTBOX_MESSAGES = 1024  # messages a worker whose queue is full may still have waiting for it
 OUTBOX_BYTES = 64 * 1024 * 1024
 OUTBOX_RETRY_S = 0.005
+CLOSE_LINGER_MS = 1000  # how long a closed router socket may still deliver (its last Aborts)
 _E = TypeVar("_E", bound="_Endpoint")
 
 
@@ -188,6 +190,7 @@ class _Endpoint:
     def __init__(self, sock: zmq.asyncio.Socket, max_bytes: int) -> None:
         self._sock = sock
         self._max_bytes = max_bytes
+        self._close_linger_ms = 0
         self.dropped = 0  # malformed frames logged and discarded
 
     def _decode(self, payload: bytes, peer: bytes | str) -> Message | None:
@@ -203,9 +206,10 @@ class _Endpoint:
         return self._sock.closed
 
     def close(self) -> None:
-        """Idempotent; linger 0 discards unsent messages instead of blocking on a dead peer."""
+        """Idempotent; unsent messages are discarded after `_close_linger_ms` (the context's
+        term() waits that long for them; a dead peer has none pending)."""
         if not self._sock.closed:
-            self._sock.close(linger=0)
+            self._sock.close(linger=self._close_linger_ms)
 
     def __enter__(self: _E) -> _E:
         return self
@@ -245,6 +249,7 @@ class RouterEndpoint(_Endpoint):
             sock.close(linger=0)
             raise
         super().__init__(sock, max_bytes)
+        self._close_linger_ms = CLOSE_LINGER_MS
         self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
         self.encrypted = curve is not None
         # identity -> the address its connection comes from, most recent speaker last
