@@ -10,9 +10,15 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from tests.unit.router._router_harness import router, run
+from tests.unit.router._router_harness import router, run, tiny_hf
 
 CHAT = [{"role": "user", "content": "x"}]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _tokenizer_loaded() -> None:
+    """Load the tiny tokenizer before any test's time limit starts (a slow host takes a while)."""
+    tiny_hf()
 
 
 @pytest.mark.parametrize(
