@@ -15,7 +15,7 @@ not depend on the text, which the parse tree shows without running it:
   quadratic time per step on an output the client can steer (`logit_bias`);
 - no backreference or conditional group (matching with them is NP-hard), no lookaround and no
   one-character negated class `[^x]` (SGLang's tail bound does not count these, so it would
-  search the whole output every step; `[^x\\x00]` means the same to a text and is counted);
+  search the whole output every step; `[^x\\x00]` matches the same in any text without NULs);
 - `paths`, the number of ways the pattern can match from one start position, at most
   MAX_PATHS: a branch adds its alternatives, a sequence multiplies, a repeat `{m,n}` of a body
   with `w` ways has `w^m + ... + w^n`. Nested repeats and alternation inside repeats, the
