@@ -192,6 +192,7 @@ def _check_transfer_backend(backend: str) -> None:
 
 
 def add_slo_args(parser: argparse.ArgumentParser) -> None:
+    from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS
     from scheduler.core.policies import POLICIES
     from scheduler.core.slo import SloClass
 
@@ -359,6 +360,15 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="bound on the prompt tokens of queued requests: beyond it a new request is answered at once with "
         "HTTP 429 queue_full and a Retry-After from the queue's predicted drain (SGLang's --max-queued-requests "
         "bounds their number the same way, here on PD workers too and under every policy)",
+    )
+    group.add_argument(
+        "--slo-tenant-fairness",
+        type=float,
+        default=DEFAULT_TENANT_FAIRNESS,
+        metavar="F",
+        help="weight in [0, 1] of the fair-share blend between API keys (--auth-config shares): while several "
+        "keys have requests waiting, the policy's order is blended with the order that serves each key in "
+        f"proportion to its share (0: the policy's order alone; default {DEFAULT_TENANT_FAIRNESS})",
     )
     group.add_argument(
         "--slo-drain-timeout-s",
@@ -712,6 +722,8 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"{flag}: must be >= 1")
     if not args.slo_drain_timeout_s >= 0:
         raise SystemExit("--slo-drain-timeout-s: must be >= 0")
+    if not 0 <= args.slo_tenant_fairness <= 1:
+        raise SystemExit("--slo-tenant-fairness: must be in [0, 1]")
     if args.slo_program_patterns and not Path(args.slo_program_patterns).is_file():
         raise SystemExit(f"--slo-program-patterns: no such file {args.slo_program_patterns}")
     if args.slo_quantile is not None and not (0 < args.slo_quantile < 1 and args.slo_length_predictor != "none"):
@@ -754,6 +766,7 @@ def main(argv: list[str] | None = None) -> None:
         spec_draft_ratio=spec_draft_ratio,
         max_queued_tokens=args.slo_max_queued_tokens,
         drain_timeout_s=args.slo_drain_timeout_s,
+        tenant_fairness=args.slo_tenant_fairness,
     )
     membership = _router_settings(
         args, server_args.port, emulation, on_cpu, access.table.worker_secret(), client_key or ""
