@@ -54,6 +54,7 @@ STRANGER_MAX_BYTES = 64 * 1024
 OUTBOX_MESSAGES = 1024  # messages a worker whose queue is full may still have waiting for it
 OUTBOX_BYTES = 64 * 1024 * 1024
 OUTBOX_RETRY_S = 0.005
+FRAME_OVERHEAD = 1024  # libzmq counts a CURVE frame with its box; decode() enforces the exact limit
 CLOSE_LINGER_MS = 1000  # how long a closed router socket may still deliver (its last Aborts)
 _E = TypeVar("_E", bound="_Endpoint")
 
@@ -180,7 +181,7 @@ def _socket(ctx: zmq.asyncio.Context, kind: int, address: str, max_bytes: int) -
     sock.setsockopt(zmq.LINGER, 0)
     # libzmq disconnects a peer whose frame is larger, before buffering it: the protocol refuses
     # such a frame anyway, and a stranger must not make the router hold gigabytes first.
-    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    sock.setsockopt(zmq.MAXMSGSIZE, max_bytes + FRAME_OVERHEAD)
     if address.startswith("tcp://["):
         sock.setsockopt(zmq.IPV6, 1)
     return sock

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
 from router.protocol import Heartbeat, Submit, TokenChunk
-from router.transport import RouterEndpoint, WorkerEndpoint
+from router.transport import CurveKeys, RouterEndpoint, WorkerEndpoint
 
 # Generous: each wait is for something that happens at once unless the code under test blocks.
 TIMEOUT_S = 60.0
@@ -166,3 +167,35 @@ def test_a_large_frame_is_decoded_only_from_a_registered_connection(ctx: zmq.asy
             router.close()
 
     _run(go)
+
+
+def test_a_frame_at_the_limit_passes_an_encrypted_link(ctx: zmq.asyncio.Context, tmp_path: Path) -> None:
+    import zmq.auth
+
+    zmq.auth.create_certificates(str(tmp_path), "router")
+
+    async def go() -> None:
+        limit = 8192
+        router = RouterEndpoint(ctx=ctx, max_bytes=limit, curve=CurveKeys.for_router(tmp_path / "router.key_secret"))
+        worker = WorkerEndpoint(
+            router.address, "w0", ctx=ctx, max_bytes=limit, curve=CurveKeys.for_worker(tmp_path / "router.key")
+        )
+        try:
+            n = 1
+            while len(_chunk(n + 1).to_wire()) <= limit:  # the largest chunk the limit allows
+                n += 1
+            await worker.send(_chunk(n), wait_s=30.0)
+            identity, msg = await router.recv()
+            router.trust(identity)
+            assert msg == _chunk(n) and len(msg.to_wire()) <= limit
+            assert await router.send(identity, Submit(rid="r", input_ids=[1] * (limit // 2 - 100), sampling_params={}))
+            assert len((await worker.recv()).to_wire()) > limit - 400  # the router's side too
+        finally:
+            worker.close()
+            router.close()
+
+    _run(go)
+
+
+def _chunk(n: int) -> TokenChunk:
+    return TokenChunk(rid="r", worker_id="w0", token_ids=[7] * n, completion_tokens=n)
