@@ -40,10 +40,12 @@ Resubmitting them would let the culprit stall the next worker, and the next, up 
 `max_resubmits` times; so each request that ran on the stalled worker (it received a token from
 it) is quarantined: answered 503 `quarantined`, never placed again. The innocent ones of that
 batch pay one retry, which their clients do with a fresh request on a healthy worker. Requests
-only queued there (no token from it) did not run and move on; but one that was on two stalled
-workers is quarantined whatever it did, as a request in a stalled engine twice is the likeliest
-culprit (one that stalls the engine before its first token reaches the router, e.g. in prefill).
-Either way a poison request hangs at most two workers, and usually one.
+only queued there (no token from it) did not run and move on. Two strikes end any request: a
+request on two stalled engines (queued or not), or running on two workers that died, or one of
+each, is quarantined too, as it is then the likeliest culprit (one that stalls an engine before
+its first token reaches the router, e.g. in prefill, or that crashes its worker); two unrelated
+failures under one request are rare, and its client can still retry. Either way a poison request
+hangs or kills at most two workers, not `max_resubmits + 1`.
 
 One budget per request: `request_timeout_s` counts from the request's last progress (its
 submission, or the last token delivered), across every worker it is moved to, so a request
@@ -146,7 +148,7 @@ STATUS_EVENTS = (
 )
 NO_DRAIN_ESTIMATE_S = 1.0  # Retry-After when no worker has predicted its queue's drain yet
 NO_WORKER_RETRY_S = 5  # Retry-After with no healthy worker: a worker joins or comes back in seconds
-QUARANTINE_STALLS = 2  # stalled engines a request was on before it is quarantined though it never ran
+QUARANTINE_STRIKES = 2  # stalled engines it was on, or dead workers it ran on: then it is quarantined
 DEFAULT_MAX_QUEUED = 2048  # the router's queue bound by default (requests without a first token)
 DEFAULT_REQUEST_TIMEOUT_S = 600.0  # a request's budget without progress, across its workers
 # Why the router itself ended a request (the error's `reason`).
@@ -219,7 +221,7 @@ class _Flight:
     active_at: float = 0.0  # loop time of its last placement or chunk (the inactivity timeout)
     progress_at: float = 0.0  # loop time of its submission or last token: its budget counts from here
     placed_delivered: int = 0  # tokens delivered when its current owner got it (did it run there?)
-    stalls: int = 0  # stalled engines it was on
+    strikes: int = 0  # stalled engines it was on, and dead workers it was running on
     watch: StopWatch | None = None  # stop strings matched across its last hand-over
     pinned: bool = False  # counted once in migrations_pinned
 
@@ -966,7 +968,7 @@ class Dispatcher:
                     continue
                 self._release(flight)
                 self._spawn(self._abort_stale(worker_id, rid))  # if it wakes up, it should stop
-                if stalled and self._quarantine(flight, worker_id):
+                if self._quarantine(flight, worker_id, stalled):
                     continue
                 await self._resubmit(flight, worker_id, f"worker {worker_id} {why}")
             for flight in [f for f in self._flights.values() if f.prefill == worker_id and not f.done]:
@@ -982,16 +984,19 @@ class Dispatcher:
         if self._waiting:
             await self._retry_waiting()
 
-    def _quarantine(self, flight: _Flight, worker_id: str) -> bool:
-        """End a request taken off a stalled engine if it is a suspect (see the module doc): it
-        ran there, or it was on QUARANTINE_STALLS stalled engines. False: it may move on."""
-        flight.stalls += 1
+    def _quarantine(self, flight: _Flight, worker_id: str, stalled: bool) -> bool:
+        """End a request taken off a stalled or dead worker if it is a suspect (see the module
+        doc): it ran on a stalled engine, or this is its QUARANTINE_STRIKES-th strike (a stalled
+        engine it was on, a dead worker it ran on). False: it may move on."""
         ran_here = len(flight.delivered) > flight.placed_delivered
-        if not ran_here and flight.stalls < QUARANTINE_STALLS:
+        if stalled or ran_here:
+            flight.strikes += 1
+        if not (stalled and ran_here) and flight.strikes < QUARANTINE_STRIKES:
             return False
         rid = flight.route.rid
-        why = "was running" if ran_here else f"was on {flight.stalls} stalled engines"
-        msg = f"quarantined: it {why} when worker {worker_id}'s engine stopped stepping; not retried elsewhere"
+        event = f"worker {worker_id}'s engine stopped stepping" if stalled else f"worker {worker_id} died"
+        why = "was running" if stalled and ran_here else f"was on {flight.strikes} workers that stalled or died"
+        msg = f"quarantined: it {why} when {event}; not retried elsewhere"
         logger.warning("request %s %s", rid, msg)
         self.counters["quarantined"] += 1
         self._finish(flight, self._router_error(rid, 503, msg, QUARANTINED, worker_id), "failed")

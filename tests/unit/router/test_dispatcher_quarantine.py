@@ -123,8 +123,30 @@ def test_a_request_on_two_stalled_engines_is_quarantined_though_it_never_ran(ctx
             events = await _collect(stream)
             last = events[-1]
             assert isinstance(last, StreamError) and last.reason == QUARANTINED, events
-            assert "2 stalled engines" in last.message and stream.workers == ("first", "second")
+            assert "2 workers that stalled or died" in last.message and stream.workers == ("first", "second")
             assert healthy.submits == [] and dispatcher.counters["workers_stalled"] == 2
+
+    _run(go)
+
+
+def test_a_request_running_on_two_workers_that_died_is_quarantined(ctx: zmq.asyncio.Context) -> None:
+    """One death is routine (its requests resume elsewhere); a request that was running on two
+    workers that died is the likeliest cause and does not get a third."""
+
+    async def go() -> None:
+        async with pool(ctx) as (dispatcher, workers):
+            first = await _add(ctx, dispatcher, workers, FakeWorker, "first", die_after=1)
+            stream = await dispatcher.submit(*_request("r1", max_new=5))
+            second = await _add(ctx, dispatcher, workers, FakeWorker, "second", die_after=1)
+            await until(lambda: any(s.rid == "r1" for s in second.submits), timeout_s=5.0)
+            assert not first.alive
+            third = await _add(ctx, dispatcher, workers, FakeWorker, "third")
+            events = await _collect(stream)
+            last = events[-1]
+            assert isinstance(last, StreamError) and last.reason == QUARANTINED, events
+            assert _tokens(events) == [100, 101] and stream.workers == ("first", "second")
+            assert "2 workers that stalled or died" in last.message and third.submits == []
+            assert dispatcher.counters["workers_lost"] == 2 and dispatcher.counters["quarantined"] == 1
 
     _run(go)
 
