@@ -174,9 +174,9 @@ class Deployment:
     def request(
         self, method: str, path: str, auth: bytes | None, content: bytes = b"", headers: dict[str, bytes] | None = None
     ) -> httpx.Response:
-        sent = {**(headers or {})}
+        sent = {name.encode(): value for name, value in (headers or {}).items()}
         if auth is not None:
-            sent["authorization"] = auth
+            sent[b"authorization"] = auth
         return self.loop.call(self.bare.request(method, path, content=content, headers=sent))
 
 
@@ -213,7 +213,7 @@ async def _join_worker(harness: Harness, ctx: zmq.asyncio.Context, http: LeakyWo
     seconds, so the worker is dead only after a long silence (a 503 here would be the host's)."""
     harness.service.registry.dead_after_s = SLOW_HOST_S
     await harness.add_worker(ctx, "w0", delay_s=0.0, chunk=64, http=http, wait=False)
-    await until(lambda: harness.service.healthy(), SLOW_HOST_S)
+    await until(lambda: bool(harness.service.healthy()), SLOW_HOST_S)
 
 
 async def _client(app: Any) -> httpx.AsyncClient:
@@ -346,7 +346,7 @@ def test_spellings_of_the_operators_routes_reach_no_handler_for_a_client(deploym
                 for method in ("GET", "POST"):
                     for caller in ("none", "client"):
                         auth = CALLERS[caller]
-                        headers = {"authorization": auth} if auth else {}
+                        headers = {b"authorization": auth} if auth else {}
                         resp = deployment.loop.call(follow.request(method, variant, headers=headers, content=b"{}"))
                         where = (caller, method, variant, resp.status_code, resp.text[:200])
                         assert resp.status_code in (401, 403, 404, 405), where
