@@ -49,6 +49,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from router.pd_sizing import tpot_tier
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.estimates import output_tokens
 from router.views import Decision, RouteRequest, WorkerView
@@ -248,7 +249,7 @@ class PolyServePolicy(RoutingPolicy):
         self._tiers_on.setdefault(wid, Counter())[tier] += 1
         if tier is not None and tier == self._tier.get(wid):
             self._idle_since.pop(wid, None)
-        stats = self._stats.setdefault(tier, Counter())
+        stats = self._stats.setdefault(self._stats_key(tier), Counter())
         stats["routed"] += 1
         stats[reason] += 1
         detail = {"tier_ms": tier or 0.0, "instance_tier_ms": self._tier.get(wid) or 0.0}
@@ -259,7 +260,10 @@ class PolyServePolicy(RoutingPolicy):
         if placed is None:
             return
         self._resident.get(placed.worker_id, {}).pop(rid, None)
-        self._tiers_on[placed.worker_id][placed.tier] -= 1
+        residents = self._tiers_on[placed.worker_id]
+        residents[placed.tier] -= 1
+        if residents[placed.tier] <= 0:  # a tier no request holds any more takes no room
+            del residents[placed.tier]
 
     # -- bookkeeping -------------------------------------------------------------------------
 
@@ -292,9 +296,15 @@ class PolyServePolicy(RoutingPolicy):
             if self.release_after_s is not None and w.load == 0 and now - since >= self.release_after_s:
                 self._tier[wid] = None
                 del self._idle_since[wid]
-                self._stats.setdefault(tier, Counter())["released"] += 1
+                self._stats.setdefault(self._stats_key(tier), Counter())["released"] += 1
                 released = True
         return released
+
+    def _stats_key(self, tier: Tier) -> Tier:
+        """The tier a count is kept under: a configured tier as it is; without configured tiers
+        every distinct TPOT is its own tier, so counts go by the fixed grid (pd_sizing.tpot_tier)
+        or each client could mint new status entries at will."""
+        return tier if tier is None or self.tiers_ms is not None else tpot_tier(tier)
 
     def _serves_own(self, wid: str) -> bool:
         tier = self._tier.get(wid)
@@ -305,13 +315,18 @@ class PolyServePolicy(RoutingPolicy):
         in flight best effort (the tier wants another instance), routed/promoted/scaled-up/
         best-effort/released counts since start."""
         tiers: dict[str, dict[str, int]] = {}
-        keys = {t for t in self._tier.values() if t is not None} | {t for t in self._stats if t is not None}
-        for t in sorted(keys):
+        key = self._stats_key
+        keys = {key(t) for t in self._tier.values() if t is not None} | {t for t in self._stats if t is not None}
+        for t in sorted(k for k in keys if k is not None):
             s = self._stats.get(t, Counter())
             tiers[f"{t:g}"] = {
-                "instances": sum(1 for v in self._tier.values() if v == t),
-                "pending_instances": sum(1 for wid, v in self._tier.items() if v == t and not self._serves_own(wid)),
-                "pending": sum(1 for p in self._placed.values() if p.tier == t and p.best_effort),
+                "instances": sum(1 for v in self._tier.values() if v is not None and key(v) == t),
+                "pending_instances": sum(
+                    1 for wid, v in self._tier.items() if v is not None and key(v) == t and not self._serves_own(wid)
+                ),
+                "pending": sum(
+                    1 for p in self._placed.values() if p.tier is not None and key(p.tier) == t and p.best_effort
+                ),
                 "routed": s["routed"],
                 "promoted": s["promoted"],
                 "scaled_up": s["scaled_up"],

@@ -156,3 +156,18 @@ def test_an_instance_reporting_zero_load_forgets_missed_finishes() -> None:
     empty = _inst("a", 50.0, running=0, inflight=0, last_report_s=2.0)
     policy.choose(request("be"), [empty], now=3.0)
     assert policy.status()["tiers"]["50"]["pending_instances"] == 1
+
+
+def test_without_configured_tiers_distinct_tpots_keep_the_policys_tables_bounded() -> None:
+    """Every distinct TPOT is its own tier for placement, but a client sending a new TPOT on each
+    request must not grow the policy's counts and status without bound."""
+    policy = PolyServePolicy()
+    ws = [_inst("a", None, running=0), _inst("b", None, running=0)]
+    for i in range(2000):
+        rid = f"r{i}"
+        d = policy.choose(_req(rid, tpot=20.0 + i * 0.01), ws, now=float(i))
+        policy.on_finished(rid, d.worker_id)
+    tiers = policy.status()["tiers"]
+    assert isinstance(tiers, dict) and 0 < len(tiers) <= 10  # one decade of the fixed grid
+    assert sum(t["routed"] for t in tiers.values()) == 2000
+    assert all(len(c) <= 1 for c in policy._tiers_on.values())  # finished tiers leave nothing behind
