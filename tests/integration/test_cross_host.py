@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import secrets
 import shutil
 import socket
 import struct
@@ -198,11 +199,13 @@ def pool(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     zmq.auth.create_certificates(str(keys), "router")
     router_addr = f"tcp://{addr_a}:{ROUTER_WORKERS}"
     capture = Capture(b, hosts.link_b, ROUTER_WORKERS)
+    # Workers off the router's machine must prove a secret of their own (never the client key).
+    env = {**os.environ, "SGLANG_SLO_WORKER_SECRET": secrets.token_hex(24)}
     router = HostServer(
         a, "--worker-bind", f"tcp://0.0.0.0:{ROUTER_WORKERS}", "--allow-remote-workers",
         "--curve-secret-key", str(keys / "router.key_secret"), "--tokenizer-path", str(ensure_tiny_model()),
         "--routing-policy", "polyserve", "--dead-after-s", "3",
-        name="router-xhost", module="launch_router", port=ROUTER_HTTP, ready_path="/slo/status",
+        name="router-xhost", module="launch_router", port=ROUTER_HTTP, ready_path="/slo/status", env=env,
     )  # fmt: skip
     joining = [
         "--router-address",
@@ -225,10 +228,11 @@ def pool(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
         "--slo-policy",
         "edf",
         name="prefill-b",
+        env=env,
     )  # fmt: skip  (no --advertise-host: the router sees where it connects from)
     decode = HostServer(
         a, "--model-path", "tiny", "--disaggregation-mode", "decode", *joining, "--advertise-host", addr_a,
-        "--worker-id", "decode-a", "--slo-policy", "edf", name="decode-a",
+        "--worker-id", "decode-a", "--slo-policy", "edf", name="decode-a", env=env,
     )  # fmt: skip
     try:
         router.start()
