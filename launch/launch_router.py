@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -215,37 +214,23 @@ def config_from_args(args: argparse.Namespace) -> Any:
     )
 
 
-API_KEY_ENV = "SGLANG_SLO_API_KEY"
-ADMIN_API_KEY_ENV = "SGLANG_SLO_ADMIN_API_KEY"
-
-
-def _key(value: str | None, path: str | None, env_name: str, flag: str) -> str | None:
-    """A key from its flag, its file or its environment variable (in that order)."""
-    if value is not None and path is not None:
-        raise SystemExit(f"{flag} and {flag}-file: give one of them")
-    if path is not None:
-        try:
-            value = Path(path).read_text().strip()
-        except OSError as e:
-            raise SystemExit(f"{flag}-file: {e}") from None
-        if not value:
-            raise SystemExit(f"{flag}-file: {path} is empty")
-        return value
-    if value is not None:
-        logging.getLogger("launch_router").warning(
-            "%s on the command line is visible in the process list: prefer %s-file or $%s", flag, flag, env_name
-        )
-        return value
-    return os.environ.get(env_name) or None
-
-
 def access_from_args(args: argparse.Namespace) -> tuple[str | None, AccessTable]:
     """(the client key of --api-key, the AccessTable of every HTTP key); a mistake is a SystemExit
     naming its flag or the file's field."""
-    from router.access import MIN_KEY_BYTES, AccessConfigError, AccessTable
+    from router.access import (
+        ADMIN_API_KEY_ENV,
+        API_KEY_ENV,
+        MIN_KEY_BYTES,
+        AccessConfigError,
+        AccessTable,
+        read_key,
+    )
 
-    api_key = _key(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key")
-    admin_key = _key(args.admin_api_key, args.admin_api_key_file, ADMIN_API_KEY_ENV, "--admin-api-key")
+    try:
+        api_key = read_key(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key")
+        admin_key = read_key(args.admin_api_key, args.admin_api_key_file, ADMIN_API_KEY_ENV, "--admin-api-key")
+    except AccessConfigError as e:
+        raise SystemExit(str(e)) from None
     if admin_key is not None and len(admin_key.encode()) < MIN_KEY_BYTES:
         raise SystemExit(f"--admin-api-key: must be at least {MIN_KEY_BYTES} bytes")
     try:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -44,6 +45,8 @@ import yaml
 from scheduler.core.slo import SloClass
 from scheduler.core.slo_limits import ON_VIOLATION, SloLimits
 
+API_KEY_ENV = "SGLANG_SLO_API_KEY"  # where a launcher finds --api-key when no flag gives it
+ADMIN_API_KEY_ENV = "SGLANG_SLO_ADMIN_API_KEY"
 MIN_KEY_BYTES = 16  # keys in the file: long enough that guessing is not an attack
 PRINCIPAL_SCOPE_KEY = "sglang_slo.principal"  # where the guard leaves the caller in the ASGI scope
 LIMIT_FIELDS = ("classes", "min_ttft_ms", "min_tpot_ms", "min_deadline_ms", "max_weight", "on_violation")
@@ -262,3 +265,27 @@ def load_access_file(path: str, env: Mapping[str, str] = os.environ) -> list[tup
         share = _positive(entry["share"], f"{field}.share") if entry.get("share") is not None else 1.0
         out.append((_secret(entry, field, env), Principal(name, role, limits, share)))
     return out
+
+
+def read_key(
+    value: str | None, path: str | None, env_name: str, flag: str, env: Mapping[str, str] = os.environ
+) -> str | None:
+    """A key from its flag, else its file (`flag`-file), else its environment variable. A file or
+    the environment keeps the key out of the process list, so a flag value is warned about.
+    A mistake is an AccessConfigError naming the flag."""
+    if value is not None and path is not None:
+        raise AccessConfigError(f"{flag} and {flag}-file: give one of them")
+    if path is not None:
+        try:
+            value = Path(path).read_text().strip()
+        except OSError as e:
+            raise AccessConfigError(f"{flag}-file: {e}") from None
+        if not value:
+            raise AccessConfigError(f"{flag}-file: {path} is empty")
+        return value
+    if value:
+        logging.getLogger(__name__).warning(
+            "%s on the command line is visible in the process list: prefer %s-file or $%s", flag, flag, env_name
+        )
+        return value
+    return env.get(env_name) or None

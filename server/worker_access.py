@@ -20,14 +20,20 @@ import os
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from router.access import OPEN_ACCESS, AccessTable, Principal, Role
+from router.access import (
+    ADMIN_API_KEY_ENV,
+    API_KEY_ENV,
+    OPEN_ACCESS,
+    AccessConfigError,
+    AccessTable,
+    Principal,
+    Role,
+    read_key,
+)
 
 VERTEX_ROUTE = os.environ.get("AIP_PREDICT_ROUTE", "/vertex_generate")  # Vertex AI's configurable route
-API_KEY_ENV = "SGLANG_SLO_API_KEY"
-ADMIN_API_KEY_ENV = "SGLANG_SLO_ADMIN_API_KEY"
 INTERNAL = Principal("worker-internal", Role.ADMIN)  # this process's own calls (agent, warm-up)
 
 OPEN_PATHS = frozenset({"/health", "/health_generate"})  # probes carry no secret (SGLang's rule too)
@@ -169,21 +175,6 @@ def is_loopback_host(host: str | None) -> bool:
         return False
 
 
-def read_key(value: str | None, path: str | None, env_name: str, flag: str, env: Mapping[str, str]) -> str | None:
-    """A key from its flag, else its file (`flag`-file), else the environment variable; a file
-    or the environment keeps the key out of the process list."""
-    if value and path:
-        raise SystemExit(f"{flag} and {flag}-file: give one")
-    if path:
-        try:
-            value = Path(path).read_text().strip()
-        except OSError as e:
-            raise SystemExit(f"{flag}-file: {e}") from None
-        if not value:
-            raise SystemExit(f"{flag}-file: {path} is empty")
-    return value or env.get(env_name) or None
-
-
 def build_worker_access(
     api_key: str | None, admin_api_key: str | None, auth_config: str | None, host: str | None
 ) -> WorkerAccess:
@@ -229,10 +220,13 @@ def add_access_args(parser: Any) -> None:
 
 def resolve_key_flags(args: Any, env: Mapping[str, str] = os.environ) -> None:
     """Fills args.api_key and args.admin_api_key from their files or environment variables."""
-    args.api_key = read_key(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key", env)
-    args.admin_api_key = read_key(
-        args.admin_api_key, args.admin_api_key_file, ADMIN_API_KEY_ENV, "--admin-api-key", env
-    )
+    try:
+        args.api_key = read_key(args.api_key, args.api_key_file, API_KEY_ENV, "--api-key", env)
+        args.admin_api_key = read_key(
+            args.admin_api_key, args.admin_api_key_file, ADMIN_API_KEY_ENV, "--admin-api-key", env
+        )
+    except AccessConfigError as e:
+        raise SystemExit(str(e)) from None
 
 
 def access_for(args: Any) -> WorkerAccess:
