@@ -30,13 +30,12 @@ from typing import Any
 
 from benchmarks.goodput.metrics import score
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.goodput.simulated import CLIENT_MAX_TOKENS, Card, planned_workload, to_record
+from benchmarks.goodput.simulated import Card, planned_workload, sim_requests, to_record
 from benchmarks.goodput.workload import WorkloadSpec
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
-from scheduler.core.slo import SloSpec, parse_slo
 
 TENANTS = ("A", "B")
 
@@ -98,30 +97,8 @@ def flood(card: Card, args: argparse.Namespace, seed: int) -> Flood:
 
 
 def _sim_requests(f: Flood) -> list[SimRequest]:
-    starts: dict[str, float] = {}
-    for p in f.planned:
-        if p.req.program_id is not None:
-            starts[p.req.program_id] = min(starts.get(p.req.program_id, p.req.arrival_s), p.req.arrival_s)
-    out = []
-    for p in f.planned:
-        r = p.req
-        slo = parse_slo(p.slo) if p.slo else SloSpec()
-        out.append(
-            SimRequest(
-                rid=r.rid,
-                slo=slo,
-                arrival=r.arrival_s,
-                prompt_len=r.prompt_tokens,
-                output_len=r.output_tokens,
-                max_new_tokens=max(CLIENT_MAX_TOKENS, r.output_tokens),
-                program_arrival=starts.get(r.program_id) if slo.program_id is not None and r.program_id else None,
-                parents=tuple(r.parents),
-                think_s=r.think_s,
-                tenant=f.tenant_of[r.rid],
-                share=1.0,
-            )
-        )
-    return out
+    """The load generator's requests, each tagged with its tenant as the HTTP edge tags it."""
+    return [dataclasses.replace(r, tenant=f.tenant_of[r.rid], share=1.0) for r in sim_requests(f.planned)]
 
 
 def run(f: Flood, policy: str, fairness: float, card: Card, max_running: int) -> list[RequestRecord]:
