@@ -15,12 +15,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from router.access import OPEN_ACCESS, Principal
 from router.service import GenerateCall
 from router.tokenizer import RouterTokenizer, TokenizerBusy, TokenizeTimeout, input_chars
 from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
+from scheduler.core.sampling_guard import BadParam, check_sampling_params, check_sampling_value
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_limits import SloLimitError, hold_to_key
@@ -241,6 +243,14 @@ def _stop_regex(value: Any, field: str) -> None:
         raise bad(exc.field, exc.message) from None
 
 
+def _sampling(check: Callable[[], None]) -> None:
+    """A value of the wrong type or range would crash or 500 the worker (scheduler.core.sampling_guard)."""
+    try:
+        check()
+    except BadParam as exc:
+        raise bad(exc.field, exc.message) from None
+
+
 def _slo(body: dict[str, Any], headers: Mapping[str, str], default: SloSpec | None, native: bool) -> SloSpec:
     try:
         return extract_slo(body, headers, default, native=native)
@@ -339,6 +349,7 @@ async def parse_native(
     if params.get("n") not in (None, 1):
         raise bad("sampling_params.n", "must be 1: the router serves one completion per request")
     _stop_regex(params.get("stop_regex"), "sampling_params.stop_regex")
+    _sampling(lambda: check_sampling_params(params, "sampling_params"))
     stream = _opt_bool(body, "stream")
     rid = _rid(body)
     spec = _slo(body, headers, default_slo, native=True)  # reads custom_params.slo before it is stripped
@@ -373,6 +384,7 @@ def _openai_sampling(body: Mapping[str, Any], max_tokens: int | None) -> dict[st
     params: dict[str, Any] = {"max_new_tokens": max_tokens}
     for name, param in OPENAI_SAMPLING.items():
         if body.get(name) is not None:
+            _sampling(partial(check_sampling_value, param, body[name], name))
             params[param] = body[name]
     if body.get("n") not in (None, 1):
         raise bad("n", "must be 1: the router serves one completion per request")

@@ -26,6 +26,7 @@ from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
 from scheduler.config import SloServerConfig
+from scheduler.core.sampling_guard import check_sampling_params
 from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo_wire import read_injected
 from scheduler.reporting.metrics import SloMetrics
@@ -91,6 +92,8 @@ class SloTokenizerManager(TokenizerManager):
 
     async def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[Any]:
         _check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
+        if isinstance(obj, GenerateReqInput):  # every route's params (OpenAI's translated), ids in the vocabulary
+            check_sampling_params(obj.sampling_params, vocab_size=self.model_config.vocab_size)
         injected = read_injected(_first_custom_params(obj))
         started: set[str] = set()
         ctx = request_context.current()

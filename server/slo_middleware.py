@@ -35,6 +35,7 @@ from router.access import OPEN_ACCESS, PRINCIPAL_SCOPE_KEY
 from scheduler.core.admission import retry_after_s
 from scheduler.core.json_depth import unforwardable
 from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
+from scheduler.core.sampling_guard import BadParam, check_generate_fields
 from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_limits import SloLimitError, hold_to_key
@@ -363,6 +364,11 @@ class SloMiddleware:
         if unsafe is not None:
             field = f"parameters.{unsafe.field}" if kind == VERTEX else unsafe.field
             return await _respond(send, 400, error_body(field, unsafe.message))
+        if kind != OPENAI:  # SGLang's OpenAI models type their fields; the tokenizer manager checks the rest
+            try:
+                check_generate_fields(target, prefix="parameters." if kind == VERTEX else "")
+            except BadParam as e:
+                return await _respond(send, 400, error_body(e.field, e.message))
         try:
             if not ctx.from_agent:
                 _strip_body(target, kind)
