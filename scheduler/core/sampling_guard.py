@@ -197,7 +197,7 @@ def check_sampling_params(params: Any, field: str = "sampling_params", vocab_siz
     for key, value in params.items():
         check_sampling_value(str(key), value, f"{field}.{key}", vocab_size)
     low, high = params.get("min_new_tokens"), params.get("max_new_tokens")
-    if _is_int(low) and _is_int(high) and low > high:
+    if type(low) is int and type(high) is int and low > high:
         raise BadParam(f"{field}.min_new_tokens", f"must be at most max_new_tokens ({high})")
     grammars = [name for name in GRAMMARS if params.get(name)]
     if len(grammars) > 1:
