@@ -10,7 +10,6 @@ ignores them. Sampling parameters go to the worker's SGLang as they are; it vali
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,11 +18,12 @@ from functools import partial
 from typing import Any
 
 from router.access import OPEN_ACCESS, Principal
+from router.api_error import ApiError, bad
+from router.openai_fields import chat_messages, model_name, response_format, single_prompt, stream_options
 from router.service import GenerateCall
 from router.tokenizer import RouterTokenizer, TokenizerBusy, TokenizeTimeout, input_chars
 from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
 from scheduler.core.sampling_guard import BadParam, check_sampling_params, check_sampling_value
-from scheduler.core.shed_wire import Shed
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_limits import SloLimitError, hold_to_key
 from scheduler.core.slo_wire import extract_slo
@@ -31,9 +31,6 @@ from wire import (
     ARRIVAL_PARAM,
     INTERNAL_PARAM_PREFIX,
     ORACLE_HINT_PARAM,
-    RETRY_AFTER_HEADER,
-    RETRY_AFTER_KEY,
-    SHED_REASON_KEY,
     SLO_PARAM,
 )
 
@@ -105,59 +102,6 @@ OPENAI_SAMPLING = {
 }
 
 TokenizerSource = Callable[[], Awaitable[RouterTokenizer]]
-
-
-class ApiError(Exception):
-    """A request the router refuses; `field` is the offending field (None: not one field's fault).
-    A shed request (`shed`) answers with the shed's reason, Retry-After and predicted wait too;
-    another refusal the client may retry (no worker, a worker failed, a timeout) with its
-    `reason` and `retry_after_s`."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        field: str | None = None,
-        kind: str | None = None,
-        shed: Shed | None = None,
-        reason: str | None = None,
-        retry_after_s: int | None = None,
-    ) -> None:
-        super().__init__(f"{field}: {message}" if field else message)
-        self.status = status
-        self.message = message
-        self.field = field
-        self.kind = kind or ("invalid_request_error" if status < 500 else "server_error")
-        self.shed = shed
-        self.reason = reason
-        self.retry_after_s = retry_after_s
-
-    @classmethod
-    def from_shed(cls, shed: Shed, where: str = "") -> ApiError:
-        return cls(shed.status, shed.message + where, kind=shed.body()["error"]["type"], shed=shed)
-
-    def body(self) -> dict[str, Any]:
-        """The JSON error shape of server.slo_middleware.error_body (OpenAI-style)."""
-        error = {
-            "message": f"{self.field}: {self.message}" if self.field else self.message,
-            "type": self.kind,
-            "param": self.field,
-            "code": self.status,
-        }
-        if self.shed is not None:
-            error.update(self.shed.fields())
-        elif self.reason is not None:
-            error.update({SHED_REASON_KEY: self.reason, RETRY_AFTER_KEY: self.retry_after_s})
-        return {"error": error}
-
-    def headers(self) -> dict[str, str]:
-        if self.shed is not None:
-            return self.shed.headers()
-        return {} if self.retry_after_s is None else {RETRY_AFTER_HEADER: str(self.retry_after_s)}
-
-
-def bad(field: str, message: str) -> ApiError:
-    return ApiError(400, message, field)
 
 
 @dataclass(frozen=True)
@@ -399,61 +343,11 @@ def _openai_sampling(body: Mapping[str, Any], max_tokens: int | None) -> dict[st
     return params
 
 
-def _response_format(body: Mapping[str, Any], params: dict[str, Any]) -> None:
-    fmt = body.get("response_format")
-    if fmt is None:
-        return
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return
-    if kind == "json_object":
-        params["json_schema"] = '{"type": "object"}'
-    elif kind == "json_schema" and isinstance(fmt.get("json_schema"), dict):
-        schema = fmt["json_schema"].get("schema", fmt["json_schema"].get("schema_"))
-        if not isinstance(schema, dict):
-            raise bad("response_format.json_schema.schema", "must be an object")
-        params["json_schema"] = json.dumps(schema)
-    else:
-        raise bad("response_format", "supported types: text, json_object, json_schema")
-
-
-def _stream_options(body: Mapping[str, Any], stream: bool) -> tuple[bool, bool]:
-    opts = body.get("stream_options")
-    if opts is None:
-        return False, False
-    if not isinstance(opts, dict):
-        raise bad("stream_options", "must be an object")
-    if not stream:
-        raise bad("stream_options", "only allowed when stream is true")
-    return bool(opts.get("include_usage")), bool(opts.get("continuous_usage_stats"))
-
-
-def _model(body: Mapping[str, Any]) -> str:
-    model = body.get("model")
-    if model is None:
-        return "default"
-    if not isinstance(model, str):
-        raise bad("model", "must be a string")
-    return model
-
-
-def _single_prompt(prompt: Any) -> str | list[int]:
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # a batch of one is one request
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
-        return prompt
-    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
-        raise bad("prompt", "batches are not supported by the router: send one prompt per request")
-    raise bad("prompt", "must be a string or a non-empty list of token ids")
-
-
 def _openai_params(body: Mapping[str, Any], max_tokens: Any, name: str) -> dict[str, Any]:
     """The sampling params of an OpenAI route: the token cap (named `name`), sampling, response_format."""
     _count(max_tokens, name)
     params = _openai_sampling(body, max_tokens)
-    _response_format(body, params)
+    response_format(body, params)
     return params
 
 
@@ -462,8 +356,8 @@ def _openai_call_fields(
 ) -> tuple[bool, str, SloSpec, OpenAIOptions]:
     """stream, rid, SLO and the response options of an OpenAI route."""
     stream = _opt_bool(body, "stream")
-    include_usage, continuous = _stream_options(body, stream)
-    model, rid = _model(body), _rid(body)
+    include_usage, continuous = stream_options(body, stream)
+    model, rid = model_name(body), _rid(body)
     spec = _slo(body, headers, default_slo, native=False)
     return stream, rid, spec, OpenAIOptions(model, include_usage, continuous)
 
@@ -480,7 +374,7 @@ async def parse_completion(
     arrival_unix, arrival_s = arrival or _arrival()
     if "prompt" not in body:
         raise bad("prompt", "missing")
-    prompt = _single_prompt(body["prompt"])
+    prompt = single_prompt(body["prompt"])
     _falsy_or_fail(body, COMPLETION_UNSUPPORTED, "not supported by the router")
     if body.get("best_of") not in (None, 1):
         raise bad("best_of", "must be 1: the router serves one completion per request")
@@ -506,30 +400,6 @@ async def parse_completion(
     return call, options
 
 
-def _messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
-    messages = body.get("messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad("messages", "must be a non-empty list of messages")
-    out = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
-            raise bad(f"messages[{i}]", "must be an object with a string role")
-        content = msg.get("content")
-        if isinstance(content, list):
-            parts = []
-            for j, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise bad(f"messages[{i}].content[{j}]", "only text parts are supported by the router")
-                parts.append(part["text"])
-            content = "".join(parts)
-        elif content is None:
-            content = ""
-        elif not isinstance(content, str):
-            raise bad(f"messages[{i}].content", "must be a string or a list of text parts")
-        out.append({**msg, "content": content})
-    return out
-
-
 async def parse_chat(
     body: dict[str, Any],
     headers: Mapping[str, str],
@@ -540,7 +410,7 @@ async def parse_chat(
 ) -> tuple[GenerateCall, OpenAIOptions]:
     """POST /v1/chat/completions: the tokenizer's chat template with add_generation_prompt."""
     arrival_unix, arrival_s = arrival or _arrival()
-    messages = _messages(body)
+    messages = chat_messages(body)
     _falsy_or_fail(body, CHAT_UNSUPPORTED, "not supported by the router")
     max_tokens = body.get("max_completion_tokens")
     name = "max_completion_tokens"

@@ -42,6 +42,18 @@ from scheduler.core.slo_limits import SloLimitError, hold_to_key
 from scheduler.core.slo_wire import extract_slo, inject_native, inject_openai
 from scheduler.reporting.reports import SloReportBook
 from server import compressed_body, request_context
+from server.asgi_io import (
+    Receive,
+    Scope,
+    Send,
+    capture_response,
+    error_body,
+    read_body,
+    replay_body,
+    respond,
+    respond_shed,
+    with_length,
+)
 from server.draining import Drain
 from server.engine_metrics import engine_exposition
 from server.spec_metrics import speculation_exposition
@@ -65,104 +77,6 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 # from when the client asked, not from when the request reached this worker (or resumed here).
 # Only trusted with the agent's per-process token: a client must not back-date its requests.
 MAX_FORWARDED_AGE_S = 3600.0
-
-Scope = dict[str, Any]
-Receive = Callable[[], Awaitable[dict[str, Any]]]
-Send = Callable[[dict[str, Any]], Awaitable[None]]
-
-
-def error_body(field: str, message: str, status: int = 400) -> bytes:
-    return orjson.dumps(
-        {
-            "error": {
-                "message": f"{field}: {message}",
-                "type": "invalid_request_error",
-                "param": field,
-                "code": status,
-            }
-        }
-    )
-
-
-async def _respond(send: Send, status: int, body: bytes, content_type: bytes = b"application/json") -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [(b"content-type", content_type), (b"content-length", str(len(body)).encode())],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
-
-
-async def _read_body(receive: Receive) -> bytes:
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise SloValidationError("body", f"larger than {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    sent = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return replay
-
-
-def _with_length(headers: list[tuple[bytes, bytes]], length: int) -> list[tuple[bytes, bytes]]:
-    kept = [(k, v) for k, v in headers if k.lower() != b"content-length"]
-    return kept + [(b"content-length", str(length).encode())]
-
-
-App = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-
-async def _capture(app: App, scope: Scope, receive: Receive) -> tuple[int, list[Any], bytes]:
-    """The inner app's whole answer (status, headers, body), uncompressed so it can be rewritten."""
-    captured: dict[str, Any] = {"status": 404, "headers": [], "body": []}
-
-    async def capture(message: dict[str, Any]) -> None:
-        if message["type"] == "http.response.start":
-            captured["status"] = message["status"]
-            captured["headers"] = message.get("headers", [])
-        elif message["type"] == "http.response.body":
-            captured["body"].append(message.get("body", b""))
-
-    plain = [(k, v) for k, v in scope.get("headers", []) if k.lower() != b"accept-encoding"]
-    await app({**scope, "headers": plain}, receive, capture)
-    return captured["status"], captured["headers"], b"".join(captured["body"])
-
-
-async def _respond_shed(send: Send, shed: Shed) -> None:
-    body = orjson.dumps(shed.body())
-    await send(
-        {
-            "type": "http.response.start",
-            "status": shed.status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                *((k.encode(), v.encode()) for k, v in shed.headers().items()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
 
 
 def strip_internal(params: Any) -> None:
@@ -273,7 +187,7 @@ class SloMiddleware:
             if websocket:  # closing before accepting answers the handshake with 403
                 await send({"type": "websocket.close", "code": 1008})
             else:
-                await _respond(send, verdict.status, error_body("authorization", verdict.message, verdict.status))
+                await respond(send, verdict.status, error_body("authorization", verdict.message, verdict.status))
             return None
         inner = self.access.inner_authorization()
         if verdict.principal is None or inner is None:
@@ -285,32 +199,32 @@ class SloMiddleware:
         """Opens an `x-body-compressed` body (bounded) before any check reads it."""
         field = compressed_body.HEADER.decode()
         try:
-            raw = await _read_body(receive)
+            raw = await read_body(receive, MAX_BODY_BYTES)
             body = await asyncio.get_running_loop().run_in_executor(
                 None, compressed_body.decompress, method_name, raw, MAX_BODY_BYTES
             )
         except SloValidationError as e:
-            return await _respond(send, 413, error_body(e.field, e.message, 413))
+            return await respond(send, 413, error_body(e.field, e.message, 413))
         except compressed_body.BodyError as e:
-            return await _respond(send, e.status, error_body(field, e.message, e.status))
+            return await respond(send, e.status, error_body(field, e.message, e.status))
         headers = compressed_body.without_compression(list(scope.get("headers", [])), len(body))
-        await self._route({**scope, "headers": headers}, _replay(body, receive), send)
+        await self._route({**scope, "headers": headers}, replay_body(body, receive), send)
 
     async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         path, method = scope["path"], scope["method"]
         if method == "GET" and path in ("/server_info", "/get_server_info"):
             return await self._server_info(scope, receive, send)
         if method == "GET" and path == "/slo/status":
-            return await _respond(send, 200, orjson.dumps(self.status()))
+            return await respond(send, 200, orjson.dumps(self.status()))
         if method == "GET" and path == "/metrics":
             return await self._metrics(scope, receive, send)
         kind = GENERATE_ROUTES.get((method, path))
         if kind is not None:
             if self.draining:
-                return await _respond_shed(send, self._draining_shed())
+                return await respond_shed(send, self._draining_shed())
             return await self._generate(scope, receive, send, kind)
         if self.draining and method == "GET" and path in ("/health", "/health_generate"):
-            return await _respond_shed(send, self._draining_shed())  # load balancers stop sending
+            return await respond_shed(send, self._draining_shed())  # load balancers stop sending
         return await self.app(scope, receive, send)
 
     def _lifespan_send(self, send: Send) -> Send:
@@ -332,21 +246,21 @@ class SloMiddleware:
     async def _generate(self, scope: Scope, receive: Receive, send: Send, kind: str) -> None:
         arrival = time.time()
         try:
-            raw = await _read_body(receive)
+            raw = await read_body(receive, MAX_BODY_BYTES)
         except SloValidationError as e:
-            return await _respond(send, 413, error_body(e.field, e.message, 413))
+            return await respond(send, 413, error_body(e.field, e.message, 413))
         try:
             body = orjson.loads(raw) if raw else None
         except orjson.JSONDecodeError:
             body = None
         if not isinstance(body, dict):  # not ours to judge: SGLang answers malformed bodies
-            return await self.app(scope, _replay(raw, receive), send)
+            return await self.app(scope, replay_body(raw, receive), send)
         too_deep = unforwardable(body)  # it could not be handed on to SGLang (a 500 there)
         if too_deep is not None:
-            return await _respond(send, 400, error_body("body", too_deep))
+            return await respond(send, 400, error_body("body", too_deep))
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
         if not headers.get(AGENT_TOKEN_HEADER, "").isascii():
-            return await _respond(send, 400, error_body(AGENT_TOKEN_HEADER, "must be ASCII"))
+            return await respond(send, 400, error_body(AGENT_TOKEN_HEADER, "must be ASCII"))
         ctx = request_context.begin()
         ctx.from_agent = self._from_agent(headers)
         arrival = self._forwarded_arrival(headers, arrival) if ctx.from_agent else arrival
@@ -356,19 +270,19 @@ class SloMiddleware:
             if target is None:
                 target = body["parameters"] = {}
             if not isinstance(target, dict):
-                return await _respond(send, 400, error_body("parameters", "must be an object"))
+                return await respond(send, 400, error_body("parameters", "must be an object"))
             unknown = sorted(set(target) - self.vertex_fields) if self.vertex_fields is not None else []
             if unknown:
-                return await _respond(send, 400, error_body(f"parameters.{unknown[0]}", "is not a generate field"))
+                return await respond(send, 400, error_body(f"parameters.{unknown[0]}", "is not a generate field"))
         unsafe = unsafe_stop_regex(target, kind)
         if unsafe is not None:
             field = f"parameters.{unsafe.field}" if kind == VERTEX else unsafe.field
-            return await _respond(send, 400, error_body(field, unsafe.message))
+            return await respond(send, 400, error_body(field, unsafe.message))
         if kind != OPENAI:  # SGLang's OpenAI models type their fields; the tokenizer manager checks the rest
             try:
                 check_generate_fields(target, prefix="parameters." if kind == VERTEX else "")
             except BadParam as e:
-                return await _respond(send, 400, error_body(e.field, e.message))
+                return await respond(send, 400, error_body(e.field, e.message))
         try:
             if not ctx.from_agent:
                 _strip_body(target, kind)
@@ -380,14 +294,14 @@ class SloMiddleware:
             (inject_openai if kind == OPENAI else inject_native)(target, spec, arrival)
             _add_custom(target, kind, tenant)
         except SloLimitError as e:
-            return await _respond(send, 403, error_body(e.field, e.message, 403))
+            return await respond(send, 403, error_body(e.field, e.message, 403))
         except SloValidationError as e:
             field = f"parameters.{e.field}" if kind == VERTEX and not e.field.startswith("x-slo") else e.field
-            return await _respond(send, 400, error_body(field, e.message))
+            return await respond(send, 400, error_body(field, e.message))
         new_raw = orjson.dumps(body)
-        scope = {**scope, "headers": _with_length(list(scope.get("headers", [])), len(new_raw))}
+        scope = {**scope, "headers": with_length(list(scope.get("headers", [])), len(new_raw))}
         out = self._openai_send(send) if kind == OPENAI else send
-        await self.app(scope, _replay(new_raw, receive), self._shed_send(out, ctx))
+        await self.app(scope, replay_body(new_raw, receive), self._shed_send(out, ctx))
 
     def _shed_send(self, send: Send, ctx: request_context.RequestContext) -> Send:
         """Answers a request the scheduler shed before anything was sent with the shed's status,
@@ -405,7 +319,7 @@ class SloMiddleware:
             if message["type"] == "http.response.body" and state["start"] is not None and not state["started"]:
                 if ctx.shed is not None:
                     state["replaced"] = True
-                    return await _respond_shed(send, ctx.shed)
+                    return await respond_shed(send, ctx.shed)
                 state["started"] = True
                 await send(state["start"])
             await send(message)
@@ -449,7 +363,7 @@ class SloMiddleware:
                 return
             body = self._annotate_json(b"".join(state["buffer"]))
             start = state["start"]
-            await send({**start, "headers": _with_length(list(start.get("headers", [])), len(body))})
+            await send({**start, "headers": with_length(list(start.get("headers", [])), len(body))})
             await send({"type": "http.response.body", "body": body})
 
         return wrapped
@@ -491,15 +405,15 @@ class SloMiddleware:
 
     async def _server_info(self, scope: Scope, receive: Receive, send: Send) -> None:
         """SGLang's server info without the keys in its server settings (SGLang returns them)."""
-        status, _, raw = await _capture(self.app, scope, receive)
+        status, _, raw = await capture_response(self.app, scope, receive)
         try:
-            await _respond(send, status, orjson.dumps(scrub_secrets(orjson.loads(raw))))
+            await respond(send, status, orjson.dumps(scrub_secrets(orjson.loads(raw))))
         except orjson.JSONDecodeError:  # not JSON: nothing of it is passed on
-            await _respond(send, 502, error_body("server_info", "the engine's answer is not JSON", 502))
+            await respond(send, 502, error_body("server_info", "the engine's answer is not JSON", 502))
 
     async def _metrics(self, scope: Scope, receive: Receive, send: Send) -> None:
-        status, _, raw = await _capture(self.app, scope, receive)
+        status, _, raw = await capture_response(self.app, scope, receive)
         engine = self.status().get("engine") or {}
         ours = self.book.metrics.exposition() + speculation_exposition(engine) + engine_exposition(engine)
         body = raw.rstrip(b"\n") + b"\n" + ours if status == 200 else ours
-        await _respond(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")
+        await respond(send, 200, body, b"text/plain; version=0.0.4; charset=utf-8")
