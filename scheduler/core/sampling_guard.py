@@ -171,12 +171,19 @@ CHECKS: dict[str, Callable[[str, Any, int | None], None]] = {
 }
 
 
+# Keys SGLang reads around the SamplingParams defaults: `n` is the request's parallel sample count
+# (`sampling_params.get("n", 1)`), so an explicit null reaches a comparison and is a TypeError.
+NOT_NULL = frozenset({"n"})
+
+
 def check_sampling_value(key: str, value: Any, field: str, vocab_size: int | None = None) -> None:
     """Refuse (BadParam naming `field`) one sampling parameter SGLang would mishandle; an
-    unknown key is refused too. None is SGLang's default for every key."""
+    unknown key is refused too. None is SGLang's default for every key but NOT_NULL's."""
     check = CHECKS.get(key)
     if check is None:
         raise BadParam(field, "is not a sampling parameter")
+    if value is None and key in NOT_NULL:
+        raise BadParam(field, "must not be null (leave it out for the default)")
     if value is not None:
         check(field, value, vocab_size)
 
@@ -252,7 +259,29 @@ def _embeds(field: str, value: Any, vocab: int | None) -> None:
         raise BadParam(field, "must be a non-empty list of embedding rows")
 
 
+# SGLang 0.5.17's SessionParams (io_struct): an unknown key or a wrong type is a TypeError there.
+SESSION_FIELDS: dict[str, Callable[[str, Any, int | None], None]] = {
+    "id": _string,
+    "rid": _string,
+    "offset": _integer(0, MAX_INT32),
+    "replace": _boolean,
+    "drop_previous_output": _boolean,
+}
+
+
+def _session_params(field: str, value: Any, vocab: int | None) -> None:
+    if not isinstance(value, Mapping):
+        raise BadParam(field, "must be an object")
+    for key, one in value.items():
+        check = SESSION_FIELDS.get(key) if isinstance(key, str) else None
+        if check is None:
+            raise BadParam(f"{field}.{key}", f"unknown field (allowed: {', '.join(SESSION_FIELDS)})")
+        if one is not None:
+            check(f"{field}.{key}", one, vocab)
+
+
 GENERATE_CHECKS: dict[str, Callable[[str, Any, int | None], None]] = {
+    "session_params": _session_params,
     "text": _text,
     "input_embeds": _embeds,
     "return_hidden_states": lambda f, v, n: _one_or_batch(f, v, _hidden_states, n),
@@ -264,10 +293,32 @@ GENERATE_CHECKS: dict[str, Callable[[str, Any, int | None], None]] = {
 }
 
 
+# Fields SGLang hands to each scheduler Req as they are: a string per request, so a list is only
+# a batch's (one per prompt); a list in a single request reaches Req() and kills the scheduler.
+PER_REQUEST_STRINGS = ("lora_path", "lora_id", "extra_key", "routing_key")
+
+
+def _is_batch(body: Mapping[str, Any]) -> bool:
+    ids = body.get("input_ids")
+    return isinstance(body.get("text"), list) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], list))
+
+
+def _per_request_string(field: str, value: Any, batch: bool) -> None:
+    if isinstance(value, str):
+        return
+    if batch and isinstance(value, list) and all(v is None or isinstance(v, str) for v in value):
+        return
+    raise BadParam(field, "must be a string" + (" or a list of strings, one per prompt" if batch else ""))
+
+
 def check_generate_fields(body: Mapping[str, Any], vocab_size: int | None = None, prefix: str = "") -> None:
     """Refuse (BadParam naming the field, after `prefix`) a native GenerateReqInput whose
     sampling params or typed fields SGLang would mishandle; other fields are SGLang's to judge."""
     for name, check in GENERATE_CHECKS.items():
         if body.get(name) is not None:
             check(f"{prefix}{name}", body[name], vocab_size)
+    batch = _is_batch(body)
+    for name in PER_REQUEST_STRINGS:
+        if body.get(name) is not None:
+            _per_request_string(f"{prefix}{name}", body[name], batch)
     check_sampling_params(body.get("sampling_params"), f"{prefix}sampling_params", vocab_size)

@@ -127,6 +127,14 @@ def test_one_value_is_named_by_the_callers_field() -> None:
         ({"text": []}, "text"),
         ({"input_embeds": []}, "input_embeds"),
         ({"sampling_params": {"temperature": "x"}}, "sampling_params.temperature"),
+        ({"lora_id": ["x"]}, "lora_id"),  # a list in a single request crashed SGLang's Req()
+        ({"lora_path": ["x"]}, "lora_path"),
+        ({"extra_key": ["a"]}, "extra_key"),
+        ({"routing_key": 5}, "routing_key"),
+        ({"session_params": {"colour": 1}}, "session_params.colour"),  # a TypeError (500) in SGLang
+        ({"session_params": {"offset": "x"}}, "session_params.offset"),
+        ({"session_params": "s"}, "session_params"),
+        ({"sampling_params": {"n": None}}, "sampling_params.n"),  # a TypeError (500) in SGLang
     ],
 )
 def test_bad_generate_fields_are_refused_naming_the_field(body: dict[str, Any], field: str) -> None:
@@ -145,6 +153,10 @@ def test_bad_generate_fields_are_refused_naming_the_field(body: dict[str, Any], 
         {"text": ["a", "b"], "return_hidden_states": [False, "last"], "return_logprob": [True, False]},
         {"input_ids": [1, 2], "return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": -1},
         {"text": "hi", "token_ids_logprob": [1, 2], "stream": True, "sampling_params": None},
+        {"text": "hi", "lora_path": "adapter-a", "extra_key": "salt", "routing_key": "user-7"},
+        {"text": ["a", "b"], "lora_path": ["adapter-a", None], "extra_key": ["s1", "s2"]},
+        {"input_ids": [[1, 2], [3]], "lora_id": ["x", "y"]},
+        {"text": "hi", "session_params": {"id": "s1", "rid": None, "offset": 3, "replace": False}},
     ],
 )
 def test_real_generate_bodies_pass(body: dict[str, Any]) -> None:
