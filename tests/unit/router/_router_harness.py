@@ -259,3 +259,16 @@ def sse_events(body: bytes) -> list[Any]:
         payload = block[len(b"data: ") :]
         out.append("[DONE]" if payload == b"[DONE]" else orjson.loads(payload))
     return out
+
+
+def assert_refused_before_any_worker(ctx: zmq.asyncio.Context, path: str, body: dict[str, Any], field: str) -> None:
+    """The router answers `body` on `path` with a 400 naming `field`, and no worker sees it."""
+
+    async def go() -> None:
+        async with router(ctx) as h:
+            resp = await h.client.post(path, json=body)
+            assert resp.status_code == 400, resp.text
+            assert resp.json()["error"]["param"] == field
+            assert h.workers[0].submits == []
+
+    run(go)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from tests.unit.router._router_harness import router, run, tiny_hf
+from tests.unit.router._router_harness import assert_refused_before_any_worker, router, run, tiny_hf
 
 CHAT = [{"role": "user", "content": "x"}]
 SP = "sampling_params"
@@ -42,14 +42,7 @@ def _tokenizer_loaded() -> None:
 def test_a_poison_sampling_param_is_a_400_and_never_reaches_a_worker(
     ctx: zmq.asyncio.Context, path: str, body: dict[str, Any], field: str
 ) -> None:
-    async def go() -> None:
-        async with router(ctx) as h:
-            resp = await h.client.post(path, json=body)
-            assert resp.status_code == 400, resp.text
-            assert resp.json()["error"]["param"] == field
-            assert h.workers[0].submits == []
-
-    run(go)
+    assert_refused_before_any_worker(ctx, path, body, field)
 
 
 @pytest.mark.parametrize(
