@@ -123,6 +123,9 @@ class AccessTable:
         """No key configured: every caller is OPEN_ACCESS."""
         return not self._by_digest
 
+    def principals(self) -> list[Principal]:
+        return list(self._by_digest.values())
+
     def authenticate(self, authorization: str | bytes | None) -> Principal | None:
         """The caller behind an Authorization header; None when the key is missing or unknown.
         With no key configured, everyone is OPEN_ACCESS."""
