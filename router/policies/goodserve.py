@@ -11,17 +11,15 @@ where); L_out is the predicted output length (estimates.output_tokens). D_r is t
 the SLO deadline (scheduler.core.estimates.answer_due). Among workers with T ≤ D_r the one with the largest d_g
 (slowest decode: just enough, keeping fast GPUs for urgent work) wins. The paper gives no
 tie-break, and its black-box d_g also grows with a worker's batch, so taken literally the rule
-prefers the busier of two identical cards and herds a burst onto one of them (measured: 50 of
-80 requests on one of two A40s). So workers whose d_g is within `speed_tolerance` (default 15 %)
+prefers the busier of two identical cards and herds a burst onto one of them. So workers whose d_g is within `speed_tolerance` (default 15 %)
 of the slowest feasible one count as the same class, and among them the smallest T (most slack,
 i.e. the least loaded) wins, then list order. With no feasible worker the one minimising
 T − D_r wins and the decision is best effort: the paper's "most capable instance" (§6,
 Limitation). Under tight SLOs, where most requests are infeasible everywhere, that piles hopeless
-work onto the fastest cards and delays the feasible requests they were kept for (measured: at
-SLO scale 0.5, 60 % of decisions best effort and the A40s almost idle). `infeasible=
-"least_loaded"` spreads them instead (the conventional way): +36 % goodput at scale 0.5, but
--6 to -11 % at scales 1 and 1.5, where a best-effort request is often only just late and the
-fast card saves it; so the default stays the paper's (benchmarks/README.md, GoodServe).
+work onto the fastest cards and delays the feasible requests they were kept for. `infeasible=
+"least_loaded"` spreads them instead (the conventional way), which gains under very tight SLOs
+but loses where a best-effort request is often only just late and the fast card saves it; so the
+default stays the paper's (benchmarks/RESULTS.md, routing).
 Requests without an SLO are routed the conventional way (least loaded), as GoodServe §5
 suggests.
 

@@ -33,10 +33,8 @@ per-tier autoscaling signals.
 Why the TTFT margin (default 2): the estimate leaves out the pass already formed under SGLang's
 overlap schedule and the engine's own prefill deferrals (the prefill gate that protects running
 TPOTs), so packing instances to the bare estimate missed TTFTs. Stale reports used to hide this:
-placements since the last report counted as queued, which made the check conservative, and with
-10 ms reports attainment fell to 0.90-0.93. Measured in the simulator on 20 H100s, 3 seeds,
-0.5-1.15x the PD-optimal rate: margin 2 gives 0.99-1.00 with 10 ms reports and 0.94-1.00 with
-0.25 s reports, against 0.90-0.93 and 0.94-0.99 at margin 1.
+placements since the last report counted as queued, which made the check conservative; with
+fresh reports a margin of 1 loses attainment that a margin of 2 keeps (simulated).
 
 `on_finished` keeps the per-instance residents exact; as a fallback an instance reporting zero
 load forgets the residents placed before that report.

@@ -67,8 +67,8 @@ class AdmissionParams:
     chunk_size: int = 8192
     # A deadline's derived TPOT under this many lone steps sets no tier in the replica's DP (it
     # decodes without a target), as SlosServeParams.derived_tpot_floor_steps does on the engine: one
-    # request running behind must not make a replica look full for every newcomer. 4 as there: 1
-    # and 4 gave the same attainment on 4 simulated H100s (JITServe mix at 3x, 3 seeds).
+    # request running behind must not make a replica look full for every newcomer. The same
+    # floor as on the engine, so a replica's DP and its engine protect the same requests.
     derived_tpot_floor_steps: float = 4.0
 
     def __post_init__(self) -> None:

@@ -86,26 +86,20 @@ class GmaxParams:
     objective: str = "requests"
     # Judge a compound stage by its learned sub-deadline φ(s)·D (JITServe §4.1) rather than its
     # program's deadline. GMAX's priority has no urgency term, so the sub-deadline only makes a
-    # stage worthless sooner; measured on the JITServe and Tempo mixes it cost attainment.
+    # stage worthless sooner (benchmarks/RESULTS.md).
     stage_deadlines: bool = False
-    # A latency request that can still meet its SLO is worth (1 + this) x its goodput. Without it
-    # GMAX ranks equal-value latency and deadline work by cost alone and keeps 0.25 of latency
-    # requests at 3x load (JITServe mix, H100): a latency request must be served now or never,
-    # deadline work of the same cost keeps. It sets the balance between the classes: with the
-    # 512-token chunk, 0.05 gave the most attainment at 4 of 5 overloaded points (simulated H100,
-    # 3 seeds; JITServe mix 30/45/60/s 0.807/0.692/0.629 against 0.804/0.676/0.586 at 0.5, Tempo
-    # mix 30/45/s 0.792/0.657 against 0.764/0.623; 0.02 peaks at Tempo 45/s, 0.670), at the cost
-    # of latency requests under the heaviest load (JITServe 45/s: 0.75 of them met against 0.90).
-    # Tuning it online like the cutoff drifted towards 0 and lost at every point: deadline work
-    # pays back within an epoch, latency work the tuner starves does not show as a loss there.
+    # A latency request that can still meet its SLO is worth (1 + this) x its goodput: it must be
+    # served now or never, deadline work of the same cost keeps. Without it GMAX ranks the two by
+    # cost alone and starves latency requests under overload. It sets the balance between the
+    # classes (larger keeps more latency requests, fewer in all; 0 is the paper's priority). Not
+    # tuned online like the cutoff: deadline work pays back within an epoch, the latency work a
+    # tuner starves does not show as a loss there. The sweep: benchmarks/RESULTS.md.
     latency_urgency: float = 0.05
     # The most prompt tokens one step prefills (0: the engine's start-up chunk), over what the
-    # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget of
-    # 512 was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Measured on the
-    # JITServe mix at 3x load (H100, 3 seeds, simulated): 0.680 attained at 512 against 0.616 at
-    # SGLang's 2048, 0.639 at 1024, 0.636 at 256 (start-up chunks, every policy alike; other
-    # policies lose from 2048 down). Our reading, not measured apart: small prefills pace how
-    # fast GMAX starts requests, and its length bounds err long; its oracle does not gain.
+    # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget
+    # was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Our reading: small
+    # prefills pace how fast GMAX starts requests, and its length bounds err long
+    # (benchmarks/RESULTS.md).
     chunk_cap: int = 512
 
     def __post_init__(self) -> None:

@@ -71,10 +71,8 @@ class TempoParams:
     # Judge a compound stage's gain and whether it is lost by its learned sub-deadline φ(s)·D
     # rather than its program's deadline D. By default the sub-deadline sets only the stage's
     # time budget (its urgency, §4.1), while the gain is the program's, earned if D is met
-    # (Eq. 2): with the sub-deadline everywhere, a stage behind φ(s)·D was degraded and
-    # deferred while its program could still finish (simulated on the JITServe mix, 45/s,
-    # 3 seeds: 1.66x fcfs by default, 1.60x with this set; 1.47x before 1c6a426, when the
-    # plan path's hold of past-due work also went by the sub-deadline).
+    # (Eq. 2): with the sub-deadline everywhere, a stage behind φ(s)·D is degraded and
+    # deferred while its program could still finish, which costs goodput.
     stage_deadlines: bool = False
 
     def __post_init__(self) -> None:
