@@ -11,9 +11,10 @@ where); L_out is the predicted output length (estimates.output_tokens). D_r is t
 the SLO deadline (scheduler.core.estimates.answer_due). Among workers with T ≤ D_r the one with the largest d_g
 (slowest decode: just enough, keeping fast GPUs for urgent work) wins. The paper gives no
 tie-break, and its black-box d_g also grows with a worker's batch, so taken literally the rule
-prefers the busier of two identical cards and herds a burst onto one of them. So workers whose d_g is within `speed_tolerance` (default 15 %)
-of the slowest feasible one count as the same class, and among them the smallest T (most slack,
-i.e. the least loaded) wins, then list order. With no feasible worker the one minimising
+prefers the busier of two identical cards and herds a burst onto one of them. So workers whose
+d_g is within `speed_tolerance` (default 15 %) of the slowest feasible one count as the same
+class, and among them the smallest T (most slack, i.e. the least loaded) wins, then list order.
+With no feasible worker the one minimising
 T − D_r wins and the decision is best effort: the paper's "most capable instance" (§6,
 Limitation). Under tight SLOs, where most requests are infeasible everywhere, that piles hopeless
 work onto the fastest cards and delays the feasible requests they were kept for. `infeasible=
