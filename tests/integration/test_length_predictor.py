@@ -9,7 +9,8 @@ from pathlib import Path
 
 import requests
 
-from scheduler.core.analyzer.base import LengthSample, make_predictor, save_predictor
+from scheduler.core.analyzer.base import LengthSample, save_predictor
+from scheduler.core.analyzer.predictors import make_predictor
 from scheduler.core.analyzer.spec import COLD_START
 from server.process import ServerProcess
 from tests.integration.test_policies_on_engine import assert_serves_mixed_workload

@@ -8,10 +8,8 @@ per-stage sub-deadlines. Plain numpy/scikit-learn/quantile-forest: no sglang, no
 from scheduler.core.analyzer.base import (
     LengthPredictor,
     LengthSample,
-    available,
     load_predictor,
-    make_predictor,
     save_predictor,
 )
 
-__all__ = ["LengthPredictor", "LengthSample", "available", "load_predictor", "make_predictor", "save_predictor"]
+__all__ = ["LengthPredictor", "LengthSample", "load_predictor", "save_predictor"]

@@ -11,7 +11,7 @@ import pickle
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 ARTIFACT_VERSION = 1
 
@@ -61,20 +61,6 @@ class LengthPredictor:
 def floor_at_generated(value: float, generated: int) -> float:
     """Clamp a bound so it stays above what a still-running request already produced."""
     return float(max(value, generated + 1))
-
-
-def make_predictor(name: str, **params: Any) -> LengthPredictor:
-    """Construct an untrained predictor by name ("qrf", "moe", "history") from plain parameter
-    values (a wrong name, parameter or value is a ParamError naming it)."""
-    from scheduler.core.analyzer.predictors import PREDICTORS
-
-    return PREDICTORS.make(name, params, None)
-
-
-def available() -> list[str]:
-    from scheduler.core.analyzer.predictors import PREDICTORS
-
-    return sorted(PREDICTORS)
 
 
 def save_predictor(predictor: LengthPredictor, path: str | Path) -> None:

@@ -13,7 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from scheduler.core.analyzer.base import LengthPredictor, floor_at_generated
-from scheduler.core.analyzer.spec import learns_online
+
+
+def learns_online(predictor: object) -> bool:
+    """Whether completions teach this predictor (the history predictor); trained artifacts are fixed."""
+    return callable(getattr(predictor, "observe", None))
 
 
 @dataclass

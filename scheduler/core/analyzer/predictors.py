@@ -1,8 +1,11 @@
 """Predictor registry: adding a length predictor is one module (its class and parameters
-dataclass) plus one line in PREDICTORS. Imported lazily by `base.make_predictor`, so importing
-the interface does not load scikit-learn."""
+dataclass) plus one line in PREDICTORS. It imports every predictor, scikit-learn's with them:
+the interface (`base`) and the command-line spelling (`spec`) do not import it at module level,
+so a process that only uses the history predictor never loads scikit-learn."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from scheduler.core.analyzer.base import LengthPredictor
 from scheduler.core.analyzer.history import HistoryParams, HistoryPredictor
@@ -19,3 +22,13 @@ PREDICTORS: Registry[None, LengthPredictor] = Registry(
         Entry("history", HistoryParams, lambda p, ctx: HistoryPredictor(p)),
     ],
 )
+
+
+def make_predictor(name: str, **params: Any) -> LengthPredictor:
+    """Construct an untrained predictor by name ("qrf", "moe", "history") from plain parameter
+    values (a wrong name, parameter or value is a ParamError naming it)."""
+    return PREDICTORS.make(name, params, None)
+
+
+def available() -> list[str]:
+    return sorted(PREDICTORS)

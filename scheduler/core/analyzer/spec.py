@@ -10,12 +10,9 @@ max_new_tokens); anything else: a saved analyzer artifact (QRF, MoE).
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from scheduler.core.analyzer.base import LengthPredictor, load_predictor, make_predictor
-
-if TYPE_CHECKING:
-    from scheduler.core.analyzer.online import LiveLengthBounds
+from scheduler.core.analyzer.base import LengthPredictor, load_predictor
+from scheduler.core.analyzer.online import LiveLengthBounds
 
 DEFAULT_LENGTH_PREDICTOR = "history:0.9"
 HISTORY_KINDS = {"history": False, "history-len": True}  # spelling -> conditions on prompt length
@@ -29,6 +26,9 @@ def predictor_from_spec(spec: str | None) -> LengthPredictor | None:
         return None
     kind, sep, quantile = spec.partition(":")
     if kind in HISTORY_KINDS:
+        # Here, not at module level: the registry imports every predictor, scikit-learn's too.
+        from scheduler.core.analyzer.predictors import make_predictor
+
         try:
             # No guess before COLD_START answers: the first to finish are the short ones, and a
             # bound learned from them would call long answers short; until then the cap rules.
@@ -46,12 +46,5 @@ def predictor_from_spec(spec: str | None) -> LengthPredictor | None:
 
 def live_length_bounds(spec: str | None) -> LiveLengthBounds | None:
     """Per-request bounds from a fresh predictor for `spec`, as one server keeps them (None: none)."""
-    from scheduler.core.analyzer.online import LiveLengthBounds
-
     predictor = predictor_from_spec(spec)
     return None if predictor is None else LiveLengthBounds(predictor)
-
-
-def learns_online(predictor: object) -> bool:
-    """Whether completions teach this predictor (the history predictor); trained artifacts are fixed."""
-    return callable(getattr(predictor, "observe", None))

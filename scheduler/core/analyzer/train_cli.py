@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, make_predictor, save_predictor
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample, save_predictor
 from scheduler.core.analyzer.data import DEFAULT_TOKENIZER, first_turns, load_sharegpt, make_counter, to_samples
+from scheduler.core.analyzer.predictors import make_predictor
 
 
 def score(pred: Sequence[float], truth: np.ndarray) -> dict[str, float]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler.core.analyzer import available, load_predictor, make_predictor
+from scheduler.core.analyzer import load_predictor
 from scheduler.core.analyzer.history import HistoryParams, HistoryPredictor
 from scheduler.core.analyzer.moe import MoeParams, MoePredictor
+from scheduler.core.analyzer.predictors import available, make_predictor
 from scheduler.core.registry import ParamError
 from tests.unit.core._analyzer_synth import make_samples
 

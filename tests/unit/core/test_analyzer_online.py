@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core.analyzer.base import LengthPredictor
-from scheduler.core.analyzer.online import LiveLengthBounds
-from scheduler.core.analyzer.spec import COLD_START, learns_online, live_length_bounds, predictor_from_spec
+from scheduler.core.analyzer.online import LiveLengthBounds, learns_online
+from scheduler.core.analyzer.spec import COLD_START, live_length_bounds, predictor_from_spec
 
 
 class CountingPredictor(LengthPredictor):

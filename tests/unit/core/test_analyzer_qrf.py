@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from scheduler.core.analyzer import load_predictor, make_predictor
+from scheduler.core.analyzer import load_predictor
 from scheduler.core.analyzer.data import first_turns, iter_json_array, to_samples
+from scheduler.core.analyzer.predictors import make_predictor
 from scheduler.core.analyzer.qrf import QrfParams, QrfPredictor, conformal_quantile
 from tests.unit.core._analyzer_synth import make_samples
 
