@@ -71,9 +71,7 @@ class SlosServeParams:
     idle_batch_s: float = 0.05
     # A deadline's derived TPOT under this many single-decoder steps is not protected (it
     # decodes without a target): holding every batch that small for one request costs more
-    # admissions than it saves (4 steps instead of 1, the old floor, gained 7-10 % goodput on
-    # the JITServe and Tempo mixes, simulated over 3 seeds; 8 and 16 tie 4 on the H100 and
-    # lose 1-5 % on the A100).
+    # admissions than it saves (the floor's sweep: benchmarks/RESULTS.md).
     derived_tpot_floor_steps: float = 4.0
 
     def __post_init__(self) -> None:
