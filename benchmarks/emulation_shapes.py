@@ -36,7 +36,7 @@ import aiohttp
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, stop_all
-from benchmarks.emulation_validity import pacing_delta
+from benchmarks.goodput.emulation_validity import pacing_delta
 from wire import ORACLE_HINT_PARAM
 
 TINY_VOCAB = 512  # token ids must exist in the tiny model

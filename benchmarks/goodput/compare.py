@@ -28,9 +28,9 @@ from typing import Any
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
-from benchmarks.emulation_validity import MAX_LATE_SHARE, emulation_counters, pacing_delta, verdict
 from benchmarks.goodput.calibrate import calibrate
 from benchmarks.goodput.capacity import search_capacity
+from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE, emulation_counters, pacing_delta, verdict
 from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
 from benchmarks.goodput.metrics import check_consistency, score, timeline
 from benchmarks.goodput.mixes import MIXES, Calibration, Scale

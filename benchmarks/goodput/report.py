@@ -32,7 +32,7 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.emulation_validity import invalid_note, late_cell
+from benchmarks.goodput.emulation_validity import invalid_note, late_cell
 from benchmarks.goodput.metrics import RunMetrics
 from benchmarks.goodput.records import RequestRecord
 

@@ -22,8 +22,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.emulation_validity import verdict
 from benchmarks.goodput import compare
+from benchmarks.goodput.emulation_validity import verdict
 
 SUMMARY_JSON = "summary.json"
 SUMMARY_MD = "summary.md"

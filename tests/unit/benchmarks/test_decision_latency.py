@@ -3,7 +3,13 @@ built from its registry and timed without an error, and the DP row is there."""
 
 from __future__ import annotations
 
-from benchmarks.decision_latency import MIGRATION_ROW, bench_dp, bench_plan_path, bench_policies, bench_routing
+from benchmarks.experiments.decision_latency import (
+    MIGRATION_ROW,
+    bench_dp,
+    bench_plan_path,
+    bench_policies,
+    bench_routing,
+)
 from router.policies import ROUTING_POLICIES
 from scheduler.core.policies import POLICIES
 

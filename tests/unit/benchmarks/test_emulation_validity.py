@@ -4,7 +4,7 @@ so, and the pacing check over batch shapes reports each cell from the worker's o
 from __future__ import annotations
 
 from benchmarks.emulation_shapes import cell_result, table
-from benchmarks.emulation_validity import MAX_LATE_SHARE, invalid_note, late_cell, pacing_delta, verdict
+from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.report import markdown_table
 
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.goodput.gain_plot import gain_series, main
+from benchmarks.experiments.gain_plot import gain_series, main
 
 
 def _row(rate: float, policy: str, x: float) -> dict[str, object]:

@@ -9,14 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.gpu_smoke import CHECKS, Check, bench_result, build_parser, render, within
+from benchmarks.experiments.gpu_smoke import CHECKS, Check, bench_result, build_parser, render, within
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_the_help_documents_every_check_without_a_set_up() -> None:
     done = subprocess.run(
-        [str(ROOT / "benchmarks" / "gpu_smoke.sh"), "--help"], capture_output=True, text=True, timeout=60
+        [str(ROOT / "benchmarks" / "experiments" / "gpu_smoke.sh"), "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 0, done.stderr
     for name in CHECKS:

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.overload import Attempt, Outcome, capacity_rps, cluster_of, parse_args, request_body, score, table
+from benchmarks.experiments.overload import (
+    Attempt,
+    Outcome,
+    capacity_rps,
+    cluster_of,
+    parse_args,
+    request_body,
+    score,
+    table,
+)
 
 
 def test_capacity_falls_with_the_slowdown_and_rises_with_the_batch() -> None:

@@ -9,11 +9,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.goodput.loadgen import LengthControl
-from benchmarks.goodput.metrics import score
-from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale, apply_mix
-from benchmarks.goodput.records import RequestRecord
-from benchmarks.routing import (
+from benchmarks.experiments.emulated_routing import (
     Lead,
     finish,
     lead,
@@ -26,6 +22,10 @@ from benchmarks.routing import (
     routing_table,
     row_cells,
 )
+from benchmarks.goodput.loadgen import LengthControl
+from benchmarks.goodput.metrics import score
+from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale, apply_mix
+from benchmarks.goodput.records import RequestRecord
 from benchmarks.workloads.traces import TraceRequest
 from launch_cluster import Cluster, RouterSpec
 from router.policies import ROUTING_POLICIES
@@ -184,8 +184,8 @@ def test_the_exit_status_says_whether_a_request_was_lost(tmp_path: Path, lost: b
 
 
 def test_goodserve_deadlines_scale_a_solo_run_on_the_mid_tier_card() -> None:
+    from benchmarks.experiments.emulated_routing import mix_scale
     from benchmarks.goodput.mixes import profile_zero_load
-    from benchmarks.routing import mix_scale
 
     goodserve, polyserve = mix_scale("goodserve", 8.0), mix_scale("polyserve", 8.0)
     a100, h100 = profile_zero_load("a100"), profile_zero_load("h100")
@@ -199,7 +199,7 @@ def test_goodserve_deadlines_scale_a_solo_run_on_the_mid_tier_card() -> None:
 def test_rates_are_per_offered_second_and_rescoring_rewrites_the_tables(tmp_path: Path) -> None:
     from dataclasses import replace as dc_replace
 
-    from benchmarks.routing import main, rescore
+    from benchmarks.experiments.emulated_routing import main, rescore
 
     early = [dc_replace(_record(f"r{i}", lost=False), scheduled_s=float(i)) for i in range(3)]  # offered over 2 s
     late = [dc_replace(r, token_s=[4.0, 4.5], finish_s=4.5) for r in early]  # still within 5 s, longer drain

@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.cluster.pool import sglang_chunk
-from benchmarks.goodput.simulated import Card
+from benchmarks.simulator.engine import Card
+from benchmarks.simulator.pool import sglang_chunk
 from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
 from router.views import WorkerView
 from scheduler.components.meter import PREFILL_PROBE_TOKENS

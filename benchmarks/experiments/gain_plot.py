@@ -1,9 +1,9 @@
-"""Goodput × fcfs against load, one panel per mix, from `benchmarks.goodput.simulated --json` files.
+"""Goodput × fcfs against load, one panel per mix, from `benchmarks.simulator.engine --json` files.
 
 The sustained-overload matrix runs one (mix, rate) per process so that several share a host;
 this draws the points back together, each policy's seed range as an error bar.
 
-    python -m benchmarks.goodput.gain_plot --out gain.png \\
+    python -m benchmarks.experiments.gain_plot --out gain.png \\
         tempo=runs/tempo-10.json,runs/tempo-45.json jitserve=runs/jit-10.json,...
 """
 

@@ -15,8 +15,8 @@ chatbot (SLOs-Serve's tight/loose tiers on Azure conversation lengths: decode-he
 summarizer (the same SLOs on Azure code lengths: long prompts, short answers, prefill-heavy; the
 paper's Summarizer uses arXiv-summary lengths, which we do not have).
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.pd                       # ~60 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.pd --quick --mixes polyserve --policies polyserve
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.pd                       # ~60 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.pd --quick --mixes polyserve --policies polyserve
 """
 
 from __future__ import annotations
@@ -32,12 +32,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import install_signal_handlers, resolve_model
-from benchmarks.emulation_validity import invalid_note, verdict
-from benchmarks.goodput.compare import add_drain_args, describe, doc_parser, header_run, uniform_length_control
-from benchmarks.goodput.metrics import check_consistency
-from benchmarks.goodput.report import write_results
-from benchmarks.goodput.workload import plan
-from benchmarks.routing import (
+from benchmarks.experiments.emulated_routing import (
     _metrics,
     export_paths,
     measure,
@@ -48,6 +43,11 @@ from benchmarks.routing import (
     warm_up,
     workload,
 )
+from benchmarks.goodput.compare import add_drain_args, describe, doc_parser, header_run, uniform_length_control
+from benchmarks.goodput.emulation_validity import invalid_note, verdict
+from benchmarks.goodput.metrics import check_consistency
+from benchmarks.goodput.report import write_results
+from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
 from launch_cluster import Cluster, WorkerSpec, parse_cluster
 from router.policies import ROUTING_POLICIES
@@ -116,7 +116,7 @@ def crossing(points: list[tuple[float, float]], target: float) -> tuple[float | 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.pd", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.pd", __doc__)
     p.add_argument("--layouts", default="co:4,pd:1+3", help="co:N and pd:P+D layouts, comma-separated")
     p.add_argument("--gpu", default="h100", help="emulated card of every worker")
     p.add_argument("--slowdown", type=float, default=8.0)

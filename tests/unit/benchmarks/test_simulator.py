@@ -7,14 +7,14 @@ from collections.abc import Sequence
 
 import pytest
 
-from benchmarks.cluster.cluster import ClusterConfig, ClusterSim
-from benchmarks.cluster.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
-from benchmarks.cluster.prefixes import prefix_hashes
-from benchmarks.cluster.speculation import SimSpeculation
-from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.metrics import score
 from benchmarks.goodput.records import PlannedRequest
-from benchmarks.goodput.simulated import simulate
+from benchmarks.simulator.cluster import ClusterConfig, ClusterSim
+from benchmarks.simulator.engine import simulate
+from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
+from benchmarks.simulator.prefixes import prefix_hashes
+from benchmarks.simulator.speculation import SimSpeculation
+from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TraceRequest
 from router.policies.base import RoutingPolicy
 from router.views import Decision, RouteRequest, RunningView, WorkerView

@@ -1,4 +1,4 @@
-"""benchmarks.goodput.simulated's summary: ratios per seed against fcfs and against the best
+"""benchmarks.simulator.engine's summary: ratios per seed against fcfs and against the best
 ordering baseline of the same seed (a short real-trace run on the simulator)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.goodput.simulated import main
+from benchmarks.simulator.engine import main
 
 
 def test_slo_policies_are_compared_with_the_best_ordering_baseline_of_each_seed(

@@ -8,5 +8,5 @@ time); PD pairs are chosen by the router's `PrefillChooser`; speculation lengths
 `speculative.controller.SloSpeculation`. Step times come from the GPU profiles the emulator
 paces with. Workloads, SLO mixes, metrics and result files are the live benchmarks' own.
 
-  python -m benchmarks.cluster --pool h100:4,a40:4 --routing goodserve --mix goodserve --rates 40
+  python -m benchmarks.simulator --pool h100:4,a40:4 --routing goodserve --mix goodserve --rates 40
 """

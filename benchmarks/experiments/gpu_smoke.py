@@ -1,9 +1,9 @@
-"""Ten minutes on one GPU that say whether sglang-slo works there (benchmarks/gpu_smoke.sh).
+"""Ten minutes on one GPU that say whether sglang-slo works there (benchmarks/experiments/gpu_smoke.sh).
 
 Run it on a machine with one NVIDIA GPU after ./slo setup:
 
-    benchmarks/gpu_smoke.sh                       # SmolLM2-135M from the package, no download
-    benchmarks/gpu_smoke.sh --model-path /models/Llama-3.1-8B-Instruct --json smoke.json
+    benchmarks/experiments/gpu_smoke.sh                       # SmolLM2-135M from the package, no download
+    benchmarks/experiments/gpu_smoke.sh --model-path /models/Llama-3.1-8B-Instruct --json smoke.json
 
 It starts stock SGLang, then a router with our workers, on the one card (each server takes
 --mem-fraction of it), and prints one table, a row per check; the exit status is 0 when every
@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHECKS = ("driver", "setup", "throughput", "router", "perf model", "preemption", "failover", "emulation")
 THROUGHPUT_GOAL = 0.98  # ours / stock SGLang, --slo-policy fcfs
 TPOT_TOLERANCE = 0.20  # |predicted decode step / measured TPOT - 1|
@@ -180,8 +180,7 @@ class Smoke:
         )
 
     def run(self) -> list[Check]:
-        from _server import BenchServer, install_signal_handlers, resolve_model
-
+        from benchmarks._server import BenchServer, install_signal_handlers, resolve_model
         from server.process import ServerProcess, free_port
 
         install_signal_handlers()
@@ -368,7 +367,9 @@ def _healthy(router_url: str) -> set[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="benchmarks/gpu_smoke.sh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="benchmarks/experiments/gpu_smoke.sh",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--model-path", help="a local model folder (default: SmolLM2-135M-Instruct from the package)")
     p.add_argument("--mem-fraction", type=float, default=0.3, help="each server's --mem-fraction-static (default 0.3)")
@@ -384,7 +385,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     sys.path.insert(0, str(ROOT))
     started = time.monotonic()
     checks = Smoke(args).run()

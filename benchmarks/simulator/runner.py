@@ -3,7 +3,7 @@
 The run dict is the one benchmarks/goodput/report.py writes and plots (label, rate, config,
 metrics, timeline, records), so simulated and measured runs sit in the same results.json and
 the same tables. Rates per second divide by the offered window (first to last planned arrival),
-as benchmarks/routing.py does: every configuration serves the same arrivals.
+as benchmarks/experiments/emulated_routing.py does: every configuration serves the same arrivals.
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.cluster.cluster import ClusterConfig, ClusterResult, ClusterSim
 from benchmarks.goodput.compare import auto_bin_s, offered_window
 from benchmarks.goodput.metrics import RunMetrics, makespan_scored, timeline
 from benchmarks.goodput.mixes import Calibration, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.simulator.cluster import ClusterConfig, ClusterResult, ClusterSim
 
 
 def slo_scale(number: float = 1.0, relative_to: str | None = None, model: str = "llama3-8b") -> Scale:

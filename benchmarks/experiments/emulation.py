@@ -21,8 +21,8 @@ times the card's; throughputs and makespans are reported in the card's own time 
 True output lengths go to the server only through the hidden hint (custom_params
 `slo_oracle_output_len`), which ends the request there and which no policy can read.
 
-  .venv/bin/python benchmarks/emulation.py --duration 20 --max-workers 2       # quick
-  .venv/bin/python benchmarks/emulation.py --json emulation.json                # full
+  .venv/bin/python benchmarks/experiments/emulation.py --duration 20 --max-workers 2       # quick
+  .venv/bin/python benchmarks/experiments/emulation.py --json emulation.json                # full
 """
 
 from __future__ import annotations
@@ -41,10 +41,9 @@ from typing import Any
 import aiohttp
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import BenchServer, install_signal_handlers, stop_all  # noqa: E402
-
-from benchmarks.emulation_validity import MAX_LATE_SHARE  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks._server import BenchServer, install_signal_handlers, stop_all  # noqa: E402
+from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE  # noqa: E402
 from benchmarks.workloads.traces import load  # noqa: E402
 from scheduler.core.perf_model import load_perf_model, profile_path  # noqa: E402
 from scheduler.core.policies import make_policy  # noqa: E402

@@ -10,7 +10,7 @@ as the load generator's `RequestRecord`s, so `metrics.score` scores both the sam
 It is an instrument for ranking policies at scales and sweeps a 2-core machine cannot run live;
 where a simulated and an emulated run disagree, the emulated one (real SGLang) is the truth.
 
-  .venv/bin/python -m benchmarks.goodput.simulated --gpu h100 --mix tempo --rates 2,4,8 --seeds 0,1,2
+  .venv/bin/python -m benchmarks.simulator.engine --gpu h100 --mix tempo --rates 2,4,8 --seeds 0,1,2
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ peak memory, events, the routing decision latency measured inside the run (views
 choose, as the dispatcher times them) and what the requests got. Requests are scored as they
 end (no token times kept), so memory stays flat in the run's length.
 
-  python -m benchmarks.cluster.scale --pool h100:512 --rate 10000 --duration 60 --routing goodserve
+  python -m benchmarks.experiments.scale --pool h100:512 --rate 10000 --duration 60 --routing goodserve
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import sys
 import time
 from dataclasses import asdict
 
-from benchmarks.cluster.cluster import ClusterConfig
-from benchmarks.cluster.pool import PoolSpec
-from benchmarks.cluster.runner import Run, simulate, slo_scale
-from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.compare import doc_parser
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.simulator.cluster import ClusterConfig
+from benchmarks.simulator.pool import PoolSpec
+from benchmarks.simulator.runner import Run, simulate, slo_scale
+from benchmarks.simulator.worker import EngineOptions
 
 
 def peak_rss_gb() -> float:
@@ -31,7 +31,7 @@ def peak_rss_gb() -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = doc_parser("python -m benchmarks.cluster.scale", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.scale", __doc__)
     p.add_argument("--pool", default="h100:512")
     p.add_argument("--rate", type=float, default=10_000.0, help="requests/s")
     p.add_argument("--duration", type=float, default=60.0, help="simulated seconds of arrivals")

@@ -13,8 +13,8 @@ With equal shares and B asking for a fifth of the load, max-min fairness serves 
 alone (its demand is below its share) and gives A the rest; without the blend both are served
 in proportion to what they send, so A's flood sets B's attainment.
 
-  .venv/bin/python -m benchmarks.fairness --gpu h100 --mix tempo --rate 30 --seeds 0,1,2
-  .venv/bin/python -m benchmarks.fairness --policies edf,gmax --fairness 0,0.5,1 --json
+  .venv/bin/python -m benchmarks.experiments.fairness --gpu h100 --mix tempo --rate 30 --seeds 0,1,2
+  .venv/bin/python -m benchmarks.experiments.fairness --policies edf,gmax --fairness 0,0.5,1 --json
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import Any
 
 from benchmarks.goodput.metrics import score
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.goodput.simulated import Card, planned_workload, sim_requests, to_record
 from benchmarks.goodput.workload import WorkloadSpec
+from benchmarks.simulator.engine import Card, planned_workload, sim_requests, to_record
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import make_policy

@@ -2,7 +2,7 @@
 
 Give the workload (a trace, an SLO mix, the load in requests/s), the candidate GPU types with
 their prices, and the attainment you need. Every candidate pool is simulated with the cluster
-simulator (benchmarks/cluster: the server's own engine and routing policies on the shipped GPU
+simulator (benchmarks/simulator: the server's own engine and routing policies on the shipped GPU
 profiles), and the cheapest one that meets the target is printed with its simulated attainment
 and goodput per class; cost_vs_attainment.png plots every pool tried.
 
@@ -12,8 +12,8 @@ type's cards for the cheaper one's along the frontier; with --pd, disaggregated 
 type split by the mix's prefill:decode sizing (SLOs-Serve App. A). Each verdict is the mean over
 --seeds; simulated, so a plan is a starting point to confirm on real hardware.
 
-  python -m benchmarks.plan --trace azure-conv --mix polyserve --rate 60 --gpus h100,a100,a40 --target 0.9
-  python -m benchmarks.plan --mix slos-chatbot --rate 20 --gpus h100=4.0,a40=1.1 --pd --seeds 0,1
+  python -m benchmarks.planner --trace azure-conv --mix polyserve --rate 60 --gpus h100,a100,a40 --target 0.9
+  python -m benchmarks.planner --mix slos-chatbot --rate 20 --gpus h100=4.0,a40=1.1 --pd --seeds 0,1
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster.cluster import ClusterConfig
-from benchmarks.cluster.pool import PoolSpec, card, parse_prices
-from benchmarks.cluster.runner import Run, simulate, slo_scale
-from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.compare import doc_parser
 from benchmarks.goodput.mixes import MIXES
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.simulator.cluster import ClusterConfig
+from benchmarks.simulator.pool import PoolSpec, card, parse_prices
+from benchmarks.simulator.runner import Run, simulate, slo_scale
+from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TRACES
 from router.pd_sizing import TierMix, pd_sizing, split_devices
 
@@ -197,7 +197,7 @@ def plot(path: Path, verdicts: list[Verdict], best: Verdict | None, target: floa
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.plan", __doc__)
+    p = doc_parser("python -m benchmarks.planner", __doc__)
     w = p.add_argument_group("workload")
     w.add_argument("--trace", default="azure-conv", choices=sorted(TRACES))
     w.add_argument("--mix", default="tempo", choices=sorted(MIXES))

@@ -17,9 +17,9 @@ Per load it prints:
 `--soak` runs the router and two workers at --soak-load for --soak-minutes (default 30), sampling
 RSS and goodput every --soak-sample-s; it reports RSS growth after the first sample (goal < 5 %).
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.overload                  # ~12 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.overload --quick          # ~5 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.overload --soak           # 30 min + start-up
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.overload                  # ~12 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.overload --quick          # ~5 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.overload --soak           # 30 min + start-up
 Writes --out/overload.json and --out/overload.md (the table). Exit status 1 if a request was lost.
 """
 
@@ -40,9 +40,9 @@ import aiohttp
 import psutil
 
 from benchmarks._server import install_signal_handlers
-from benchmarks.emulation_validity import pacing_delta, verdict
+from benchmarks.experiments.emulated_routing import emulation_snapshot, export_paths
 from benchmarks.goodput.compare import doc_parser
-from benchmarks.routing import emulation_snapshot, export_paths
+from benchmarks.goodput.emulation_validity import pacing_delta, verdict
 from launch_cluster import Cluster, RouterSpec, parse_cluster
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model, profile_path
@@ -59,7 +59,7 @@ QUICK = {"loads": "0.5,2,5", "duration": 30.0, "soak_minutes": 3.0}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.overload", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.overload", __doc__)
     p.add_argument("--loads", help=f"offered load, multiples of capacity (default {FULL['loads']})")
     p.add_argument("--duration", type=float, help="seconds of arrivals per load (default 60, --quick 30)")
     p.add_argument("--gpu", default="h100", help="emulated card")
@@ -297,7 +297,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def pacing_verdict(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
-    """The run's emulation verdict (benchmarks/emulation_validity.py): the worst worker's late
+    """The run's emulation verdict (benchmarks/goodput/emulation_validity.py): the worst worker's late
     share and whether every worker kept its card's pace."""
     return verdict({name: pacing_delta(before.get(name), after.get(name)) for name in after})
 

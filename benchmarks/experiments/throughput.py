@@ -18,8 +18,8 @@ every policy's code runs every step but nothing is urgent; stock SGLang gets no 
 Modes run round-robin (`--rounds`), each in a fresh server, so slow drifts of a noisy host
 hit every mode alike; ratios are taken against fcfs of the same round.
 
-  .venv/bin/python benchmarks/throughput.py --model-path tiny --requests 40 --rounds 1   # smoke
-  .venv/bin/python benchmarks/throughput.py --requests 80 --rounds 2 --json out.json     # SmolLM2
+  .venv/bin/python benchmarks/experiments/throughput.py --model-path tiny --requests 40 --rounds 1   # smoke
+  .venv/bin/python benchmarks/experiments/throughput.py --requests 80 --rounds 2 --json out.json     # SmolLM2
 """
 
 from __future__ import annotations
@@ -38,10 +38,9 @@ from typing import Any
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _server import BenchServer, install_signal_handlers, resolve_model, stop_all  # noqa: E402
-
-from benchmarks.emulation_validity import emulation_counters, late_cell, verdict  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all  # noqa: E402
+from benchmarks.goodput.emulation_validity import emulation_counters, late_cell, verdict  # noqa: E402
 from benchmarks.workloads.text import PromptText  # noqa: E402
 from benchmarks.workloads.traces import load  # noqa: E402
 

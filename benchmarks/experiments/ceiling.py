@@ -14,7 +14,7 @@ it ignores arrival order, deadlines and the per-token pace of latency SLOs (each
 it), and it credits every step with a full batch, which a card meeting TTFTs rarely has. A
 policy near it has little left to win; a target above it is out of reach on that workload.
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.goodput.ceiling --gpu h100 --mix jitserve \
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.ceiling --gpu h100 --mix jitserve \\
       --units 2400 --rates 30,45 --seeds 0,1,2 --max-output 512
 """
 
@@ -26,7 +26,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from benchmarks.goodput.simulated import Card, add_workload_args, planned_workload, sim_requests, workload_spec
+from benchmarks.simulator.engine import Card, add_workload_args, planned_workload, sim_requests, workload_spec
 from scheduler.core.perf_model import PerfModel
 from scheduler.core.sim import SimRequest
 

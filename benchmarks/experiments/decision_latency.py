@@ -25,7 +25,7 @@ it to the waiting queue (drops split off, the queue sorted, tiers marked); the m
 pass at 1 000 waiting, <= 10 ms at 10 000; an H100 decode step of Llama-3-8B is ~7 ms.
 
 Policies come from the registries, so ones added later are measured too. Not a test (timings
-depend on the machine). Run from the repository root: `python benchmarks/decision_latency.py
+depend on the machine). Run from the repository root: `python benchmarks/experiments/decision_latency.py
 [--json] [--part engine|router]`; the repo root is put on sys.path by this script.
 """
 
@@ -43,7 +43,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
 from router.views import RouteRequest, RunningView, WorkerView  # noqa: E402

@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from benchmarks.cluster.worker import SimWorker
-from router.dispatcher import resume_route
+from benchmarks.simulator.worker import SimWorker
 from router.pd import DECODE, PREFILL, PrefillChooser, decode_side_views, is_pd_pool
 from router.policies import NoWorkerError, RoutingContext, RoutingPolicy, make_routing_policy
 from router.protocol import LoadReport
+from router.resume import resume_route
 from router.service import make_length_predictor
 from router.views import Decision, RouteRequest, RunningView, WorkerView
 

@@ -27,8 +27,8 @@ the live benchmarks' metrics. Setups (each paper's evaluation section):
   Mooncake conversation arrivals, lengths and prefix blocks (their agent benchmarks are not
   here); every router on stock engines.
 
-  python -m benchmarks.cluster.headline --seeds 0,1,2 --out results/headline
-  python -m benchmarks.cluster.headline --only tempo --quick
+  python -m benchmarks.experiments.headline --seeds 0,1,2 --out results/headline
+  python -m benchmarks.experiments.headline --only tempo --quick
 """
 
 from __future__ import annotations
@@ -44,16 +44,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster.cluster import ClusterConfig
-from benchmarks.cluster.pool import PoolSpec, card
-from benchmarks.cluster.runner import Run, simulate, slo_scale
-from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.capacity import search_capacity
 from benchmarks.goodput.compare import doc_parser, offered_window
 from benchmarks.goodput.metrics import RunMetrics, Scored
 from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.simulator.cluster import ClusterConfig
+from benchmarks.simulator.pool import PoolSpec, card
+from benchmarks.simulator.runner import Run, simulate, slo_scale
+from benchmarks.simulator.worker import EngineOptions
 from router.pd_sizing import TierMix, pd_sizing, split_devices
 
 TARGET = 0.9
@@ -655,7 +655,7 @@ def table(rows: Sequence[Row]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = doc_parser("python -m benchmarks.cluster.headline", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.headline", __doc__)
     p.add_argument("--only", default=",".join(EXPERIMENTS), help="comma list of experiments")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--quick", action="store_true", help="small runs (a smoke test, not the numbers)")

@@ -25,14 +25,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from benchmarks.cluster.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
-from benchmarks.cluster.prefixes import prefix_hashes
-from benchmarks.cluster.routing import Flight, SimRouter
-from benchmarks.cluster.speculation import SimSpeculation
-from benchmarks.cluster.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_record
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.goodput.simulated import CLIENT_MAX_TOKENS, Card, sim_requests, unsent_record
+from benchmarks.simulator.engine import CLIENT_MAX_TOKENS, Card, sim_requests, unsent_record
+from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
+from benchmarks.simulator.prefixes import prefix_hashes
+from benchmarks.simulator.routing import Flight, SimRouter
+from benchmarks.simulator.speculation import SimSpeculation
+from benchmarks.simulator.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from router.policies import RoutingContext, RoutingPolicy
 from scheduler.core.pacing import SlowedPerfModel
@@ -65,7 +65,7 @@ class ClusterConfig:
     time_scale: float = 1.0  # every step this many times the card's (an emulated pool in dilated time)
     # Wall time from a client's send to its request being in the engine's queue (HTTP to the
     # router and on, tokenizer, ZMQ): real host time, not scaled by time_scale. 0 on the papers'
-    # idealised setups; benchmarks.cluster.validate measures it on the emulated server.
+    # idealised setups; benchmarks.experiments.simulator_validation measures it on the emulated server.
     host_latency_s: float = 0.0
     seed: int = 0
     horizon_s: float | None = None  # stop this long after the last open-loop arrival

@@ -1,4 +1,4 @@
-"""benchmarks.goodput.ceiling: the packing estimate of how many requests a card could finish."""
+"""benchmarks.experiments.ceiling: the packing estimate of how many requests a card could finish."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks.goodput.ceiling import ceiling, main, request_cost, share_fitting
+from benchmarks.experiments.ceiling import ceiling, main, request_cost, share_fitting
 from scheduler.core.perf_model import linear_model
 from scheduler.core.sim import SimRequest
 from scheduler.core.slo import SloSpec

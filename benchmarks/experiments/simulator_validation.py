@@ -1,7 +1,7 @@
 """Validation of the cluster simulator against the emulated server: the same workload on 1 and on
 2-4 emulated workers behind the router, and in the simulator; one comparison table per pool.
 
-For each pool the live side is benchmarks/routing.py's machinery: emulated workers
+For each pool the live side is benchmarks/experiments/emulated_routing.py's machinery: emulated workers
 (`--emulate-slowdown K`, every forward pass K times the card's time, real SGLang scheduler and
 our adapter) behind a fresh router with the routing policy, prompts built from the trace, true
 lengths through the hidden hint, SLOs the mix's H100 targets times K. The simulated side runs
@@ -18,8 +18,8 @@ marked invalid: then the host, not the simulator, is off.
 
 Needs the machine to itself (every emulated worker paces on a CPU core):
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.cluster.validate                  # ~30 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.cluster.validate --pools h100 --units 40
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.simulator_validation                  # ~30 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.simulator_validation --pools h100 --units 40
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster.cluster import ClusterConfig
-from benchmarks.cluster.pool import PoolSpec, card
-from benchmarks.cluster.runner import Run, simulate
-from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.compare import doc_parser
 from benchmarks.goodput.metrics import RunMetrics
 from benchmarks.goodput.workload import plan
+from benchmarks.simulator.cluster import ClusterConfig
+from benchmarks.simulator.pool import PoolSpec, card
+from benchmarks.simulator.runner import Run, simulate
+from benchmarks.simulator.worker import EngineOptions
 
 TOLERANCE = 0.10
 ATTAINMENT_POINTS = 0.05
@@ -49,7 +49,7 @@ PROBE_GAP_S = 0.5  # longer than a slowed step: each probe finds the engine idle
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.cluster.validate", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.simulator_validation", __doc__)
     p.add_argument("--pools", default="h100;h100,h100;h100,a100,a40", help="';'-separated pools of cards")
     p.add_argument("--routing", default="least_request")
     p.add_argument("--slo-policy", default="edf", help="every engine's policy")
@@ -71,8 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def routing_args(args: argparse.Namespace, pool: list[str], rate: float, out: Path) -> argparse.Namespace:
-    """benchmarks.routing's options for this pool (its launcher, workload and measurement)."""
-    from benchmarks import routing  # needs launch/ on the path: only the live side does
+    """benchmarks.experiments.emulated_routing's options for this pool (its launcher, workload and measurement)."""
+    from benchmarks.experiments import emulated_routing as routing  # needs launch/ on the path: only the live side does
 
     return routing.parse_args(
         [
@@ -98,8 +98,8 @@ def routing_args(args: argparse.Namespace, pool: list[str], rate: float, out: Pa
 
 
 def live_run(rargs: argparse.Namespace, planned: list[Any], scale: Any, spec: Any, rate: float) -> dict[str, Any]:
-    from benchmarks import routing
     from benchmarks._server import install_signal_handlers, resolve_model
+    from benchmarks.experiments import emulated_routing as routing
     from benchmarks.workloads.text import PromptText
     from launch_cluster import Cluster
 
@@ -119,7 +119,7 @@ def probe_ttfts(url: str, gpus: dict[str, str]) -> list[tuple[float, str]]:
     hit), one at a time; the card from the router's per-worker placement counts."""
     import requests
 
-    from benchmarks.routing import router_counters
+    from benchmarks.experiments.emulated_routing import router_counters
 
     def routed() -> dict[str, int]:
         return dict(router_counters(requests.get(url + "/slo/status", timeout=10).json()).get("routed") or {})
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         rate = args.rate * (len(pool) if args.per_worker else 1)
         name = "+".join(pool)
         rargs = routing_args(args, pool, rate, args.out / name)
-        from benchmarks import routing
+        from benchmarks.experiments import emulated_routing as routing
 
         scale = routing.mix_scale(args.mix, rargs.slo_scale)
         spec = routing.workload(rargs, args.mix)

@@ -17,8 +17,9 @@ router passes through and shortens on resumes. Per mix, results.json/results.md 
 policy's (GoodServe reports +27 % over the second-best router). Exit status 1 if a request was
 lost (or a run's numbers are inconsistent).
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.routing                      # ~25 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.routing --quick --policies round_robin,goodserve
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.emulated_routing          # ~25 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.emulated_routing --quick \\
+      --policies round_robin,goodserve
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from typing import Any
 import requests
 
 from benchmarks._server import ROOT, install_signal_handlers, resolve_model
-from benchmarks.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.compare import (
     Target,
     add_drain_args,
@@ -46,6 +46,7 @@ from benchmarks.goodput.compare import (
     run_once,
     uniform_length_control,
 )
+from benchmarks.goodput.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.loadgen import LoadGenerator, PromptFor
 from benchmarks.goodput.metrics import RunMetrics, check_consistency, score
 from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, Scale, profile_zero_load
@@ -76,7 +77,7 @@ def _csv(text: str) -> list[str]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.routing", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.emulated_routing", __doc__)
     pool = p.add_argument_group("pool")
     pool.add_argument("--pool", default="h100,a100,a40,a40", help="emulated cards, one worker each")
     pool.add_argument("--slowdown", type=float, default=8.0, help="--emulate-slowdown K of every worker")

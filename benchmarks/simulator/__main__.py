@@ -6,15 +6,15 @@ policy on the one plan path, behind the router's own routing policy, which reads
 load reports as the live router does. One run per seed x rate x routing policy x engine policy;
 results.json, results.md and plots in --out, in the live benchmarks' format.
 
-  python -m benchmarks.cluster --pool h100:4,a40:4 --routing goodserve,least_request --mix goodserve \\
+  python -m benchmarks.simulator --pool h100:4,a40:4 --routing goodserve,least_request --mix goodserve \\
       --slo-relative-to a100 --rates 20,40 --seeds 0,1,2 --out results/cluster
-  python -m benchmarks.cluster --pool h100:2:prefill,h100:6:decode --routing polyserve --policy slos \\
+  python -m benchmarks.simulator --pool h100:2:prefill,h100:6:decode --routing polyserve --policy slos \\
       --mix polyserve --rates 60
-  python -m benchmarks.cluster --pool h100:1 --policy slos --mix slos-chatbot --speculation slo --rates 10
+  python -m benchmarks.simulator --pool h100:1 --policy slos --mix slos-chatbot --speculation slo --rates 10
 
 A simulated run is an instrument for scales and sweeps no machine here runs live; where it and
-an emulated run disagree, the emulated one (real SGLang) is the truth (benchmarks/cluster/
-validate.py compares them).
+an emulated run disagree, the emulated one (real SGLang) is the truth (benchmarks/experiments/
+simulator_validation.py compares them).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cluster.cluster import ClusterConfig
-from benchmarks.cluster.pool import PoolSpec
-from benchmarks.cluster.runner import Run, simulate, slo_scale
-from benchmarks.cluster.worker import EngineOptions
 from benchmarks.goodput.compare import describe, doc_parser
 from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.mixes import MIXES
 from benchmarks.goodput.report import markdown_table, plot, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
+from benchmarks.simulator.cluster import ClusterConfig
+from benchmarks.simulator.pool import PoolSpec
+from benchmarks.simulator.runner import Run, simulate, slo_scale
+from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TRACES
 from router.policies import ROUTING_POLICIES
 
@@ -52,7 +52,7 @@ def _value(text: str) -> Any:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.cluster", __doc__)
+    p = doc_parser("python -m benchmarks.simulator", __doc__)
     c = p.add_argument_group("cluster")
     c.add_argument("--pool", default="h100:4", help="gpu:count[:role],..: h100:2,a40:4, h100:1:prefill,h100:3:decode")
     c.add_argument("--model", default="llama3-8b")

@@ -17,8 +17,8 @@ Prints per mix the attainment at each rate and the rate where it crosses --targe
 between measured rates), the capacity ratios to `none` and to the fixed length, and per run the
 lengths the engine used, the α it measured and how well the emulation kept pace.
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.speculation                       # ~50 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.speculation --quick --mixes coder
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.emulated_speculation                       # ~50 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.emulated_speculation --quick --mixes coder
 """
 
 from __future__ import annotations
@@ -32,14 +32,14 @@ from typing import Any
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
-from benchmarks.emulation_validity import invalid_note, verdict
+from benchmarks.experiments.emulated_routing import export_paths, mix_scale, prompt_builder, workload
+from benchmarks.experiments.pd import crossing
 from benchmarks.goodput.compare import Target, describe, header_run, run_once
+from benchmarks.goodput.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.loadgen import LengthControl, LoadOptions
 from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import write_results
 from benchmarks.goodput.workload import plan
-from benchmarks.pd import crossing
-from benchmarks.routing import export_paths, mix_scale, prompt_builder, workload
 from benchmarks.workloads.text import PromptText
 
 MIX_SETUPS = {"chatbot": ("slos-chatbot", "azure-conv"), "coder": ("slos-coder", "azure-code")}
@@ -82,7 +82,9 @@ def parse_rates(text: str, mixes: list[str]) -> dict[str, list[float]]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.speculation", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.experiments.emulated_speculation", description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("--configs", default="none,fixed:3,slo")
     p.add_argument("--mixes", default="chatbot,coder", help=f"of {', '.join(MIX_SETUPS)}")
     p.add_argument("--rates", help=f"units/s per mix, e.g. {FULL['rates']!r}")
