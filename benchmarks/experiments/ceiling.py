@@ -26,7 +26,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from benchmarks.simulator.engine import Card, add_workload_args, planned_workload, sim_requests, workload_spec
+from benchmarks.simulator.card import Card
+from benchmarks.simulator.client import planned_workload, sim_requests
+from benchmarks.simulator.engine import add_workload_args, workload_spec
 from scheduler.core.perf_model import PerfModel
 from scheduler.core.sim import SimRequest
 

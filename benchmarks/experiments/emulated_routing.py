@@ -36,22 +36,21 @@ from typing import Any
 import requests
 
 from benchmarks._server import ROOT, install_signal_handlers, resolve_model
-from benchmarks.goodput.compare import (
+from benchmarks.cli import doc_parser
+from benchmarks.goodput.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
+from benchmarks.goodput.harness import (
     Target,
     add_drain_args,
-    describe,
-    doc_parser,
     header_run,
     load_options,
     run_once,
     uniform_length_control,
 )
-from benchmarks.goodput.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.loadgen import LoadGenerator, PromptFor
 from benchmarks.goodput.metrics import RunMetrics, check_consistency, score
 from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest
-from benchmarks.goodput.report import markdown_table, plot, read_results, write_results
+from benchmarks.goodput.report import describe, markdown_table, plot, read_results, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.policy_params import policy_overrides
 from benchmarks.workloads.text import PromptText
@@ -151,7 +150,7 @@ def resolve_options(args: argparse.Namespace) -> None:
     args.client_max_tokens = args.client_max_tokens or args.max_output
     args.overrides = policy_overrides(args.policy_param, ROUTING_POLICIES)
     args.workers = worker_specs(args)  # an unknown card fails here, before anything starts
-    # What compare.run_once reads besides the above.
+    # What harness.run_once reads besides the above.
     args.control = uniform_length_control(args.length_control, [])
     args.duration, args.bin_s = None, None
 

@@ -34,11 +34,11 @@ import requests
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
 from benchmarks.experiments.emulated_routing import export_paths, mix_scale, prompt_builder, workload
 from benchmarks.experiments.pd import crossing
-from benchmarks.goodput.compare import Target, describe, header_run, run_once
 from benchmarks.goodput.emulation_validity import invalid_note, verdict
+from benchmarks.goodput.harness import Target, header_run, run_once
 from benchmarks.goodput.loadgen import LengthControl, LoadOptions
 from benchmarks.goodput.metrics import check_consistency
-from benchmarks.goodput.report import write_results
+from benchmarks.goodput.report import describe, write_results
 from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
 

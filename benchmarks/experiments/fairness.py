@@ -31,7 +31,8 @@ from typing import Any
 from benchmarks.goodput.metrics import score
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.workload import WorkloadSpec
-from benchmarks.simulator.engine import Card, planned_workload, sim_requests, to_record
+from benchmarks.simulator.card import Card
+from benchmarks.simulator.client import planned_workload, sim_requests, to_record
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import make_policy

@@ -44,9 +44,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli import doc_parser
 from benchmarks.goodput.capacity import search_capacity
-from benchmarks.goodput.compare import doc_parser, offered_window
-from benchmarks.goodput.metrics import RunMetrics, Scored
+from benchmarks.goodput.metrics import RunMetrics, Scored, offered_window
 from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.workload import WorkloadSpec, plan

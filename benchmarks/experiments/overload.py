@@ -40,8 +40,8 @@ import aiohttp
 import psutil
 
 from benchmarks._server import install_signal_handlers
+from benchmarks.cli import doc_parser
 from benchmarks.experiments.emulated_routing import emulation_snapshot, export_paths
-from benchmarks.goodput.compare import doc_parser
 from benchmarks.goodput.emulation_validity import pacing_delta, verdict
 from launch_cluster import Cluster, RouterSpec, parse_cluster
 from scheduler.core.pacing import SlowedPerfModel

@@ -32,6 +32,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import install_signal_handlers, resolve_model
+from benchmarks.cli import doc_parser
 from benchmarks.experiments.emulated_routing import (
     _metrics,
     export_paths,
@@ -43,10 +44,10 @@ from benchmarks.experiments.emulated_routing import (
     warm_up,
     workload,
 )
-from benchmarks.goodput.compare import add_drain_args, describe, doc_parser, header_run, uniform_length_control
 from benchmarks.goodput.emulation_validity import invalid_note, verdict
+from benchmarks.goodput.harness import add_drain_args, header_run, uniform_length_control
 from benchmarks.goodput.metrics import check_consistency
-from benchmarks.goodput.report import write_results
+from benchmarks.goodput.report import describe, write_results
 from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
 from launch_cluster import Cluster, WorkerSpec, parse_cluster

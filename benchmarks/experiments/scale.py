@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import asdict
 
-from benchmarks.goodput.compare import doc_parser
+from benchmarks.cli import doc_parser
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec

@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.goodput.compare import doc_parser
+from benchmarks.cli import doc_parser
 from benchmarks.goodput.metrics import RunMetrics
 from benchmarks.goodput.workload import plan
 from benchmarks.simulator.cluster import ClusterConfig

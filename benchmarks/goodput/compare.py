@@ -15,237 +15,35 @@ target, and the same SLOs go to every target.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import random
-import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import requests
-
-from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
+from benchmarks._server import install_signal_handlers, resolve_model, stop_all
+from benchmarks.cli import doc_parser
 from benchmarks.goodput.calibrate import calibrate
 from benchmarks.goodput.capacity import search_capacity
-from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE, emulation_counters, pacing_delta, verdict
-from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
-from benchmarks.goodput.metrics import check_consistency, score, timeline
+from benchmarks.goodput.harness import (
+    STOCK,
+    Target,
+    add_drain_args,
+    header_run,
+    load_options,
+    run_group,
+    run_once,
+    uniform_length_control,
+)
+from benchmarks.goodput.loadgen import LengthControl, PromptFor
+from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.mixes import MIXES, Calibration, Scale
-from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.goodput.report import markdown_table, plot, write_results
+from benchmarks.goodput.records import PlannedRequest
+from benchmarks.goodput.report import describe, markdown_table, plot, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES
-
-STOCK = "stock"
-
-
-class Target:
-    """One server under test: started here (a policy, or stock SGLang) or reached at a URL."""
-
-    def __init__(self, label: str, url: str | None, args: argparse.Namespace) -> None:
-        self.label, self.args = label, args
-        self.url = url
-        self.server: BenchServer | None = None
-
-    @property
-    def ours(self) -> bool:
-        """Does it speak sglang-slo (SLO field, hidden length hint, /slo/status)?"""
-        if self.label == STOCK:
-            return False
-        try:
-            return requests.get(self.url + "/slo/status", timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def __enter__(self) -> Target:
-        if self.url is None:
-            stock = self.label == STOCK
-            flags = ["--max-running-requests", str(self.args.max_running_requests)]
-            if not stock:
-                flags += ["--slo-policy", self.label]
-            flags += self.args.server_arg
-            self.server = BenchServer(self.args.model_path, flags, stock=stock, name=self.label).start()
-            self.url = self.server.url
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.server is not None:
-            self.server.stop()
-            self.server, self.url = None, None
-
-
-def uniform_length_control(choice: str, targets: list[Target]) -> LengthControl:
-    """One mechanism for every target of a run, so none is favoured. `auto`: the hidden hint
-    when every target is sglang-slo, client stops otherwise (stock SGLang cannot read the hint).
-    Measured on SmolLM2 under overload, the two differ by about 10 % in throughput."""
-    if choice != "auto":
-        return LengthControl(choice)
-    speaks = all(t.label != STOCK and (t.url is None or t.ours) for t in targets)
-    return LengthControl.HINT if speaks else LengthControl.CLIENT
-
-
-def add_drain_args(group: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """How long a run waits past its drain timeout (`LoadOptions.drain_until_due`)."""
-    group.add_argument(
-        "--drain-until-due",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="past the drain timeout, wait on for requests whose SLO can still be met (default: on)",
-    )
-    group.add_argument("--max-drain", type=float, default=1800.0, help="s after the last arrival: the latest cut")
-
-
-def load_options(args: argparse.Namespace, ours: bool) -> LoadOptions:
-    return LoadOptions(
-        length_control=args.control,
-        send_slo=ours,
-        client_max_tokens=args.client_max_tokens,
-        duration_s=args.duration,
-        drain_timeout_s=args.drain_timeout,
-        drain_until_due=args.drain_until_due,
-        max_drain_s=args.max_drain,
-        seed=args.seed,
-    )
-
-
-class Progress:
-    """A tqdm bar over finished requests (stderr), silent when --quiet."""
-
-    def __init__(self, total: int, desc: str, quiet: bool) -> None:
-        self.bar = None
-        if not quiet:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc=desc, unit="req", leave=False, file=sys.stderr)
-
-    def tick(self) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-def offered_window(planned: list[PlannedRequest]) -> float | None:
-    """Seconds from the first to the last planned arrival: goodput is per offered second, the
-    same divisor for every target, so a policy is not charged for a longer drain (None when the
-    whole workload arrives at once: then the makespan divides)."""
-    arrivals = [p.req.arrival_s for p in planned]
-    span = max(arrivals) - min(arrivals) if arrivals else 0.0
-    return span if span > 0 else None
-
-
-def run_once(
-    target: Target, planned: list[PlannedRequest], prompt_for: PromptFor, args: argparse.Namespace, rate: float | None
-) -> dict[str, Any]:
-    return run_group([target], planned, prompt_for, args, rate)[0]
-
-
-def run_group(
-    targets: list[Target],
-    planned: list[PlannedRequest],
-    prompt_for: PromptFor,
-    args: argparse.Namespace,
-    rate: float | None,
-) -> list[dict[str, Any]]:
-    """The same arrivals to every target at once, from one event loop in the calling thread, so
-    Ctrl-C or SIGTERM interrupts the load at once (a load in a worker thread kept the harness,
-    and its servers, alive until the drain ended)."""
-    opts = [load_options(args, t.ours) for t in targets]
-    before = [emulation_counters(t.url) if t.ours else None for t in targets]  # an emulated worker's counters
-    bars = [Progress(len(planned), f"{t.label} @ {rate}/s", args.quiet) for t in targets]
-    started = time.monotonic()
-
-    async def load() -> list[list[RequestRecord]]:
-        return list(
-            await asyncio.gather(
-                *(
-                    LoadGenerator(t.url, prompt_for, o, on_done=bar.tick).run(planned)
-                    for t, o, bar in zip(targets, opts, bars, strict=True)
-                )
-            )
-        )
-
-    try:
-        all_records = asyncio.run(load())
-    finally:
-        for bar in bars:
-            bar.close()
-    wall_s = round(time.monotonic() - started, 2)
-    return [
-        _finish_run(t, o, b, records, planned, args, rate, wall_s)
-        for t, o, b, records in zip(targets, opts, before, all_records, strict=True)
-    ]
-
-
-def _finish_run(
-    target: Target,
-    opts: LoadOptions,
-    pacing_before: dict[str, Any] | None,
-    records: list[RequestRecord],
-    planned: list[PlannedRequest],
-    args: argparse.Namespace,
-    rate: float | None,
-    wall_s: float,
-) -> dict[str, Any]:
-    window = offered_window(planned)
-    metrics = score(records, duration_s=window)
-    status = None
-    if target.ours:
-        try:
-            status = requests.get(target.url + "/slo/status", timeout=5).json()
-        except requests.RequestException as e:
-            status = {"error": str(e)}
-    config = {
-        "length_control": opts.length_control.value,
-        "send_slo": opts.send_slo,
-        "wall_s": wall_s,
-        "slo_status": status,
-        "offered_window_s": window,  # rescoring saved records divides by the same window
-    }
-    if pacing_before is not None:  # did the emulated card keep its pace in this run?
-        config["pacing"] = {target.label: pacing_delta(pacing_before, emulation_counters(target.url))}
-    return {
-        "label": target.label,
-        "rate": rate,
-        "config": config,
-        "metrics": metrics,
-        "timeline": timeline(records, args.bin_s or auto_bin_s(metrics.duration_s)),
-        "records": records,
-    }
-
-
-def auto_bin_s(duration_s: float | None) -> float:
-    """About 30 bins per run, at least a quarter second."""
-    return max(0.25, round((duration_s or 0.0) / 30.0, 2))
-
-
-def describe(run: dict[str, Any]) -> str:
-    m = run["metrics"]
-    bad = check_consistency(m)
-    line = (
-        f"   {run['label']} @ {run['rate']}/s: {m.requests} requests, attained {m.attainment:.0%}, "
-        f"goodput {m.goodput_rps or 0:.2f} req/s, {m.throughput_tok_s or 0:.1f} tok/s, "
-        f"lost {m.lost}, cut {m.cut}, never sent {m.never_sent}"
-    )
-    pacing = verdict(run["config"].get("pacing"))
-    if pacing["valid"] is False:
-        line += f"\n   INVALID: emulated steps late on {', '.join(pacing['late_workers'])} (> {MAX_LATE_SHARE:.0%})"
-    return line + (f"\n   INCONSISTENT: {bad}" if bad else "")
-
-
-def doc_parser(prog: str, doc: str) -> argparse.ArgumentParser:
-    """A benchmark's parser whose --help is its module docstring: the first paragraph as the
-    description, the rest (how to run it, what it writes) as the epilog."""
-    description, epilog = doc.split("\n\n", 1)
-    return argparse.ArgumentParser(
-        prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog
-    )
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -402,10 +200,6 @@ def earlier_calibration(path: Path) -> Calibration:
     if stored is None:
         raise SystemExit(f"{path}: no calibration stored (was it run with --no-calibration?)")
     return Calibration(**stored)
-
-
-def header_run(run: dict[str, Any], header: dict[str, Any]) -> dict[str, Any]:
-    return {**run, "config": {**header, **run["config"]}}
 
 
 def capacity_of(

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.goodput.records import RequestRecord
+from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from scheduler.core.estimates import absolute_deadline, base_gain, deadline_seconds
 from scheduler.core.gain import outcome_gain
 from scheduler.core.goodput import summarize
@@ -297,3 +297,17 @@ def check_consistency(m: RunMetrics) -> list[str]:
     if m.service_gain > m.service_gain_potential * (1 + eps) + eps:
         bad.append(f"service gain {m.service_gain} > potential {m.service_gain_potential}")
     return bad
+
+
+def offered_window(planned: list[PlannedRequest]) -> float | None:
+    """Seconds from the first to the last planned arrival: goodput is per offered second, the
+    same divisor for every target, so a policy is not charged for a longer drain (None when the
+    whole workload arrives at once: then the makespan divides)."""
+    arrivals = [p.req.arrival_s for p in planned]
+    span = max(arrivals) - min(arrivals) if arrivals else 0.0
+    return span if span > 0 else None
+
+
+def auto_bin_s(duration_s: float | None) -> float:
+    """About 30 bins per run, at least a quarter second."""
+    return max(0.25, round((duration_s or 0.0) / 30.0, 2))

@@ -32,8 +32,8 @@ from dataclasses import is_dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.goodput.emulation_validity import invalid_note, late_cell
-from benchmarks.goodput.metrics import RunMetrics
+from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE, invalid_note, late_cell, verdict
+from benchmarks.goodput.metrics import RunMetrics, check_consistency
 from benchmarks.goodput.records import RequestRecord
 
 SCHEMA = "sglang-slo/goodput-results"
@@ -196,3 +196,17 @@ def save_figure(fig: Any, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     return path
+
+
+def describe(run: dict[str, Any]) -> str:
+    m = run["metrics"]
+    bad = check_consistency(m)
+    line = (
+        f"   {run['label']} @ {run['rate']}/s: {m.requests} requests, attained {m.attainment:.0%}, "
+        f"goodput {m.goodput_rps or 0:.2f} req/s, {m.throughput_tok_s or 0:.1f} tok/s, "
+        f"lost {m.lost}, cut {m.cut}, never sent {m.never_sent}"
+    )
+    pacing = verdict(run["config"].get("pacing"))
+    if pacing["valid"] is False:
+        line += f"\n   INVALID: emulated steps late on {', '.join(pacing['late_workers'])} (> {MAX_LATE_SHARE:.0%})"
+    return line + (f"\n   INCONSISTENT: {bad}" if bad else "")

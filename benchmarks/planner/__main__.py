@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.goodput.compare import doc_parser
+from benchmarks.cli import doc_parser
 from benchmarks.goodput.mixes import MIXES
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig

@@ -27,7 +27,8 @@ from typing import Any
 
 from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_record
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
-from benchmarks.simulator.engine import CLIENT_MAX_TOKENS, Card, sim_requests, unsent_record
+from benchmarks.simulator.card import Card
+from benchmarks.simulator.client import CLIENT_MAX_TOKENS, sim_requests, unsent_record
 from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
 from benchmarks.simulator.prefixes import prefix_hashes
 from benchmarks.simulator.routing import Flight, SimRouter

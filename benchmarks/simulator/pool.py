@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 
-from benchmarks.simulator.engine import Card
+from benchmarks.simulator.card import Card
 from router.pd import DECODE, MIXED, PREFILL
 from scheduler.core.perf_model import load_profile, profile_path
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from benchmarks.simulator.engine import Card
+from benchmarks.simulator.card import Card
 from benchmarks.simulator.pool import sglang_chunk
 from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
 from router.views import WorkerView

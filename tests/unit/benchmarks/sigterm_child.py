@@ -11,7 +11,7 @@ import threading
 from aiohttp import web
 
 from benchmarks._server import install_signal_handlers
-from benchmarks.goodput.compare import Target, run_group
+from benchmarks.goodput.harness import Target, run_group
 from benchmarks.goodput.loadgen import LengthControl
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.workloads.traces import TraceRequest

@@ -11,15 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.goodput.compare import (
-    auto_bin_s,
-    earlier_calibration,
-    load_options,
-    parse_args,
-    targets_of,
-    uniform_length_control,
-)
+from benchmarks.goodput.compare import earlier_calibration, parse_args, targets_of
+from benchmarks.goodput.harness import load_options, uniform_length_control
 from benchmarks.goodput.loadgen import LengthControl
+from benchmarks.goodput.metrics import auto_bin_s
 
 
 def test_every_target_of_a_run_gets_the_same_length_control() -> None:
