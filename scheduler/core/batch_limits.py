@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import ViewColumns, columns_of
+from scheduler.core.columns import ViewColumns
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.types import EngineView, PerfModel
 
 MIN_CHUNK = 16

@@ -2,236 +2,45 @@
 
 A pass sees thousands of request views, and moving their fields into numpy is most of what a
 vectorised decision costs. So `ViewColumns` reads each column on first use only, and while
-`sharing(view)` is open (plan_path.plan_pass opens it around one policy.plan and its
-finalize_plan) every `columns_of(view)` returns the same object: the policy's arrays, the
-queue timeouts, admission, the hold and the batch knobs all read one copy. Outside that scope
-every call reads the views afresh, so nothing read in one pass can leak into the next.
+`pass_columns.sharing(view)` is open (plan_path.plan_pass opens it around one policy.plan and
+its finalize_plan) every `pass_columns.columns_of(view)` returns the same object, held on the
+view itself (`PassColumns`): the policy's arrays, the queue timeouts, admission, the hold and
+the batch knobs all read one copy. Outside that scope every call reads the views afresh, so
+nothing read in one pass can leak into the next.
 
 What never changes about a view is read once per view, across passes, when the engine that
-builds the views keeps a `RowCache` (see its contract); the rest is read every pass.
+builds the views keeps a `RowCache` (see its contract); the rest is read every pass
+(row_reads.py reads both).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import struct
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
 
 import numpy as np
 
-from scheduler.core.estimates import (
-    BEST_EFFORT,
-    COMPOUND,
-    DEADLINE,
-    LATENCY,
-    _floats,
-    absolute_deadlines,
-    deadline_bases,
-    output_bounds,
+from scheduler.core.estimates import COMPOUND, DEADLINE, LATENCY, nan_as, output_bounds
+from scheduler.core.packing import int64s
+from scheduler.core.request_view import RequestView
+from scheduler.core.row_reads import (
+    DYNAMIC_ROWS,
+    STATIC_ROWS,
+    DynamicRow,
+    SloTable,
+    StaticRow,
+    dynamic_rows,
+    read_attained,
+    read_be_tier,
+    read_cached,
+    read_generated,
+    read_predicted,
+    read_started,
+    static_rows,
 )
-from scheduler.core.slo import REJECT_WHEN_INFEASIBLE, SloClass, SloSpec
-from scheduler.core.types import EngineView, RequestView
-
-_CLASS_BY_ID = {
-    id(SloClass.LATENCY): LATENCY,
-    id(SloClass.DEADLINE): DEADLINE,
-    id(SloClass.COMPOUND): COMPOUND,
-    id(SloClass.BEST_EFFORT): BEST_EFFORT,
-}
-
-
-def _bools(values: Sequence[object], n: int) -> np.ndarray:
-    """The truth of these n values, packed as `estimates._floats` packs numbers."""
-    out = np.empty(n, dtype=np.bool_)
-    struct.pack_into(f"{n}?", out.data, 0, *values)
-    return out
-
-
-def _int64s(values: Sequence[int], n: int) -> np.ndarray:
-    out = np.empty(n, dtype=np.int64)
-    struct.pack_into(f"{n}q", out.data, 0, *values)
-    return out
-
-
-def _none_is_zero(ms: np.ndarray) -> np.ndarray:
-    """`x or 0.0` of a column with nan for None (an infinite value stays infinite)."""
-    return np.where(np.isnan(ms), 0.0, ms)
-
-
-class SloTable:
-    """Per-SloSpec numbers, cached across passes by object identity, so each spec is read once.
-
-    SloSpec is frozen, so a spec's numbers never change; the table holds a reference to every
-    spec it caches, so an id cannot be recycled by another object while it is cached. Specs no
-    longer seen are dropped when the table grows well past the live set."""
-
-    # Row layout of `cols` (one column per cached spec); ms -> s is the division the scalar
-    # estimates do, so both forms hold the same floats.
-    DEADLINE_S, TTFT_S, TPOT_S, WEIGHT, CLS, MAX_QUEUE_S, TTFT_MS, TPOT_MS, REJECTS = range(9)
-    ROWS = 9
-
-    def __init__(self, slack: int = 4096) -> None:
-        self.slack = slack
-        self._clear()
-
-    def _clear(self) -> None:
-        self._index: dict[int, int] = {}
-        self._specs: list[SloSpec] = []
-        self.cols = np.empty((self.ROWS, 0))
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def rows(self, reqs: Sequence[RequestView]) -> np.ndarray:
-        """Column index in `cols` of each request's spec, adding the specs not cached yet."""
-        get = self._index.get
-        rows = [get(id(r.slo), -1) for r in reqs]
-        if rows and min(rows) < 0:
-            slos = [r.slo for r in reqs]
-            if len(self._specs) > 2 * len(slos) + self.slack:
-                self._clear()  # evict specs no longer in use
-                rows = [-1] * len(slos)
-            rows = self._add(slos, rows)
-        return _int64s(rows, len(rows))
-
-    def _add(self, slos: list[SloSpec], rows: Sequence[int]) -> list[int]:
-        index, specs = self._index, self._specs
-        first_new = len(specs)
-        new = list({id(s): s for s, row in zip(slos, rows, strict=True) if row < 0}.values())
-        index.update(zip(map(id, new), range(first_new, first_new + len(new))))
-        specs.extend(new)
-        get = index.__getitem__
-        found = [get(id(s)) for s in slos]
-        if new:
-            nan = math.nan
-            m = len(new)
-            add = np.empty((self.ROWS, m))
-            add[self.TTFT_MS] = _floats([nan if (x := s.ttft_ms) is None else x for s in new], m)
-            add[self.TPOT_MS] = _floats([nan if (x := s.tpot_ms) is None else x for s in new], m)
-            add[self.DEADLINE_S] = _floats([nan if (x := s.deadline_ms) is None else x for s in new], m) / 1000.0
-            add[self.TTFT_S] = add[self.TTFT_MS] / 1000.0
-            add[self.TPOT_S] = _none_is_zero(add[self.TPOT_MS]) / 1000.0
-            add[self.WEIGHT] = _floats([s.weight for s in new], m)
-            add[self.CLS] = [_CLASS_BY_ID[id(s.slo_class)] for s in new]
-            add[self.MAX_QUEUE_S] = _floats([nan if (x := s.max_queue_ms) is None else x for s in new], m) / 1000.0
-            add[self.REJECTS] = [s.on_infeasible == REJECT_WHEN_INFEASIBLE for s in new]
-            self.cols = np.concatenate([self.cols, add], axis=1)
-        return found
-
-
-# Row layout of a request's static numbers: its own, then its spec's (SloTable's order).
-_ARRIVAL, _PROMPT, _MAX_NEW, _BASE, _DEADLINE, _GROUP_KEY, _TENANT, _SHARE = range(8)
-_SPEC = 8  # first spec row
-STATIC_ROWS = _SPEC + SloTable.ROWS
-
-
-_TENANT_IDS: dict[str, int] = {}  # tenant name -> id, for this process's life (names come from its key file)
-
-
-def tenant_id(name: str) -> int:
-    """A small stable number for a tenant (a key's name): ids outlive any one RowCache."""
-    found = _TENANT_IDS.get(name)
-    if found is None:
-        found = _TENANT_IDS.setdefault(name, len(_TENANT_IDS))
-    return found
-
-
-def static_rows(reqs: Sequence[RequestView], slos: SloTable, groups: dict[tuple[object, object], int]) -> np.ndarray:
-    """(STATIC_ROWS, len(reqs)): what never changes about these views. `groups` numbers the
-    compound (program, stage) groups; only the partition it makes is meaningful."""
-    n = len(reqs)
-    out = np.empty((STATIC_ROWS, n))
-    spec_rows = slos.rows(reqs)  # may grow slos.cols: index it after
-    out[_SPEC:] = slos.cols[:, spec_rows]
-    nan = math.nan
-    arrival = out[_ARRIVAL]
-    arrival[:] = _floats([r.arrival for r in reqs], n)
-    out[_PROMPT] = _floats([r.prompt_len for r in reqs], n)
-    out[_MAX_NEW] = _floats([nan if (x := r.max_new_tokens) is None else x for r in reqs], n)
-    # Program arrival and stage deadline only matter where a deadline exists: read them only
-    # there (elsewhere base = arrival, deadline = nan).
-    deadline_s = out[_SPEC + SloTable.DEADLINE_S]
-    out[_BASE] = arrival
-    out[_DEADLINE] = nan
-    dl_rows = (~np.isnan(deadline_s)).nonzero()[0]
-    if dl_rows.size:
-        sub = [reqs[i] for i in dl_rows.tolist()]
-        m = len(sub)
-        program_arrival = _floats([nan if (x := r.program_arrival) is None else x for r in sub], m)
-        stage = _floats([nan if (x := r.stage_deadline) is None else x for r in sub], m)
-        sub_arrival = arrival[dl_rows]
-        out[_BASE, dl_rows] = deadline_bases(sub_arrival, program_arrival)
-        out[_DEADLINE, dl_rows] = absolute_deadlines(deadline_s[dl_rows], sub_arrival, program_arrival, stage)
-    out[_TENANT] = _floats([-1 if (t := r.tenant) is None else tenant_id(t) for r in reqs], n)
-    out[_SHARE] = _floats([r.share for r in reqs], n)
-    out[_GROUP_KEY] = -1
-    for i in (out[_SPEC + SloTable.CLS] == COMPOUND).nonzero()[0].tolist():
-        slo = reqs[i].slo
-        if slo.program_id is not None:
-            out[_GROUP_KEY, i] = groups.setdefault((slo.program_id, slo.stage), len(groups))
-    return out
-
-
-# Row layout of a request's per-pass numbers (what an engine refreshes between passes).
-_GENERATED, _CACHED, _STARTED, _PREDICTED, _BE_TIER, _ATTAINED = range(6)
-DYNAMIC_ROWS = 6
-
-
-def _read_generated(reqs: Sequence[RequestView]) -> np.ndarray:
-    return _floats([r.generated for r in reqs], len(reqs))
-
-
-def _read_cached(reqs: Sequence[RequestView]) -> np.ndarray:
-    return _floats([r.prefix_cached for r in reqs], len(reqs))
-
-
-def _read_started(reqs: Sequence[RequestView]) -> np.ndarray:
-    return _bools([r.first_token_time is not None for r in reqs], len(reqs))
-
-
-def _read_predicted(reqs: Sequence[RequestView]) -> np.ndarray:
-    nan = math.nan
-    return _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], len(reqs))
-
-
-def _read_be_tier(reqs: Sequence[RequestView]) -> np.ndarray:
-    return _bools([r.best_effort_tier for r in reqs], len(reqs))
-
-
-def _read_attained(reqs: Sequence[RequestView]) -> np.ndarray:
-    return _floats([r.attained_service for r in reqs], len(reqs))
-
-
-def _dynamic_row(r: RequestView) -> tuple[float, float, bool, float, bool, float]:
-    """One view's per-pass numbers in `dynamic_rows`' layout."""
-    predicted = r.predicted_output_len
-    return (
-        r.generated,
-        r.prefix_cached,
-        r.first_token_time is not None,
-        math.nan if predicted is None else predicted,
-        r.best_effort_tier,
-        r.attained_service,
-    )
-
-
-def dynamic_rows(reqs: Sequence[RequestView]) -> np.ndarray:
-    """(DYNAMIC_ROWS, len(reqs)): these views' per-pass numbers as they are now."""
-    if len(reqs) <= 4:  # a pass's few refreshed views: a column each costs more than the views
-        return np.array([_dynamic_row(r) for r in reqs], dtype=np.float64).reshape(len(reqs), DYNAMIC_ROWS).T
-    out = np.empty((DYNAMIC_ROWS, len(reqs)))
-    out[_GENERATED] = _read_generated(reqs)
-    out[_CACHED] = _read_cached(reqs)
-    out[_STARTED] = _read_started(reqs)
-    out[_PREDICTED] = _read_predicted(reqs)
-    out[_BE_TIER] = _read_be_tier(reqs)
-    out[_ATTAINED] = _read_attained(reqs)
-    return out
 
 
 class RowCache:
@@ -275,7 +84,7 @@ class RowCache:
         thousands of requests each walk over the views costs a cache miss per view."""
         n = len(reqs)
         get = self._index.get
-        rows = _int64s([get(id(r), -1) for r in reqs], n)
+        rows = int64s([get(id(r), -1) for r in reqs], n)
         if n and rows.min() < 0:
             if self._size > 2 * n + self.slack:
                 self._clear()  # evict views no longer in use
@@ -322,8 +131,8 @@ class RowCache:
         attained service, which the adapter's views count as prompt + output."""
         at = np.asarray(rows, dtype=np.int64)
         counts = np.asarray(generated, dtype=np.float64)
-        self.dyn[_GENERATED, at] = counts
-        self.dyn[_ATTAINED, at] = self.cols[_PROMPT, at] + counts
+        self.dyn[DynamicRow.GENERATED, at] = counts
+        self.dyn[DynamicRow.ATTAINED, at] = self.cols[StaticRow.PROMPT, at] + counts
 
 
 _EPOCHS = itertools.count()  # RowCache.epoch: unique across caches, so rows from another never match
@@ -459,24 +268,24 @@ class ViewColumns:
 
     # -- static: never change for a view ------------------------------------------------------
 
-    arrival = _Static(_ARRIVAL)
-    prompt = _Static(_PROMPT)
-    max_new = _Static(_MAX_NEW)  # nan: none
-    base = _Static(_BASE)  # `estimates.deadline_base` where a deadline exists, arrival elsewhere
-    deadline = _Static(_DEADLINE)  # `estimates.request_deadline` (nan: none)
-    deadline_s = _Static(_SPEC + SloTable.DEADLINE_S)  # the SLO's own deadline in seconds (nan: none)
-    ttft_s = _Static(_SPEC + SloTable.TTFT_S)  # nan: none
-    tpot_s = _Static(_SPEC + SloTable.TPOT_S)  # 0: none
-    ttft_ms = _Static(_SPEC + SloTable.TTFT_MS)  # nan: none
-    tpot_ms = _Static(_SPEC + SloTable.TPOT_MS)  # nan: none
-    weight = _Static(_SPEC + SloTable.WEIGHT)
-    max_queue_s = _Static(_SPEC + SloTable.MAX_QUEUE_S)  # nan: none
-    share = _Static(_SHARE)  # the tenant's share of contended capacity
+    arrival = _Static(StaticRow.ARRIVAL)
+    prompt = _Static(StaticRow.PROMPT)
+    max_new = _Static(StaticRow.MAX_NEW)  # nan: none
+    base = _Static(StaticRow.BASE)  # `estimates.deadline_base` where a deadline exists, arrival elsewhere
+    deadline = _Static(StaticRow.DEADLINE)  # `estimates.request_deadline` (nan: none)
+    deadline_s = _Static(StaticRow.SPEC + SloTable.DEADLINE_S)  # the SLO's own deadline in seconds (nan: none)
+    ttft_s = _Static(StaticRow.SPEC + SloTable.TTFT_S)  # nan: none
+    tpot_s = _Static(StaticRow.SPEC + SloTable.TPOT_S)  # 0: none
+    ttft_ms = _Static(StaticRow.SPEC + SloTable.TTFT_MS)  # nan: none
+    tpot_ms = _Static(StaticRow.SPEC + SloTable.TPOT_MS)  # nan: none
+    weight = _Static(StaticRow.SPEC + SloTable.WEIGHT)
+    max_queue_s = _Static(StaticRow.SPEC + SloTable.MAX_QUEUE_S)  # nan: none
+    share = _Static(StaticRow.SHARE)  # the tenant's share of contended capacity
 
     @_Once
     def tenant(self) -> np.ndarray:
         """`tenant_id` of each request's tenant (-1: none)."""
-        return self._gather(_TENANT).astype(np.int64)
+        return self._gather(StaticRow.TENANT).astype(np.int64)
 
     @_Once
     def end_to_end_deadline(self) -> np.ndarray:
@@ -489,44 +298,44 @@ class ViewColumns:
     @_Once
     def generated(self) -> np.ndarray:
         d = self._dynamic
-        return d[_GENERATED] if d is not None else _read_generated(self.reqs)
+        return d[DynamicRow.GENERATED] if d is not None else read_generated(self.reqs)
 
     @_Once
     def cached(self) -> np.ndarray:
         d = self._dynamic
-        return d[_CACHED] if d is not None else _read_cached(self.reqs)
+        return d[DynamicRow.CACHED] if d is not None else read_cached(self.reqs)
 
     @_Once
     def started(self) -> np.ndarray:
         d = self._dynamic
-        return d[_STARTED] != 0 if d is not None else _read_started(self.reqs)
+        return d[DynamicRow.STARTED] != 0 if d is not None else read_started(self.reqs)
 
     @_Once
     def predicted(self) -> np.ndarray:
         d = self._dynamic
-        return d[_PREDICTED] if d is not None else _read_predicted(self.reqs)
+        return d[DynamicRow.PREDICTED] if d is not None else read_predicted(self.reqs)
 
     @_Once
     def be_tier(self) -> np.ndarray:
         d = self._dynamic
-        return d[_BE_TIER] != 0 if d is not None else _read_be_tier(self.reqs)
+        return d[DynamicRow.BE_TIER] != 0 if d is not None else read_be_tier(self.reqs)
 
     @_Once
     def attained(self) -> np.ndarray:
         d = self._dynamic
-        return d[_ATTAINED] if d is not None else _read_attained(self.reqs)
+        return d[DynamicRow.ATTAINED] if d is not None else read_attained(self.reqs)
 
     # -- derived -----------------------------------------------------------------------------------
 
     @_Once
     def cls(self) -> np.ndarray:
         """Class codes (estimates.LATENCY, DEADLINE, COMPOUND, BEST_EFFORT)."""
-        return self._gather(_SPEC + SloTable.CLS).astype(np.int64)
+        return self._gather(StaticRow.SPEC + SloTable.CLS).astype(np.int64)
 
     @_Once
     def rejects(self) -> np.ndarray:
         """`on_infeasible: reject`."""
-        return self._gather(_SPEC + SloTable.REJECTS) != 0
+        return self._gather(StaticRow.SPEC + SloTable.REJECTS) != 0
 
     @_Once
     def running(self) -> np.ndarray:
@@ -537,7 +346,7 @@ class ViewColumns:
     @_Once
     def group(self) -> np.ndarray:
         """Compound (program, stage) group index, -1 otherwise (only the partition means anything)."""
-        key = self._gather(_GROUP_KEY)
+        key = self._gather(StaticRow.GROUP_KEY)
         comp = key >= 0
         if not comp.any():
             return np.full(self.n, -1, dtype=np.int64)
@@ -564,7 +373,7 @@ class ViewColumns:
     def token_due(self, index: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         """`estimates.token_due` of output token `index` of the requests at `rows` (nan without
         a TTFT), with the scalar form's arithmetic: arrival + (TTFT + index·TPOT) / 1000."""
-        tpot = _none_is_zero(self.tpot_ms[rows])
+        tpot = nan_as(self.tpot_ms[rows], 0.0)
         return self.arrival[rows] + (self.ttft_ms[rows] + index * tpot) / 1000.0
 
     def total_out(self, default_output_len: float) -> np.ndarray:
@@ -588,41 +397,11 @@ def rows_among(rows: np.ndarray, among: np.ndarray) -> np.ndarray:
     return table[rows]
 
 
-class _Pass(threading.local):
-    """The view being planned on this thread, its columns once read, and its engine's cache."""
+@dataclass
+class PassColumns:
+    """One pass's columns, held on its EngineView while pass_columns.sharing has it open: read
+    on first use (with the engine's RowCache, if it keeps one), then the same copy for every
+    reader of that pass."""
 
-    view: EngineView | None = None
-    columns: ViewColumns | None = None
     cache: RowCache | None = None
-
-
-_PASS = _Pass()
-
-
-@contextmanager
-def sharing(view: EngineView, cache: RowCache | None = None) -> Iterator[None]:
-    """While open, `columns_of(view)` reads `view` once and returns that copy to every caller.
-    Only for the span of one pass: the views must not change while it is open."""
-    saved = _PASS.view, _PASS.columns, _PASS.cache
-    _PASS.view, _PASS.columns, _PASS.cache = view, None, cache
-    try:
-        yield
-    finally:
-        _PASS.view, _PASS.columns, _PASS.cache = saved
-
-
-def columns_read(view: EngineView) -> ViewColumns | None:
-    """`view`'s columns if this pass has read them already (inside `sharing(view)`), else None:
-    a check that needs little of them may be cheaper on the views themselves."""
-    shared = _PASS
-    return shared.columns if shared.view is view else None
-
-
-def columns_of(view: EngineView, slos: SloTable | None = None) -> ViewColumns:
-    """`view`'s columns: the pass's shared copy inside `sharing(view)`, else read now."""
-    shared = _PASS
-    if shared.view is not view:
-        return ViewColumns.read(view.waiting, view.running, None, slos, view.known_rows)
-    if shared.columns is None:
-        shared.columns = ViewColumns.read(view.waiting, view.running, shared.cache, slos, view.known_rows)
-    return shared.columns
+    columns: ViewColumns | None = None

@@ -13,18 +13,15 @@ policy is given none), so policies work without a fitted profile.
 from __future__ import annotations
 
 import math
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar, overload
+from typing import TypeVar, overload
 
 import numpy as np
 
+from scheduler.core.packing import floats
+from scheduler.core.request_view import RequestView
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, PerfModel, RequestView
-
-if TYPE_CHECKING:
-    from scheduler.core.req_arrays import ReqArrays
 
 # Assumed output length when a request carries neither a prediction nor a client cap (a typical
 # chat answer; the policies only need an order). The router's policies use the same default.
@@ -177,8 +174,8 @@ def predicted_totals(reqs: Sequence[RequestView], generated: np.ndarray, default
     """`output_bounds` of these views."""
     n = len(reqs)
     nan = math.nan
-    predicted = _floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
-    cap = _floats([nan if (x := r.max_new_tokens) is None else x for r in reqs], n)
+    predicted = floats([nan if (x := r.predicted_output_len) is None else x for r in reqs], n)
+    cap = floats([nan if (x := r.max_new_tokens) is None else x for r in reqs], n)
     return output_bounds(predicted, cap, generated, default_output_len)
 
 
@@ -236,95 +233,10 @@ def degradations(slo_s: np.ndarray, x_s: np.ndarray, alpha: float = 1.0) -> np.n
 LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3  # class codes in the arrays
 
 
-@dataclass(frozen=True)
-class Speeds:
-    """Per-step time constants, read from the perf model once per plan (O(1) model calls).
-
-    prefill_time(p) = ceil(p / chunk) * prefill_fixed + p * prefill_per_token, which is exact
-    for affine models; decode_s is one iteration at the current batch size."""
-
-    decode_s: float
-    prefill_fixed: float
-    prefill_per_token: float
-    chunk: int
-
-    @classmethod
-    def from_view(cls, perf: PerfModel, view: EngineView) -> Speeds:
-        chunk = max(1, int(view.chunk_size))
-        batch = max(1, min(view.max_running_requests, len(view.running) + len(view.waiting)))
-        used_kv = max(0, view.total_kv_tokens - view.free_kv_tokens)
-        decode_s = max(perf.step_time(0, batch, used_kv), 1e-9)
-        t1 = perf.step_time(1, 0, 0)
-        tc = perf.step_time(chunk, 0, 0)
-        per_tok = max((tc - t1) / (chunk - 1), 0.0) if chunk > 1 else 0.0
-        fixed = max(t1 - per_tok, 0.0)
-        if fixed == 0.0 and per_tok == 0.0:
-            fixed = decode_s
-        return cls(decode_s=decode_s, prefill_fixed=fixed, prefill_per_token=per_tok, chunk=chunk)
-
-    def prefill_time(self, tokens: np.ndarray) -> np.ndarray:
-        tokens = np.maximum(tokens, 0.0)
-        return np.ceil(tokens / self.chunk) * self.prefill_fixed + tokens * self.prefill_per_token
-
-
-def _floats(values: Sequence[float], n: int) -> np.ndarray:
-    """These n Python numbers as float64: struct packs them several times faster than numpy
-    converts a list, to the same doubles."""
-    out = np.empty(n)
-    struct.pack_into(f"{n}d", out.data, 0, *values)
-    return out
-
-
-def remaining_prefill(a: ReqArrays) -> np.ndarray:
-    """Prompt tokens still to compute: the uncached prompt while waiting to start, the whole
-    context again after a retraction (resume recomputes it), none once running."""
-    fresh = np.maximum(a.prompt - a.cached, 0.0)
-    resumed = np.maximum(a.prompt + a.generated - a.cached, 0.0)
-    waiting_part = np.where(a.started, resumed, fresh)
-    running_part = np.where(a.started, 0.0, fresh)  # running but no token yet: prefill in flight
-    return np.where(a.running, running_part, waiting_part)
-
-
 def nan_as(values: np.ndarray, fill: float) -> np.ndarray:
     """`values` with NaN replaced by `fill` (infinities kept): np.nan_to_num's one job here, at a
     fraction of its cost on a hot path."""
     return np.where(np.isnan(values), fill, values)
-
-
-def lost_causes(
-    a: ReqArrays, sp: Speeds, now: float, deadline: np.ndarray, t_prefill: np.ndarray | None = None
-) -> np.ndarray:
-    """Waiting requests (the first a.n_waiting) that will miss their SLO whatever is done now:
-    even served alone from now at full speed, a latency request's next token cannot come by its
-    due time, or a deadline/compound request's prefill cannot end by its deadline. Both are
-    lower bounds on the time needed (no queue, no output beyond the first token), so a request
-    marked here is lost under any schedule; the papers stop spending capacity on such work
-    (Tempo's and JITServe's deferral, SLOs-Serve's best-effort tier). `t_prefill`: the
-    requests' remaining prefill seconds when the caller has them (`remaining_work`'s).
-    `deadline`: the deadlines to judge by (`a.end_to_end_deadline`: a compound stage is lost
-    only when its program's deadline is out of reach; `a.deadline`: its sub-deadline)."""
-    nw = a.n_waiting
-    if nw == 0:
-        return np.zeros(0, dtype=bool)
-    t_pref = t_prefill[:nw] if t_prefill is not None else sp.prefill_time(remaining_prefill(a)[:nw])
-    earliest = now + t_pref
-    cls = a.cls[:nw]
-    ttft = a.ttft_s[:nw]
-    lat = (cls == LATENCY) & np.isfinite(ttft)
-    due = token_dues(a.arrival[:nw], nan_as(ttft, 0.0), a.tpot_s[:nw], a.generated[:nw])
-    deadline = deadline[:nw]
-    has_dl = ((cls == DEADLINE) | (cls == COMPOUND)) & np.isfinite(deadline)
-    return (lat & (earliest > due)) | (has_dl & (earliest > nan_as(deadline, np.inf)))
-
-
-def remaining_work(a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray]:
-    """(remaining prefill seconds, remaining total seconds) at full speed, upper-bound length.
-    The iteration that finishes a prefill also emits a token, hence one decode step less."""
-    rem_p = remaining_prefill(a)
-    rem_out = np.maximum(a.total_out - a.generated, 1.0)
-    t_pref = sp.prefill_time(rem_p)
-    decode_steps = np.maximum(rem_out - (rem_p > 0), 0.0)
-    return t_pref, t_pref + decode_steps * sp.decode_s
 
 
 def group_reduce(values: np.ndarray, group: np.ndarray, how: str) -> np.ndarray:
@@ -342,27 +254,6 @@ def group_reduce(values: np.ndarray, group: np.ndarray, how: str) -> np.ndarray:
     out = values.copy()
     out[mask] = acc[members]
     return out
-
-
-def latency_on_time_tokens(a: ReqArrays, first_emit: np.ndarray, decode_s: float) -> np.ndarray:
-    """Remaining output tokens that can still meet their DSLO due time if served from now on at
-    one token per iteration: token j is emitted at first_emit + (j - g)·decode_s and due at
-    arrival + ttft + j·tpot, so the on-time set is a suffix (or prefix) of the remaining ones."""
-    g = a.generated
-    total = np.maximum(a.total_out, g + 1.0)
-    k = a.arrival + nan_as(a.ttft_s, np.inf) - first_emit + g * decode_s
-    s = decode_s - a.tpot_s
-    with np.errstate(divide="ignore", invalid="ignore"):
-        bound = k / s
-    # s < 0: on time for j >= ceil(bound); s > 0: on time for j <= floor(bound); s == 0: all iff k >= 0.
-    # (nan_as and minimum/maximum, not nan_to_num and clip: the same numbers at a third of the
-    # cost; an infinite bound stays infinite, which the min/max below treat as the huge finite
-    # one nan_to_num would make.)
-    lo = np.where(s < 0, np.maximum(g, np.ceil(nan_as(bound, 0.0))), g)
-    hi = np.where(s > 0, np.minimum(total - 1, np.floor(nan_as(bound, -1.0))), total - 1)
-    count = np.minimum(np.maximum(hi - lo + 1, 0.0), total - g)
-    count = np.where((s == 0) & (k < 0), 0.0, count)
-    return np.where(np.isfinite(a.ttft_s), count, total - g)
 
 
 def preemption_pays(

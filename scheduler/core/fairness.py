@@ -36,7 +36,8 @@ import dataclasses
 
 import numpy as np
 
-from scheduler.core.columns import ViewColumns, columns_of
+from scheduler.core.columns import ViewColumns
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.types import EngineView, StepPlan
 
 DEFAULT_TENANT_FAIRNESS = 0.5  # f: the weight of the fair order against the policy's own

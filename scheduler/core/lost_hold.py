@@ -17,8 +17,9 @@ from itertools import compress
 
 import numpy as np
 
-from scheduler.core.columns import ViewColumns, columns_of
+from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import BEST_EFFORT, losing_deadline
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.types import EngineView, RequestView
 
 

@@ -34,9 +34,10 @@ import numpy as np
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_knobs
-from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
+from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes
+from scheduler.core.pass_columns import columns_of, columns_read, sharing
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 

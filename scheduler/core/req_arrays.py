@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.core.columns import SloTable, ViewColumns
-from scheduler.core.estimates import _floats
+from scheduler.core.columns import ViewColumns
+from scheduler.core.packing import floats
+from scheduler.core.row_reads import SloTable
 from scheduler.core.types import RequestView
 
 
@@ -93,7 +94,7 @@ class ReqArrays:
     def attained(self) -> np.ndarray:
         if self._attained is None:
             c = self._columns
-            self._attained = c.attained if c is not None else _floats([r.attained_service for r in self.reqs], self.n)
+            self._attained = c.attained if c is not None else floats([r.attained_service for r in self.reqs], self.n)
         return self._attained
 
     @property

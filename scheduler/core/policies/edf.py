@@ -12,8 +12,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import SloTable, columns_of
 from scheduler.core.estimates import lexsort_fast, next_deadline
+from scheduler.core.pass_columns import columns_of
+from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, RequestView, StepPlan
 
 

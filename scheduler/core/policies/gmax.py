@@ -22,26 +22,26 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.batch_limits import MIN_CHUNK
-from scheduler.core.columns import SloTable, ViewColumns, columns_of, rows_among
+from scheduler.core.columns import ViewColumns, rows_among
 from scheduler.core.estimates import (
     COMPOUND,
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
-    Speeds,
     fairness_blend,
     group_reduce,
-    latency_on_time_tokens,
     lexsort_fast,
     preemption_pays,
     quantum_boundary,
-    remaining_work,
 )
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_waiting
 from scheduler.core.registry import require
+from scheduler.core.remaining_work import Speeds, latency_on_time_tokens, remaining_work
 from scheduler.core.req_arrays import ReqArrays
+from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import SloTable, ViewColumns, columns_of, rows_among
+from scheduler.core.columns import ViewColumns, rows_among
 from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN, LATENCY
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
+from scheduler.core.row_reads import SloTable
 from scheduler.core.slos_serve.batch_formation import EPS
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tiers, expected_outputs

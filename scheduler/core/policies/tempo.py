@@ -18,7 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.columns import SloTable, columns_of
 from scheduler.core.estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
@@ -26,22 +25,22 @@ from scheduler.core.estimates import (
     W_IN,
     W_OUT,
     GainWeights,
-    Speeds,
     base_gain,
     degradations,
     fairness_blend,
     group_reduce,
     lexsort_fast,
-    lost_causes,
     nan_as,
     preemption_pays,
     quantum_boundary,
-    remaining_work,
     token_dues,
 )
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
+from scheduler.core.remaining_work import Speeds, lost_causes, remaining_work
 from scheduler.core.req_arrays import ReqArrays
+from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 

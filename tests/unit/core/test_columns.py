@@ -9,7 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from scheduler.core.columns import RowCache, ViewColumns, columns_of, columns_read, sharing
+from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.estimates import (
     DEFAULT_OUTPUT_LEN,
     deadline_base,
@@ -18,6 +18,7 @@ from scheduler.core.estimates import (
     request_deadline,
     token_due,
 )
+from scheduler.core.pass_columns import columns_of, columns_read, sharing
 from scheduler.core.perf_model import default_model
 from scheduler.core.plan_path import KnobModel, finalize_plan, plan_pass, settings_for
 from scheduler.core.policies import POLICIES, make_policy
@@ -96,9 +97,9 @@ def test_one_copy_of_the_columns_per_pass_and_none_outside_it() -> None:
         assert columns_of(view) is shared and columns_read(view) is shared
         other = replace(view)  # another view, even an equal one, is not this pass's
         assert columns_of(other) is not columns_of(other)
-        with sharing(other):
-            assert columns_of(other) is columns_of(other) and columns_of(view) is not shared
-        assert columns_of(view) is shared
+        with sharing(other):  # each view holds its own pass's copy: two open passes do not mix
+            assert columns_of(other) is columns_of(other) is not shared and columns_of(view) is shared
+        assert columns_of(view) is shared and columns_read(other) is None
     assert columns_of(view) is not shared and columns_read(view) is None
 
 

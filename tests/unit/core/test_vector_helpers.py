@@ -12,7 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.columns import rows_among
-from scheduler.core.estimates import group_reduce, latency_on_time_tokens
+from scheduler.core.estimates import group_reduce
+from scheduler.core.remaining_work import latency_on_time_tokens
 
 # Times in eighths of a second: every sum and every integral quotient is exact in binary, so the
 # walk's comparisons and the closed form's floor/ceil see the same numbers.
