@@ -83,3 +83,17 @@ def install_signal_handlers() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit)
     atexit.register(stop_all)
+
+
+def export_paths() -> None:
+    """Router and workers are `python -m` children: give them launch/ and the root on their path,
+    so `launch_router` resolves however this benchmark was started."""
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "launch"), str(ROOT), *([old] if old else [])])
+
+
+def prepare_live_cluster() -> None:
+    """Before a benchmark starts a router and workers: a signal stops every server it started
+    (`install_signal_handlers`), and its `python -m` children find our packages (`export_paths`)."""
+    install_signal_handlers()
+    export_paths()

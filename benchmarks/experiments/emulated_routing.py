@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import sys
 from dataclasses import asdict, dataclass
@@ -35,7 +34,7 @@ from typing import Any
 
 import requests
 
-from benchmarks._server import ROOT, install_signal_handlers, resolve_model
+from benchmarks._server import prepare_live_cluster, resolve_model
 from benchmarks.cli import doc_parser
 from benchmarks.goodput.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.harness import (
@@ -187,13 +186,6 @@ def worker_specs(args: argparse.Namespace) -> list[WorkerSpec]:
     common = ["--emulate-slowdown", f"{args.slowdown:g}", "--slo-policy", args.slo_policy]
     common += ["--max-running-requests", str(args.max_running_requests), *args.worker_arg]
     return parse_cluster({"args": common, "workers": [{"gpu": gpu} for gpu in args.pool_list]})
-
-
-def export_paths() -> None:
-    """Router and workers are `python -m` children: give them launch/ and the root on their path,
-    so `launch_router` resolves however this benchmark was started."""
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT / "launch"), str(ROOT), *([old] if old else [])])
 
 
 def flush_caches(cluster: Cluster) -> list[str]:
@@ -449,8 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.rescore:
         return rescore_saved(args)
-    install_signal_handlers()
-    export_paths()
+    prepare_live_cluster()
     scales = {mix: mix_scale(mix, args.slo_scale) for mix in args.mix_list}
     text = PromptText(resolve_model("tiny"))  # what emulated workers run
     runs: dict[str, list[dict[str, Any]]] = {mix: [] for mix in args.mix_list}

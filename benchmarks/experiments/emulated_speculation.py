@@ -31,8 +31,8 @@ from typing import Any
 
 import requests
 
-from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all
-from benchmarks.experiments.emulated_routing import export_paths, mix_scale, prompt_builder, workload
+from benchmarks._server import BenchServer, prepare_live_cluster, resolve_model, stop_all
+from benchmarks.experiments.emulated_routing import mix_scale, prompt_builder, workload
 from benchmarks.experiments.pd import crossing
 from benchmarks.goodput.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.harness import Target, header_run, run_once
@@ -183,8 +183,7 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    export_paths()
+    prepare_live_cluster()
     text = PromptText(resolve_model("tiny"))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.mix_list}
     common = ["--emulate-gpu", args.gpu, "--emulate-slowdown", f"{args.slowdown:g}", "--slo-policy", args.policy,

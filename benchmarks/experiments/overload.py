@@ -39,9 +39,9 @@ from typing import Any
 import aiohttp
 import psutil
 
-from benchmarks._server import install_signal_handlers
+from benchmarks._server import prepare_live_cluster
 from benchmarks.cli import doc_parser
-from benchmarks.experiments.emulated_routing import emulation_snapshot, export_paths
+from benchmarks.experiments.emulated_routing import emulation_snapshot
 from benchmarks.goodput.emulation_validity import pacing_delta, verdict
 from launch_cluster import Cluster, RouterSpec, parse_cluster
 from scheduler.core.pacing import SlowedPerfModel
@@ -376,8 +376,7 @@ def soak_report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    export_paths()
+    prepare_live_cluster()
     args.out.mkdir(parents=True, exist_ok=True)
     settings = {k: str(v) for k, v in vars(args).items()}
     if args.soak:

@@ -31,11 +31,10 @@ from typing import Any
 
 import requests
 
-from benchmarks._server import install_signal_handlers, resolve_model
+from benchmarks._server import prepare_live_cluster, resolve_model
 from benchmarks.cli import doc_parser
 from benchmarks.experiments.emulated_routing import (
     _metrics,
-    export_paths,
     measure,
     mix_scale,
     prompt_builder,
@@ -232,8 +231,7 @@ def _fmt(x: float | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    install_signal_handlers()
-    export_paths()
+    prepare_live_cluster()
     text = PromptText(resolve_model("tiny"))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.mix_list}
     for layout in args.layout_list:

@@ -98,13 +98,12 @@ def routing_args(args: argparse.Namespace, pool: list[str], rate: float, out: Pa
 
 
 def live_run(rargs: argparse.Namespace, planned: list[Any], scale: Any, spec: Any, rate: float) -> dict[str, Any]:
-    from benchmarks._server import install_signal_handlers, resolve_model
+    from benchmarks._server import prepare_live_cluster, resolve_model
     from benchmarks.experiments import emulated_routing as routing
     from benchmarks.workloads.text import PromptText
     from launch_cluster import Cluster
 
-    install_signal_handlers()
-    routing.export_paths()
+    prepare_live_cluster()
     text = PromptText(resolve_model("tiny"))  # what emulated workers run
     with Cluster(rargs.workers, router=routing.router_spec(rargs.policy_list[0], scale, rargs)) as cluster:
         routing.warm_up(cluster.url, rargs, scale, text)
