@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from router.dispatcher import StreamChunk
+from router.flight import StreamChunk
 from router.reports import RouterReports
 from router.service import GenerateCall
 from router.tokenizer import IncrementalDetokenizer

@@ -1,6 +1,6 @@
 """What survives when a request's output moves to another worker, and what the router does for
 what does not (token-ID migration: the new worker prefills prompt + delivered tokens and goes on,
-see router/dispatcher.py).
+see router/resume.py).
 
 The tokens carry over; the worker-side state derived from the output does not:
 - a grammar (`json_schema`, `regex`, `ebnf`, `structural_tag`; OpenAI's `response_format` arrives

@@ -31,7 +31,7 @@ from starlette.types import ASGIApp
 from router import openai_format as oai
 from router.access import AccessTable
 from router.api_error import ApiError, bad
-from router.dispatcher import (
+from router.flight import (
     NoWorkerAvailable,
     RequestStream,
     RouterQueueFull,

@@ -18,14 +18,8 @@ from starlette.types import Receive, Scope, Send
 
 from router.access import PRINCIPAL_SCOPE_KEY, Principal
 from router.api_error import ApiError, bad
-from router.dispatcher import (
-    NO_WORKER,
-    NO_WORKER_RETRY_S,
-    WORKER_FAILED,
-    NoWorkerAvailable,
-    RouterQueueFull,
-    StreamError,
-)
+from router.flight import NO_WORKER, WORKER_FAILED, NoWorkerAvailable, RouterQueueFull, StreamError
+from router.flight_table import NO_WORKER_RETRY_S
 from router.protocol import MAX_MESSAGE_BYTES
 from router.service import WorkerUnavailable
 from router.tokenizer import TokenizerUnavailable

@@ -23,7 +23,8 @@ from typing import Any
 import zmq.asyncio
 
 from router.access import AccessTable
-from router.dispatcher import DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT_S, Dispatcher, RequestStream
+from router.dispatcher import DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT_S, Dispatcher
+from router.flight import RequestStream
 from router.pd import DECODE, PREFILL
 from router.pd_sizing import MixTracker, profile_inputs, split_devices, tpot_tier, tracker_sizing
 from router.policies import RoutingContext, make_routing_policy

@@ -19,25 +19,17 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from router.dispatcher import (
-    REGISTER_AGAIN,
-    Dispatcher,
-    NoWorkerAvailable,
-    RequestStream,
-    StreamChunk,
-    StreamError,
-    StreamEvent,
-    cap_reached,
-    resume_route,
-    resume_submit,
-)
+from router.dispatcher import Dispatcher
+from router.flight import NoWorkerAvailable, RequestStream, StreamChunk, StreamError, StreamEvent
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Register, RequestError, Submit, TokenChunk
 from router.registry import WorkerRegistry
+from router.resume import cap_reached, resume_route, resume_submit
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.slo import SloSpec
 from tests.unit.router._fake_worker import FakeWorkerBase, until
+from wire import REGISTER_AGAIN
 
 TEST_TIMEOUT_S = 10.0
 DEAD_AFTER_S = 0.6  # three missed 0.2 s heartbeats

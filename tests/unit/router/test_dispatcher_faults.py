@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from router.dispatcher import Dispatcher, RouterQueueFull, StreamChunk, StreamError
+from router.dispatcher import Dispatcher
+from router.flight import RouterQueueFull, StreamChunk, StreamError
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Heartbeat, LoadReport, Register, RequestError, Sealed, Submit, TokenChunk
 from router.registry import WorkerRegistry

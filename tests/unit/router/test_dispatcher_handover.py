@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from router.dispatcher import StreamChunk, StreamError
+from router.flight import StreamChunk, StreamError
 from router.handover import MigrationRefused, StopWatch, migration_blocker
 from tests.unit.router._fake_worker import until
 from tests.unit.router.test_dispatcher import MoveOnce, _collect, _request, _run, _tokens, cluster

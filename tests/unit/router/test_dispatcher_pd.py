@@ -16,7 +16,8 @@ from typing import Any
 
 import zmq.asyncio
 
-from router.dispatcher import Dispatcher, StreamError
+from router.dispatcher import Dispatcher
+from router.flight import StreamError
 from router.pd import PrefillChooser, decode_side_views
 from router.policies.load_metrics import LeastRequestPolicy
 from router.protocol import Register, RequestError, Submit, TokenChunk

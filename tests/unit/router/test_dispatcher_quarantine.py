@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 import zmq.asyncio
 
-from router.dispatcher import DEFAULT_MAX_QUEUED, QUARANTINED, TIMED_OUT, Dispatcher, StreamError
+from router.dispatcher import DEFAULT_MAX_QUEUED, Dispatcher
+from router.flight import QUARANTINED, TIMED_OUT, StreamError
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Heartbeat, Submit, TokenChunk
 from router.registry import WorkerRegistry

@@ -12,9 +12,9 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.dispatcher import resume_route
 from router.policies.estimates import output_tokens
 from router.policies.slos_admission import request_view
+from router.resume import resume_route
 from router.service import GenerateCall, RouterService
 from router.views import RouteRequest
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due, request_deadline
