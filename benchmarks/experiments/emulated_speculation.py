@@ -33,7 +33,7 @@ import requests
 
 from benchmarks._server import BenchServer, prepare_live_cluster, resolve_model, stop_all
 from benchmarks.experiments.emulated_routing import mix_scale, prompt_builder, workload
-from benchmarks.experiments.pd import crossing
+from benchmarks.experiments.pd_layouts import crossing
 from benchmarks.goodput.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.harness import Target, header_run, run_once
 from benchmarks.goodput.loadgen import LengthControl, LoadOptions

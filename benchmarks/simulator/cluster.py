@@ -32,7 +32,7 @@ from benchmarks.simulator.client import CLIENT_MAX_TOKENS, sim_requests, unsent_
 from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
 from benchmarks.simulator.prefixes import prefix_hashes
 from benchmarks.simulator.routing import Flight, SimRouter
-from benchmarks.simulator.speculation import SimSpeculation
+from benchmarks.simulator.speculative_decoding import SimSpeculation
 from benchmarks.simulator.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from router.policies import RoutingContext, RoutingPolicy

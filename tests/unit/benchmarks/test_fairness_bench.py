@@ -1,4 +1,4 @@
-"""benchmarks.experiments.fairness on a short real-trace flood: each tenant's shares add up, the tenants'
+"""benchmarks.experiments.tenant_fairness on a short real-trace flood: each tenant's shares add up, the tenants'
 requests and program ids stay apart, and the blend gives the smaller tenant at least what it
 got without it."""
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks.experiments.fairness import main
+from benchmarks.experiments.tenant_fairness import main
 
 
 def test_two_tenants_shares_with_and_without_the_blend(capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.experiments.pd import crossing, layout_workers, parse_args, parse_layout
+from benchmarks.experiments.pd_layouts import crossing, layout_workers, parse_args, parse_layout
 
 
 def test_layouts_parse_and_refuse_nonsense() -> None:

@@ -13,7 +13,7 @@ from benchmarks.simulator.cluster import ClusterConfig, ClusterSim
 from benchmarks.simulator.engine import simulate
 from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
 from benchmarks.simulator.prefixes import prefix_hashes
-from benchmarks.simulator.speculation import SimSpeculation
+from benchmarks.simulator.speculative_decoding import SimSpeculation
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TraceRequest
 from router.policies.base import RoutingPolicy

@@ -21,8 +21,8 @@ times the card's; throughputs and makespans are reported in the card's own time 
 True output lengths go to the server only through the hidden hint (custom_params
 `slo_oracle_output_len`), which ends the request there and which no policy can read.
 
-  .venv/bin/python benchmarks/experiments/emulation.py --duration 20 --max-workers 2       # quick
-  .venv/bin/python benchmarks/experiments/emulation.py --json emulation.json                # full
+  .venv/bin/python benchmarks/experiments/emulation_fidelity.py --duration 20 --max-workers 2       # quick
+  .venv/bin/python benchmarks/experiments/emulation_fidelity.py --json emulation.json                # full
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ With equal shares and B asking for a fifth of the load, max-min fairness serves 
 alone (its demand is below its share) and gives A the rest; without the blend both are served
 in proportion to what they send, so A's flood sets B's attainment.
 
-  .venv/bin/python -m benchmarks.experiments.fairness --gpu h100 --mix tempo --rate 30 --seeds 0,1,2
-  .venv/bin/python -m benchmarks.experiments.fairness --policies edf,gmax --fairness 0,0.5,1 --json
+  .venv/bin/python -m benchmarks.experiments.tenant_fairness --gpu h100 --mix tempo --rate 30 --seeds 0,1,2
+  .venv/bin/python -m benchmarks.experiments.tenant_fairness --policies edf,gmax --fairness 0,0.5,1 --json
 """
 
 from __future__ import annotations

@@ -15,8 +15,9 @@ chatbot (SLOs-Serve's tight/loose tiers on Azure conversation lengths: decode-he
 summarizer (the same SLOs on Azure code lengths: long prompts, short answers, prefill-heavy; the
 paper's Summarizer uses arXiv-summary lengths, which we do not have).
 
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.pd                       # ~60 min
-  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.pd --quick --mixes polyserve --policies polyserve
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.pd_layouts          # ~60 min
+  PYTHONPATH=launch:. .venv/bin/python -m benchmarks.experiments.pd_layouts --quick \\
+      --mixes polyserve --policies polyserve
 """
 
 from __future__ import annotations
@@ -116,7 +117,7 @@ def crossing(points: list[tuple[float, float]], target: float) -> tuple[float | 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = doc_parser("python -m benchmarks.experiments.pd", __doc__)
+    p = doc_parser("python -m benchmarks.experiments.pd_layouts", __doc__)
     p.add_argument("--layouts", default="co:4,pd:1+3", help="co:N and pd:P+D layouts, comma-separated")
     p.add_argument("--gpu", default="h100", help="emulated card of every worker")
     p.add_argument("--slowdown", type=float, default=8.0)
