@@ -7,13 +7,32 @@ are frozen dataclasses; `decode` is the only way bytes become a message.
 
 from __future__ import annotations
 
-import math
-import re
 from dataclasses import MISSING, dataclass, fields
 from typing import Any, ClassVar
 
 import orjson
 
+from router.protocol_fields import (
+    Check,
+    at_least,
+    boolean,
+    count,
+    hex_digits,
+    ident,
+    int_in,
+    non_empty_tokens,
+    obj,
+    one_of,
+    opt_str,
+    optional,
+    rate,
+    rate_at_least,
+    string,
+    token_ids,
+    type_name,
+)
+from router.protocol_fields import ProtocolError as ProtocolError  # every decode error: the protocol's API
+from router.protocol_fields import check_worker_id as check_worker_id  # the worker-id rule, for the CLIs
 from router.views import WorkerView
 from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo import SloValidationError, parse_slo
@@ -21,116 +40,38 @@ from scheduler.core.slo import SloValidationError, parse_slo
 PROTOCOL_VERSION = 1
 WORKER_ROLES = ("mixed", "prefill", "decode")
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024  # a 128k-token prompt plus resume ids is ~2 MiB of JSON
-MAX_ID_LEN = 256
-MAX_TOKEN_ID = 2**31 - 1
 MAX_INFLIGHT_LISTED = 4096  # rids a LoadReport lists (more: the router skips reconciliation)
-_HEX_RE = re.compile(r"[0-9a-f]{32,128}")
-# Worker ids double as ZMQ routing ids (must not start with a zero byte) and metric labels.
-_WORKER_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
-class ProtocolError(ValueError):
-    """A malformed message; `field` names what was wrong ("frame" for the frame as a whole)."""
-
-    def __init__(self, field_name: str, reason: str) -> None:
-        super().__init__(f"{field_name}: {reason}")
-        self.field = field_name
-        self.reason = reason
+# --- checks of this protocol's own compound fields (the generic ones: router/protocol_fields.py) ---
 
 
-# --- field validators: each returns the (normalised) value or raises ProtocolError(name) ---
+def _rid_list(value: Any, name: str) -> tuple[str, ...]:
+    if not isinstance(value, (list, tuple)) or len(value) > MAX_INFLIGHT_LISTED:
+        raise ProtocolError(name, f"must be a list of at most {MAX_INFLIGHT_LISTED} rids")
+    return tuple(ident(rid, f"{name}[{i}]") for i, rid in enumerate(value))
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _ident(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise ProtocolError(name, f"must be a string, got {_type_name(value)}")
-    if not 0 < len(value) <= MAX_ID_LEN:
-        raise ProtocolError(name, f"must be 1..{MAX_ID_LEN} chars")
+def _shed(value: Any, name: str) -> dict[str, Any]:
+    if shed_from(obj(value, name)) is None:
+        raise ProtocolError(f"{name}.reason", "must be a shed reason (queue_full, slo_infeasible, ...)")
     return value
 
 
-def check_worker_id(value: Any, name: str = "worker_id") -> str:
-    """Worker ids double as ZMQ routing ids and metric labels, hence the narrow alphabet."""
-    _ident(value, name)
-    if not _WORKER_ID_RE.fullmatch(value):
-        raise ProtocolError(name, "must be 1..128 chars of [A-Za-z0-9._:@-], starting alphanumeric")
-    return value
-
-
-def _opt_str(value: Any, name: str) -> str | None:
-    if value is not None and not isinstance(value, str):
-        raise ProtocolError(name, f"must be a string or null, got {_type_name(value)}")
-    return value
-
-
-def _str(value: Any, name: str) -> str:
-    if not isinstance(value, str):
-        raise ProtocolError(name, f"must be a string, got {_type_name(value)}")
-    return value
-
-
-def _count(value: Any, name: str, minimum: int = 0) -> int:
-    if type(value) is not int:  # excludes bool, and floats from ints beyond 64 bits
-        raise ProtocolError(name, f"must be an integer, got {_type_name(value)}")
-    if value < minimum:
-        raise ProtocolError(name, f"must be >= {minimum}, got {value}")
-    return value
-
-
-def _rate(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProtocolError(name, f"must be a number, got {_type_name(value)}")
+def _slo(value: Any, name: str) -> dict[str, Any]:
     try:
-        finite = math.isfinite(value)
-    except OverflowError:
-        finite = False
-    if not finite or value < 0:
-        raise ProtocolError(name, f"must be a non-negative finite number, got {value}")
-    return float(value)
-
-
-def _bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ProtocolError(name, f"must be a boolean, got {_type_name(value)}")
+        parse_slo(value, prefix=f"{name}.")
+    except SloValidationError as exc:
+        raise ProtocolError(exc.field, exc.message) from None
     return value
 
 
-def _hex(value: Any, name: str) -> str:
-    """Nonces and MACs: lowercase hex, 32..128 digits."""
-    if not isinstance(value, str) or not _HEX_RE.fullmatch(value):
-        raise ProtocolError(name, "must be 32..128 lowercase hex digits")
+def _bootstrap(value: Any, name: str) -> dict[str, Any]:
+    obj(value, name)
+    ident(value.get("host"), f"{name}.host")
+    count(value.get("port"), f"{name}.port", minimum=1)
+    count(value.get("room"), f"{name}.room")
     return value
-
-
-def _opt_hex(value: Any, name: str) -> str | None:
-    return None if value is None else _hex(value, name)
-
-
-def _obj(value: Any, name: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ProtocolError(name, f"must be an object, got {_type_name(value)}")
-    return value
-
-
-def _token_ids(value: Any, name: str, non_empty: bool = False) -> tuple[int, ...]:
-    if not isinstance(value, (list, tuple)):
-        raise ProtocolError(name, f"must be a list of token ids, got {_type_name(value)}")
-    if non_empty and not value:
-        raise ProtocolError(name, "must not be empty")
-    if not value or (set(map(type, value)) == {int} and min(value) >= 0 and max(value) <= MAX_TOKEN_ID):
-        return tuple(value)  # fast path: C-speed checks over long prompts
-    for i, tok in enumerate(value):
-        if type(tok) is not int or not 0 <= tok <= MAX_TOKEN_ID:
-            raise ProtocolError(f"{name}[{i}]", f"must be a token id in 0..{MAX_TOKEN_ID}, got {tok!r}")
-    return tuple(value)
-
-
-def _set(msg: Message, name: str, value: Any) -> None:
-    object.__setattr__(msg, name, value)  # normalising a frozen dataclass in __post_init__
 
 
 # --- messages ---
@@ -138,14 +79,24 @@ def _set(msg: Message, name: str, value: Any) -> None:
 
 @dataclass(frozen=True, kw_only=True)
 class Message:
-    """Base of every wire message; subclasses set TYPE and validate in `__post_init__`."""
+    """Base of every wire message; a subclass sets TYPE and its table of field checks (`CHECKS`,
+    run in order at construction, each value replaced by its normalised form)."""
 
     TYPE: ClassVar[str] = ""
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = ()
+
+    def __post_init__(self) -> None:
+        for name, check in self.CHECKS:
+            object.__setattr__(self, name, check(getattr(self, name), name))  # frozen: normalise in place
+        self._check_together()
+
+    def _check_together(self) -> None:
+        """Rules across fields, after each field passed its own check."""
 
     def to_wire(self) -> bytes:
         """orjson bytes; None-valued optional fields are left out (decode restores them)."""
         payload: dict[str, Any] = {"type": self.TYPE, "version": PROTOCOL_VERSION}
-        for name in _field_names(type(self)):
+        for name in _FIELD_NAMES[type(self)]:
             value = getattr(self, name)
             if value is not None:
                 payload[name] = value
@@ -164,6 +115,23 @@ class Message:
 @dataclass(frozen=True, kw_only=True)
 class Register(Message):
     TYPE: ClassVar[str] = "register"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("worker_id", check_worker_id),
+        ("max_input_tokens", optional(at_least(1))),
+        ("gpu", ident),
+        ("model", ident),
+        ("kv_capacity_tokens", at_least(1)),
+        ("max_running", at_least(1)),
+        ("http_url", opt_str),
+        ("nonce", optional(hex_digits)),
+        ("challenge", optional(hex_digits)),
+        ("proof", optional(hex_digits)),
+        ("incarnation", optional(ident)),
+        ("role", one_of(WORKER_ROLES, f"one of {', '.join(WORKER_ROLES)}")),
+        ("bootstrap_port", optional(int_in(1, 65536, "a TCP port"))),
+        ("tier_ms", optional(rate)),
+        ("time_scale", rate_at_least(1.0)),
+    )
     worker_id: str
     gpu: str
     model: str
@@ -186,30 +154,9 @@ class Register(Message):
     time_scale: float = 1.0  # an emulated GPU's slowdown: its steps take this many times the card's
     max_input_tokens: int | None = None  # the longest prompt its model takes (the router refuses longer)
 
-    def __post_init__(self) -> None:
-        check_worker_id(self.worker_id)
-        if self.max_input_tokens is not None:
-            _count(self.max_input_tokens, "max_input_tokens", minimum=1)
-        _ident(self.gpu, "gpu")
-        _ident(self.model, "model")
-        _count(self.kv_capacity_tokens, "kv_capacity_tokens", minimum=1)
-        _count(self.max_running, "max_running", minimum=1)
-        _opt_str(self.http_url, "http_url")
-        for name in ("nonce", "challenge", "proof"):
-            _opt_hex(getattr(self, name), name)
-        if self.incarnation is not None:
-            _ident(self.incarnation, "incarnation")
-        if self.role not in WORKER_ROLES:
-            raise ProtocolError("role", f"must be one of {', '.join(WORKER_ROLES)}, got {self.role!r}")
-        if self.bootstrap_port is not None and not 0 < _count(self.bootstrap_port, "bootstrap_port") < 65536:
-            raise ProtocolError("bootstrap_port", f"must be a TCP port, got {self.bootstrap_port}")
+    def _check_together(self) -> None:
         if self.role == "prefill" and self.bootstrap_port is None:
             raise ProtocolError("bootstrap_port", "a prefill worker must announce its bootstrap port")
-        if self.tier_ms is not None:
-            _set(self, "tier_ms", _rate(self.tier_ms, "tier_ms"))
-        if _rate(self.time_scale, "time_scale") < 1.0:
-            raise ProtocolError("time_scale", f"must be >= 1, got {self.time_scale}")
-        _set(self, "time_scale", float(self.time_scale))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -217,19 +164,18 @@ class Heartbeat(Message):
     """Proof of life, and of progress: the engine's step counter stops while its engine hangs."""
 
     TYPE: ClassVar[str] = "heartbeat"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("worker_id", check_worker_id),
+        ("seq", count),
+        ("engine_steps", optional(count)),
+        ("busy", boolean),
+        ("draining", boolean),
+    )
     worker_id: str
     seq: int
     engine_steps: int | None = None  # scheduling passes the engine has run (None: unknown yet)
     busy: bool = False  # the engine has work, so its steps must advance
     draining: bool = False  # shutting down gracefully: route nothing new here
-
-    def __post_init__(self) -> None:
-        check_worker_id(self.worker_id)
-        _count(self.seq, "seq")
-        if self.engine_steps is not None:
-            _count(self.engine_steps, "engine_steps")
-        _bool(self.busy, "busy")
-        _bool(self.draining, "draining")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -237,6 +183,23 @@ class LoadReport(Message):
     """The worker's measured state; the rates are EMAs (see WorkerView for their meaning)."""
 
     TYPE: ClassVar[str] = "load_report"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("worker_id", check_worker_id),
+        *((name, count) for name in ("seq", "queue_len", "running", "kv_used_tokens")),
+        *(
+            (name, rate)
+            for name in (
+                "queue_delay_s",
+                "prefill_s_per_token",
+                "decode_s_per_token",
+                "iteration_s",
+                "tokens_per_minute",
+            )
+        ),
+        ("inflight", optional(_rid_list)),
+        ("queue_drain_s", optional(rate)),
+        ("draining", boolean),
+    )
     worker_id: str
     seq: int
     queue_len: int
@@ -253,26 +216,21 @@ class LoadReport(Message):
     queue_drain_s: float | None = None  # predicted seconds until everything queued has started
     draining: bool = False
 
-    def __post_init__(self) -> None:
-        check_worker_id(self.worker_id)
-        for name in ("seq", "queue_len", "running", "kv_used_tokens"):
-            _count(getattr(self, name), name)
-        for name in ("queue_delay_s", "prefill_s_per_token", "decode_s_per_token", "iteration_s", "tokens_per_minute"):
-            _set(self, name, _rate(getattr(self, name), name))
-        if self.inflight is not None:
-            if not isinstance(self.inflight, (list, tuple)) or len(self.inflight) > MAX_INFLIGHT_LISTED:
-                raise ProtocolError("inflight", f"must be a list of at most {MAX_INFLIGHT_LISTED} rids")
-            _set(self, "inflight", tuple(_ident(rid, f"inflight[{i}]") for i, rid in enumerate(self.inflight)))
-        if self.queue_drain_s is not None:
-            _set(self, "queue_drain_s", _rate(self.queue_drain_s, "queue_drain_s"))
-        _bool(self.draining, "draining")
-
 
 @dataclass(frozen=True, kw_only=True)
 class TokenChunk(Message):
     """New tokens of one request; the last chunk has finish_reason and the final meta_info."""
 
     TYPE: ClassVar[str] = "token_chunk"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("rid", ident),
+        ("worker_id", check_worker_id),
+        ("token_ids", token_ids),
+        ("text", opt_str),
+        ("completion_tokens", count),
+        ("finish_reason", opt_str),
+        ("meta", optional(obj)),
+    )
     rid: str
     worker_id: str
     token_ids: tuple[int, ...]
@@ -281,20 +239,17 @@ class TokenChunk(Message):
     finish_reason: str | None = None
     meta: dict[str, Any] | None = None  # final meta_info, including the SLO report
 
-    def __post_init__(self) -> None:
-        _ident(self.rid, "rid")
-        check_worker_id(self.worker_id)
-        _set(self, "token_ids", _token_ids(self.token_ids, "token_ids"))
-        _opt_str(self.text, "text")
-        _count(self.completion_tokens, "completion_tokens")
-        _opt_str(self.finish_reason, "finish_reason")
-        if self.meta is not None:
-            _obj(self.meta, "meta")
-
 
 @dataclass(frozen=True, kw_only=True)
 class RequestError(Message):
     TYPE: ClassVar[str] = "request_error"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("rid", ident),
+        ("worker_id", check_worker_id),
+        ("status", int_in(400, 600, "an HTTP error status 400..599")),
+        ("message", string),
+        ("shed", optional(_shed)),
+    )
     rid: str
     worker_id: str
     status: int  # HTTP-style: 4xx the request is bad, 5xx the worker failed (resubmittable)
@@ -303,34 +258,24 @@ class RequestError(Message):
     # router passes the answer on, and retries only a `draining` shed elsewhere.
     shed: dict[str, Any] | None = None
 
-    def __post_init__(self) -> None:
-        _ident(self.rid, "rid")
-        check_worker_id(self.worker_id)
-        if _count(self.status, "status") not in range(400, 600):
-            raise ProtocolError("status", f"must be an HTTP error status 400..599, got {self.status}")
-        _str(self.message, "message")
-        if self.shed is not None and shed_from(_obj(self.shed, "shed")) is None:
-            raise ProtocolError("shed.reason", "must be a shed reason (queue_full, slo_infeasible, ...)")
-
 
 @dataclass(frozen=True, kw_only=True)
 class FetchReply(Message):
     """A worker's answer to Fetch: its own HTTP server's response to the path."""
 
     TYPE: ClassVar[str] = "fetch_reply"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("worker_id", check_worker_id),
+        ("fetch_id", hex_digits),
+        ("status", int_in(100, 600, "an HTTP status")),
+        ("content_type", string),
+        ("body", string),
+    )
     worker_id: str
     fetch_id: str
     status: int
     content_type: str
     body: str
-
-    def __post_init__(self) -> None:
-        check_worker_id(self.worker_id)
-        _hex(self.fetch_id, "fetch_id")
-        if _count(self.status, "status") not in range(100, 600):
-            raise ProtocolError("status", f"must be an HTTP status, got {self.status}")
-        _str(self.content_type, "content_type")
-        _str(self.body, "body")
 
 
 # router -> worker
@@ -341,6 +286,16 @@ class Submit(Message):
     """Run a request; `resume_output_ids` are tokens already generated elsewhere (migration)."""
 
     TYPE: ClassVar[str] = "submit"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("rid", ident),
+        ("input_ids", non_empty_tokens),
+        ("sampling_params", obj),
+        ("slo", optional(_slo)),
+        ("resume_output_ids", token_ids),
+        ("stream", boolean),
+        ("arrival_unix", optional(rate)),
+        ("bootstrap", optional(_bootstrap)),
+    )
     rid: str
     input_ids: tuple[int, ...]
     sampling_params: dict[str, Any]
@@ -352,33 +307,12 @@ class Submit(Message):
     # (same room) goes to the prefill and the decode worker of the pair.
     bootstrap: dict[str, Any] | None = None
 
-    def __post_init__(self) -> None:
-        _ident(self.rid, "rid")
-        _set(self, "input_ids", _token_ids(self.input_ids, "input_ids", non_empty=True))
-        _obj(self.sampling_params, "sampling_params")
-        if self.slo is not None:
-            try:
-                parse_slo(self.slo, prefix="slo.")
-            except SloValidationError as exc:
-                raise ProtocolError(exc.field, exc.message) from None
-        _set(self, "resume_output_ids", _token_ids(self.resume_output_ids, "resume_output_ids"))
-        _bool(self.stream, "stream")
-        if self.arrival_unix is not None:
-            _set(self, "arrival_unix", _rate(self.arrival_unix, "arrival_unix"))
-        if self.bootstrap is not None:
-            _obj(self.bootstrap, "bootstrap")
-            _ident(self.bootstrap.get("host"), "bootstrap.host")
-            _count(self.bootstrap.get("port"), "bootstrap.port", minimum=1)
-            _count(self.bootstrap.get("room"), "bootstrap.room")
-
 
 @dataclass(frozen=True, kw_only=True)
 class Abort(Message):
     TYPE: ClassVar[str] = "abort"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (("rid", ident),)
     rid: str
-
-    def __post_init__(self) -> None:
-        _ident(self.rid, "rid")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -387,14 +321,14 @@ class Ack(Message):
     is in use (the worker authenticates the router with it)."""
 
     TYPE: ClassVar[str] = "ack"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("accepted", boolean),
+        ("reason", string),
+        ("proof", optional(hex_digits)),
+    )
     accepted: bool
     reason: str = ""
     proof: str | None = None
-
-    def __post_init__(self) -> None:
-        _bool(self.accepted, "accepted")
-        _str(self.reason, "reason")
-        _opt_hex(self.proof, "proof")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -402,10 +336,8 @@ class Challenge(Message):
     """The router's answer to a Register without proof: prove the worker secret over this nonce."""
 
     TYPE: ClassVar[str] = "challenge"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (("nonce", hex_digits),)
     nonce: str
-
-    def __post_init__(self) -> None:
-        _hex(self.nonce, "nonce")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,14 +346,13 @@ class Sealed(Message):
     message's wire form, `mac` its HMAC with the sequence number (which only ever grows)."""
 
     TYPE: ClassVar[str] = "sealed"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (("seq", count), ("mac", hex_digits), ("body", string))
     seq: int
     mac: str
     body: str
 
-    def __post_init__(self) -> None:
-        _count(self.seq, "seq")
-        _hex(self.mac, "mac")
-        _str(self.body, "body")
+
+FETCH_PATHS = ("/model_info", "/server_info", "/v1/models", "/flush_cache")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -430,16 +361,14 @@ class Fetch(Message):
     never calls a URL a worker announced, nor sends it a client's credentials."""
 
     TYPE: ClassVar[str] = "fetch"
+    CHECKS: ClassVar[tuple[tuple[str, Check], ...]] = (
+        ("fetch_id", hex_digits),
+        ("method", one_of(("GET", "POST"), "GET or POST")),
+        ("path", one_of(FETCH_PATHS, f"one of {', '.join(FETCH_PATHS)}", show_value=False)),
+    )
     fetch_id: str
     method: str
     path: str
-
-    def __post_init__(self) -> None:
-        _hex(self.fetch_id, "fetch_id")
-        if self.method not in ("GET", "POST"):
-            raise ProtocolError("method", f"must be GET or POST, got {self.method!r}")
-        if self.path not in FETCH_PATHS:
-            raise ProtocolError("path", f"must be one of {', '.join(FETCH_PATHS)}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -447,7 +376,6 @@ class Shutdown(Message):
     TYPE: ClassVar[str] = "shutdown"
 
 
-FETCH_PATHS = ("/model_info", "/server_info", "/v1/models", "/flush_cache")
 MESSAGE_TYPES: dict[str, type[Message]] = {
     cls.TYPE: cls
     for cls in (
@@ -466,30 +394,19 @@ MESSAGE_TYPES: dict[str, type[Message]] = {
         Shutdown,
     )
 }
-_FIELD_NAMES: dict[type[Message], tuple[str, ...]] = {}
-_REQUIRED: dict[type[Message], frozenset[str]] = {}
 
 
-def _field_names(cls: type[Message]) -> tuple[str, ...]:
-    names = _FIELD_NAMES.get(cls)
-    if names is None:
-        names = _FIELD_NAMES[cls] = tuple(f.name for f in fields(cls))
-    return names
-
-
-def _required(cls: type[Message]) -> frozenset[str]:
-    req = _REQUIRED.get(cls)
-    if req is None:
-        req = _REQUIRED[cls] = frozenset(
-            f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING
-        )
-    return req
+_FIELD_NAMES = {cls: tuple(f.name for f in fields(cls)) for cls in MESSAGE_TYPES.values()}
+_REQUIRED = {
+    cls: frozenset(f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING)
+    for cls in MESSAGE_TYPES.values()
+}
 
 
 def decode(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     """Bytes -> Message. Raises ProtocolError, and nothing else, on any malformed input."""
     if not isinstance(raw, (bytes, bytearray, memoryview)):
-        raise ProtocolError("frame", f"must be bytes, got {_type_name(raw)}")
+        raise ProtocolError("frame", f"must be bytes, got {type_name(raw)}")
     if len(raw) > max_bytes:
         raise ProtocolError("frame", f"{len(raw)} bytes exceeds the {max_bytes}-byte limit")
     try:
@@ -497,7 +414,7 @@ def decode(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     except orjson.JSONDecodeError as exc:
         raise ProtocolError("frame", f"not JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ProtocolError("frame", f"must be a JSON object, got {_type_name(data)}")
+        raise ProtocolError("frame", f"must be a JSON object, got {type_name(data)}")
     version = data.get("version")
     if type(version) is not int or version != PROTOCOL_VERSION:
         raise ProtocolError("version", f"must be {PROTOCOL_VERSION}, got {version!r}")
@@ -505,12 +422,12 @@ def decode(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ProtocolError("type", f"unknown message type {kind!r}")
-    names = _field_names(cls)
+    names = _FIELD_NAMES[cls]
     for key in data:
         if key not in names and key not in ("type", "version"):
             raise ProtocolError(key, f"unknown field for {kind}")
     for name in names:
-        if name in _required(cls) and name not in data:
+        if name in _REQUIRED[cls] and name not in data:
             raise ProtocolError(name, f"missing (required by {kind})")
     kwargs = {name: data[name] for name in names if name in data}  # a null is judged by the field's check
     try:
