@@ -55,7 +55,7 @@ from router.http_common import (
 )
 from router.http_guard import ROUTE_ROLES, RoleGuard, scrub_secrets
 from router.protocol import ProtocolError
-from router.requests import parse_chat, parse_completion, parse_native
+from router.requests import ParseContext, parse_chat, parse_completion, parse_native
 from router.service import GenerateCall, PromptTooLong, RouterService
 from router.tokenizer import RouterTokenizer
 
@@ -180,8 +180,8 @@ def create_app(
     async def tokenizer() -> RouterTokenizer:
         return await service.ready_tokenizer()
 
-    def default_slo() -> Any:
-        return service.config.default_slo
+    def parse_context(request: Request, arrival: tuple[float, float]) -> ParseContext:
+        return ParseContext(lower_headers(request), tokenizer, service.config.default_slo, arrival, caller(request))
 
     # --- generation routes ---
 
@@ -189,7 +189,7 @@ def create_app(
     async def generate(request: Request) -> Response:
         arrival = (time.time(), time.monotonic())
         body = await read_json(request)
-        call = await parse_native(body, lower_headers(request), tokenizer, default_slo(), arrival, caller(request))
+        call = await parse_native(body, parse_context(request, arrival))
         run = await open_run(service, call, await tokenizer())
         incremental = service.config.incremental_streaming_output
 
@@ -210,9 +210,7 @@ def create_app(
     async def completions(request: Request) -> Response:
         arrival = (time.time(), time.monotonic())
         body = await read_json(request)
-        call, opts = await parse_completion(
-            body, lower_headers(request), tokenizer, default_slo(), arrival, caller(request)
-        )
+        call, opts = await parse_completion(body, parse_context(request, arrival))
         run = await open_run(service, call, await tokenizer())
         created = int(time.time())
 
@@ -230,7 +228,7 @@ def create_app(
     async def chat_completions(request: Request) -> Response:
         arrival = (time.time(), time.monotonic())
         body = await read_json(request)
-        call, opts = await parse_chat(body, lower_headers(request), tokenizer, default_slo(), arrival, caller(request))
+        call, opts = await parse_chat(body, parse_context(request, arrival))
         run = await open_run(service, call, await tokenizer())
         created = int(time.time())
         started = False

@@ -105,6 +105,21 @@ TokenizerSource = Callable[[], Awaitable[RouterTokenizer]]
 
 
 @dataclass(frozen=True)
+class ParseContext:
+    """What a body is read against, whatever its route: the request's headers (lower-cased),
+    the router's tokenizer and default SLO, when the request arrived and who sent it."""
+
+    headers: Mapping[str, str]
+    tokenizer: TokenizerSource
+    default_slo: SloSpec | None = None
+    arrival: tuple[float, float] | None = None  # (wall clock, router clock); None: now
+    principal: Principal | None = None
+
+    def arrived(self) -> tuple[float, float]:
+        return self.arrival or (time.time(), time.monotonic())
+
+
+@dataclass(frozen=True)
 class OpenAIOptions:
     """What the OpenAI formatter needs beyond the GenerateCall."""
 
@@ -176,6 +191,15 @@ def _strip_slo(custom: Any, name: str) -> Any:
         and (not str(k).startswith(INTERNAL_PARAM_PREFIX) or k == ORACLE_HINT_PARAM)
     }
     return kept or None
+
+
+def _strip_custom_slo(params: dict[str, Any], name: str) -> None:
+    """Drop the client's `slo_*` keys from `params["custom_params"]` (the SLO travels on its own)."""
+    custom = _strip_slo(params.get("custom_params"), name)
+    if custom is None:
+        params.pop("custom_params", None)
+    else:
+        params["custom_params"] = custom
 
 
 def _stop_regex(value: Any, field: str) -> None:
@@ -252,23 +276,12 @@ def template_kwargs(value: Any) -> dict[str, Any]:
     return value
 
 
-def _arrival() -> tuple[float, float]:
-    return time.time(), time.monotonic()
-
-
 # --- native /generate ---
 
 
-async def parse_native(
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-    tokenizer: TokenizerSource,
-    default_slo: SloSpec | None = None,
-    arrival: tuple[float, float] | None = None,
-    principal: Principal | None = None,
-) -> GenerateCall:
+async def parse_native(body: dict[str, Any], ctx: ParseContext) -> GenerateCall:
     """SGLang's GenerateReqInput, single request only."""
-    arrival_unix, arrival_s = arrival or _arrival()
+    arrival_unix, arrival_s = ctx.arrived()
     text, ids = body.get("text"), body.get("input_ids")
     if text is not None and ids is not None:
         raise bad("input_ids", "give either text or input_ids, not both")
@@ -296,17 +309,13 @@ async def parse_native(
     _sampling(lambda: check_sampling_params(params, "sampling_params"))
     stream = _opt_bool(body, "stream")
     rid = _rid(body)
-    spec = _slo(body, headers, default_slo, native=True)  # reads custom_params.slo before it is stripped
-    custom = _strip_slo(params.get("custom_params"), "sampling_params.custom_params")
-    if custom is None:
-        params.pop("custom_params", None)
-    else:
-        params["custom_params"] = custom
-    spec, clamped = _hold_to_key(spec, params, principal)
+    spec = _slo(body, ctx.headers, ctx.default_slo, native=True)  # reads custom_params.slo before it is stripped
+    _strip_custom_slo(params, "sampling_params.custom_params")
+    spec, clamped = _hold_to_key(spec, params, ctx.principal)
     field = "input_ids" if ids is not None else "text"
     if ids is None:
         assert text is not None  # checked above: exactly one of the two was given
-        ids = await _encode(await tokenizer(), text, "text")
+        ids = await _encode(await ctx.tokenizer(), text, "text")
     return GenerateCall(
         rid,
         ids,
@@ -335,11 +344,7 @@ def _openai_sampling(body: Mapping[str, Any], max_tokens: int | None) -> dict[st
     if "stop" in params and not isinstance(params["stop"], (str, list)):
         raise bad("stop", "must be a string or a list of strings")
     _stop_regex(body.get("stop_regex"), "stop_regex")
-    custom = _strip_slo(params.get("custom_params"), "custom_params")
-    if custom is None:
-        params.pop("custom_params", None)
-    else:
-        params["custom_params"] = custom
+    _strip_custom_slo(params, "custom_params")
     return params
 
 
@@ -351,27 +356,39 @@ def _openai_params(body: Mapping[str, Any], max_tokens: Any, name: str) -> dict[
     return params
 
 
-def _openai_call_fields(
-    body: dict[str, Any], headers: Mapping[str, str], default_slo: SloSpec | None
-) -> tuple[bool, str, SloSpec, OpenAIOptions]:
-    """stream, rid, SLO and the response options of an OpenAI route."""
+async def _parse_openai(
+    body: dict[str, Any],
+    ctx: ParseContext,
+    arrival: tuple[float, float],
+    params: dict[str, Any],
+    prompt_field: str,
+    tokens: Callable[[], Awaitable[tuple[list[int], str | None]]],
+) -> tuple[GenerateCall, OpenAIOptions]:
+    """What the OpenAI routes share once their prompt and sampling params are checked: stream,
+    rid, the SLO held to the caller's key, then the prompt's tokens (and its text, if sent)."""
     stream = _opt_bool(body, "stream")
     include_usage, continuous = stream_options(body, stream)
     model, rid = model_name(body), _rid(body)
-    spec = _slo(body, headers, default_slo, native=False)
-    return stream, rid, spec, OpenAIOptions(model, include_usage, continuous)
+    spec = _slo(body, ctx.headers, ctx.default_slo, native=False)
+    spec, clamped = _hold_to_key(spec, params, ctx.principal)
+    ids, text = await tokens()
+    call = GenerateCall(
+        rid,
+        ids,
+        params,
+        spec,
+        stream,
+        *arrival,
+        prompt_text=text,
+        prompt_field=prompt_field,
+        slo_clamped=clamped,
+    )
+    return call, OpenAIOptions(model, include_usage, continuous)
 
 
-async def parse_completion(
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-    tokenizer: TokenizerSource,
-    default_slo: SloSpec | None = None,
-    arrival: tuple[float, float] | None = None,
-    principal: Principal | None = None,
-) -> tuple[GenerateCall, OpenAIOptions]:
+async def parse_completion(body: dict[str, Any], ctx: ParseContext) -> tuple[GenerateCall, OpenAIOptions]:
     """POST /v1/completions."""
-    arrival_unix, arrival_s = arrival or _arrival()
+    arrival = ctx.arrived()
     if "prompt" not in body:
         raise bad("prompt", "missing")
     prompt = single_prompt(body["prompt"])
@@ -379,37 +396,18 @@ async def parse_completion(
     if body.get("best_of") not in (None, 1):
         raise bad("best_of", "must be 1: the router serves one completion per request")
     params = _openai_params(body, body.get("max_tokens", DEFAULT_COMPLETION_MAX_TOKENS), "max_tokens")
-    stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
-    spec, clamped = _hold_to_key(spec, params, principal)
-    if isinstance(prompt, str):
-        ids, text = await _encode(await tokenizer(), prompt, "prompt"), prompt
-    else:
-        ids, text = _token_ids(prompt, "prompt"), None
-    call = GenerateCall(
-        rid,
-        ids,
-        params,
-        spec,
-        stream,
-        arrival_unix,
-        arrival_s,
-        prompt_text=text,
-        prompt_field="prompt",
-        slo_clamped=clamped,
-    )
-    return call, options
+
+    async def tokens() -> tuple[list[int], str | None]:
+        if isinstance(prompt, str):
+            return await _encode(await ctx.tokenizer(), prompt, "prompt"), prompt
+        return _token_ids(prompt, "prompt"), None
+
+    return await _parse_openai(body, ctx, arrival, params, "prompt", tokens)
 
 
-async def parse_chat(
-    body: dict[str, Any],
-    headers: Mapping[str, str],
-    tokenizer: TokenizerSource,
-    default_slo: SloSpec | None = None,
-    arrival: tuple[float, float] | None = None,
-    principal: Principal | None = None,
-) -> tuple[GenerateCall, OpenAIOptions]:
+async def parse_chat(body: dict[str, Any], ctx: ParseContext) -> tuple[GenerateCall, OpenAIOptions]:
     """POST /v1/chat/completions: the tokenizer's chat template with add_generation_prompt."""
-    arrival_unix, arrival_s = arrival or _arrival()
+    arrival = ctx.arrived()
     messages = chat_messages(body)
     _falsy_or_fail(body, CHAT_UNSUPPORTED, "not supported by the router")
     max_tokens = body.get("max_completion_tokens")
@@ -418,9 +416,14 @@ async def parse_chat(
         max_tokens, name = body.get("max_tokens"), "max_tokens"
     params = _openai_params(body, max_tokens, name)
     kwargs = template_kwargs(body.get("chat_template_kwargs"))
-    stream, rid, spec, options = _openai_call_fields(body, headers, default_slo)
-    spec, clamped = _hold_to_key(spec, params, principal)
-    tok = await tokenizer()
+
+    async def tokens() -> tuple[list[int], str | None]:
+        return await _render_chat(await ctx.tokenizer(), messages, kwargs), None
+
+    return await _parse_openai(body, ctx, arrival, params, "messages", tokens)
+
+
+async def _render_chat(tok: RouterTokenizer, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> list[int]:
     try:
         ids = await tok.run(lambda: tok.chat_ids(messages, **kwargs), TOKENIZE_TIMEOUT_S, size=input_chars(messages))
     except TokenizerBusy as exc:
@@ -431,7 +434,4 @@ async def parse_chat(
         raise bad("messages", f"the chat template failed: {type(exc).__name__}: {exc}") from None
     if not ids:
         raise bad("messages", "the chat template produced no tokens")
-    call = GenerateCall(
-        rid, ids, params, spec, stream, arrival_unix, arrival_s, prompt_field="messages", slo_clamped=clamped
-    )
-    return call, options
+    return ids
