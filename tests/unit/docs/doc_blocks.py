@@ -58,12 +58,14 @@ def shell_commands(text: str) -> list[str]:
     or a multi-line JSON body), comment and blank lines dropped."""
     commands: list[str] = []
     buffer = ""
+    continued = False  # the last line ended with a backslash: the next one joins with a space
     for line in text.splitlines():
         if not buffer and (not line.strip() or line.strip().startswith("#")):
             continue
-        buffer = f"{buffer}\n{line}" if buffer else line
-        if buffer.endswith("\\"):
-            buffer = buffer[:-1]
+        buffer = (f"{buffer} {line.strip()}" if continued else f"{buffer}\n{line}") if buffer else line
+        continued = buffer.endswith("\\")
+        if continued:
+            buffer = buffer[:-1].rstrip()
             continue
         try:
             shlex.split(buffer, comments=True)
