@@ -252,7 +252,7 @@ def create_app(
     # --- worker info, cache, health ---
 
     async def proxied(path: str) -> tuple[str, Response, Any]:
-        worker_id, resp = await service.proxy_get(path)
+        worker_id, resp = await service.proxy.get(path)
         parsed = None
         with contextlib.suppress(ValueError):
             parsed = resp.json()
@@ -285,7 +285,7 @@ def create_app(
 
     @guarded
     async def flush_cache(request: Request) -> Response:
-        results = await service.flush_cache()
+        results = await service.proxy.flush_cache()
         failed = {wid: why for wid, why in results.items() if why != "ok"}
         if failed:
             return json_response(

@@ -21,8 +21,8 @@ from router.api_error import ApiError, bad
 from router.flight import NO_WORKER, WORKER_FAILED, NoWorkerAvailable, RouterQueueFull, StreamError
 from router.flight_table import NO_WORKER_RETRY_S
 from router.protocol import MAX_MESSAGE_BYTES
-from router.service import WorkerUnavailable
 from router.tokenizer import TokenizerUnavailable
+from router.worker_proxy import WorkerUnavailable
 from scheduler.core.json_depth import unforwardable
 
 logger = logging.getLogger(__name__)

@@ -1,7 +1,6 @@
 """The router process minus HTTP: worker endpoint, registry, policy, dispatcher, tokenizer,
-reports and the few calls the HTTP layer makes on workers' own HTTP servers (model info,
-server info, cache flushes), asked over the authenticated worker link: the router never calls
-a URL a worker announced and never hands a worker a client's credentials.
+reports, the live PD sizing (router/pool_sizing.py) and the calls on workers' own HTTP servers
+(router/worker_proxy.py).
 
 Built in two steps so bad configuration fails before anything binds: the constructor validates
 and builds the policy (a SystemExit-worthy ValueError for a bad parameter), `start()` binds the
@@ -25,9 +24,10 @@ import zmq.asyncio
 from router.access import AccessTable
 from router.dispatcher import DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT_S, Dispatcher
 from router.flight import RequestStream
-from router.pd import DECODE, PREFILL
-from router.pd_sizing import MixTracker, profile_inputs, split_devices, tpot_tier, tracker_sizing
+from router.pd import PREFILL
+from router.pd_sizing import MixTracker, tpot_tier
 from router.policies import RoutingContext, make_routing_policy
+from router.pool_sizing import PoolSizer
 from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
 from router.protocol import Submit
 from router.registry import WorkerRegistry
@@ -36,8 +36,8 @@ from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 from router.transport import CurveKeys, RouterEndpoint
 from router.views import RouteRequest, WorkerView
 from router.worker_auth import RouterAuth
+from router.worker_proxy import WorkerProxy
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, predictor_from_spec
-from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.slo import SloSpec
 
 logger = logging.getLogger(__name__)
@@ -109,32 +109,6 @@ class PromptTooLong(ValueError):
     """No worker's model takes a prompt this long; the HTTP layer answers 400 naming the field."""
 
 
-class WorkerUnavailable(RuntimeError):
-    """No healthy worker answered a proxied call; the HTTP layer answers 503 or 502."""
-
-    def __init__(self, message: str, status: int = 503) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Proxied:
-    """A worker's own HTTP answer, fetched over the worker link."""
-
-    status_code: int
-    content_type: str
-    text: str
-
-    @property
-    def content(self) -> bytes:
-        return self.text.encode()
-
-    def json(self) -> Any:
-        import json
-
-        return json.loads(self.text)
-
-
 class RouterService:
     """Owns the router's parts; `start()`/`stop()` run on the serving event loop."""
 
@@ -161,7 +135,9 @@ class RouterService:
         self.reports = RouterReports()
         policy_status = getattr(self.policy, "status", None)
         self.mix = MixTracker(start=clock())  # the live mix, for the PD sizing signals
-        self._profiles: dict[str, tuple[Any, int | None] | None] = {}
+        self.sizer = PoolSizer(self.mix)
+        # the workers' own HTTP servers, over the worker link (the dispatcher exists once started)
+        self.proxy = WorkerProxy(lambda *call: self.dispatcher.fetch(*call), self.healthy, config.proxy_timeout_s)
         self.reports.metrics.registry.register(
             RouterCollector(
                 self._dispatcher_status,
@@ -360,83 +336,11 @@ class RouterService:
         moved = False if source == target else await self.dispatcher.migrate(rid, target)
         return {"rid": rid, "from": source, "to": target, "migrated": moved}
 
-    # --- workers' own HTTP servers (over the worker link) ---
-
-    def _fetchable(self) -> list[str]:
-        return [v.worker_id for v in self.healthy()]
-
-    async def _fetch(self, worker_id: str, method: str, path: str) -> Proxied:
-        reply = await self.dispatcher.fetch(worker_id, method, path, self.config.proxy_timeout_s)
-        return Proxied(reply.status, reply.content_type, reply.body)
-
-    async def proxy_get(self, path: str) -> tuple[str, Proxied]:
-        """GET `path` from the first healthy worker that answers (worker id, response)."""
-        workers = self._fetchable()
-        if not workers:
-            raise WorkerUnavailable("no healthy worker")
-        errors = []
-        for worker_id in workers:
-            try:
-                return worker_id, await self._fetch(worker_id, "GET", path)
-            except (TimeoutError, asyncio.TimeoutError, ConnectionError) as exc:
-                errors.append(f"{worker_id}: {type(exc).__name__}: {exc}")
-        raise WorkerUnavailable("; ".join(errors), status=502)
-
-    async def flush_cache(self) -> dict[str, str]:
-        """POST /flush_cache on every healthy worker; worker id -> "ok" or what went wrong."""
-        workers = self._fetchable()
-        if not workers:
-            raise WorkerUnavailable("no healthy worker")
-
-        async def one(worker_id: str) -> str:
-            try:
-                resp = await self._fetch(worker_id, "POST", "/flush_cache")
-            except (TimeoutError, asyncio.TimeoutError, ConnectionError) as exc:
-                return f"{type(exc).__name__}: {exc}"
-            return "ok" if resp.status_code == 200 else f"HTTP {resp.status_code}: {resp.text[:200]}"
-
-        results = await asyncio.gather(*(one(w) for w in workers))
-        return dict(zip(workers, results))
-
     # --- status ---
 
-    def _profile(self, gpu: str) -> tuple[Any, int | None] | None:
-        if gpu not in self._profiles:
-            try:
-                self._profiles[gpu] = profile_inputs(gpu)
-            except (OSError, ValueError, KeyError):
-                self._profiles[gpu] = None
-        return self._profiles[gpu]
-
     def pd_sizing(self) -> dict[str, Any] | None:
-        """SLOs-Serve App. A's prefill:decode split for the live mix, per TPOT tier, with the pool
-        as it is now; sized on the decode workers' GPU profile (None without one)."""
-        views = self.views()
-        prefill = [v for v in views if v.role == PREFILL]
-        decode = [v for v in views if v.role == DECODE]
-        candidates = decode or views
-        if not candidates:
-            return None
-        sized_on = candidates[0]
-        profile = self._profile(sized_on.gpu)
-        if profile is None:
-            return None
-        perf, kv_capacity = profile
-        reg = self.registry.registration(sized_on.worker_id)
-        scale = 1.0 if reg is None else reg.time_scale
-        if scale != 1.0:  # an emulated card in dilated time: so are the clients' TPOTs
-            perf = SlowedPerfModel(perf, scale)
-        sizing = tracker_sizing(self.mix, self.clock(), perf, kv_capacity_tokens=kv_capacity)
-        pool = len(prefill) + len(decode) if prefill else len(views)
-        sizing["gpu"] = sized_on.gpu
-        sizing["time_scale"] = scale
-        sizing["pool"] = {
-            "prefill_workers": len(prefill),
-            "decode_workers": len(decode),
-            "co_located_workers": len(views) - len(prefill) - len(decode),
-            "split_for_this_pool": split_devices(sizing, pool),
-        }
-        return sizing
+        """The live prefill:decode split (router/pool_sizing.py), for status and metrics."""
+        return self.sizer.sizing(self.views(), self.registry, self.clock())
 
     def status(self) -> dict[str, Any]:
         """GET /slo/status: policy, counters, every worker's view, per-policy signals, attainment."""
