@@ -24,7 +24,8 @@ from scheduler.core.compound import EXPIRE_EVERY_STEPS, CompoundDeadlines
 from scheduler.core.estimates import absolute_deadline, deadline_seconds
 from scheduler.core.outcome import SloOutcome, evaluate
 from scheduler.core.plan_path import FinalPlan, PlanSettings, settings_for
-from scheduler.core.sim_engine import KV_TOO_LARGE, EngineConfig, Finished, SimEngine, SimRequest
+from scheduler.core.sim_engine import SimEngine
+from scheduler.core.sim_requests import KV_TOO_LARGE, EngineConfig, Finished, SimRequest
 from scheduler.core.types import EngineView, PerfModel, Policy
 
 __all__ = ["Arrivals", "EngineConfig", "SimRecord", "SimRequest", "SimResult", "Simulator"]

@@ -8,7 +8,8 @@ from scheduler.core.analyzer.spec import COLD_START, live_length_bounds
 from scheduler.core.perf_model import constant_model, linear_model
 from scheduler.core.plan_path import DECODE, PREFILL, settings_for
 from scheduler.core.policies import make_policy
-from scheduler.core.sim_engine import PREFILLED, EngineConfig, SimEngine, SimRequest
+from scheduler.core.sim_engine import SimEngine
+from scheduler.core.sim_requests import PREFILLED, EngineConfig, SimRequest
 from scheduler.core.slo import SloSpec
 from scheduler.core.types import EngineView, StepPlan
 
