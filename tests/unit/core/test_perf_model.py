@@ -19,8 +19,6 @@ from scheduler.core.perf_model import (
     Sample,
     StepTimeModel,
     TablePerfModel,
-    _features,
-    _prune_terms,
     constant_model,
     default_model,
     largest_fitting,
@@ -29,8 +27,9 @@ from scheduler.core.perf_model import (
     load_profile,
     profile_path,
     save_profile,
-    spec_steps,
 )
+from scheduler.core.roofline import _features, _prune_terms
+from scheduler.core.step_time import spec_steps
 from speculative.cost import SpecCost
 
 # memory-bound term (weights read once) and compute-bound term (per-token FLOPs)
