@@ -1,4 +1,4 @@
-"""Every command and example in README.md, docs/*.md and benchmarks/README.md, run in its
+"""Every command and example in README.md, docs/*.md, benchmarks/README.md and RESULTS.md, run in its
 cheapest faithful form, so none rots.
 
 - A `python -m MODULE ...` command runs `MODULE --help`: it fails when the module is gone, and
@@ -27,7 +27,7 @@ import yaml
 
 from scheduler.core.slo import SloValidationError
 from scheduler.core.slo_wire import extract_slo
-from tests.unit.docs.doc_blocks import PAGES, ROOT, Block, all_blocks, flags, pipeline, shell_commands
+from tests.unit.docs.doc_blocks import PAGES, ROOT, Block, all_blocks, blocks, flags, pipeline, shell_commands
 
 # (page, a line of the block) -> why the block's other commands cannot run in a unit test.
 NOT_RUNNABLE: dict[tuple[str, str], str] = {
@@ -54,7 +54,8 @@ CONSOLE_SCRIPTS = {
 SHELL_LANGS = {"bash", "sh", "shell", "console"}
 SLO_SUBCOMMANDS = ("serve", "test", "setup")
 
-BLOCKS = all_blocks()
+RESULTS = ROOT / "benchmarks" / "RESULTS.md"
+BLOCKS = all_blocks() + blocks(RESULTS)  # the results page's commands must run today too
 
 
 def _rel(page: Path) -> str:
@@ -225,7 +226,7 @@ def test_the_policy_example_builds_and_plans() -> None:
 _INLINE_MODULE = re.compile(r"python3? -m ([\w.]+)")
 
 
-@pytest.mark.parametrize("page", PAGES + [ROOT / "benchmarks" / "RESULTS.md"], ids=_rel)
+@pytest.mark.parametrize("page", [*PAGES, RESULTS], ids=_rel)
 def test_every_module_a_page_names_exists(page: Path) -> None:
     """Prose and the results page name commands too (`python -m benchmarks.x ...`)."""
     import importlib.util
@@ -257,7 +258,7 @@ def _anchors(page: Path) -> set[str]:
 LANDING_ELSEWHERE = {"sglang.md": "the SGLang 0.5.23 branch", "simulator.md": "the benchmarks reorganisation"}
 
 
-@pytest.mark.parametrize("page", PAGES + [ROOT / "benchmarks" / "RESULTS.md"], ids=_rel)
+@pytest.mark.parametrize("page", [*PAGES, RESULTS], ids=_rel)
 def test_links_between_pages_resolve(page: Path) -> None:
     """A link to another page (and to a heading in it) lands."""
     broken = []
