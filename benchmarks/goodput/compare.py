@@ -124,19 +124,7 @@ def targets_of(args: argparse.Namespace) -> list[Target]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     install_signal_handlers()
-    spec = WorkloadSpec(
-        trace=args.trace,
-        data_dir=args.data_dir,
-        start_s=args.start,
-        window_s=args.window,
-        units=args.units,
-        arrivals=args.arrivals,
-        length_scale=args.length_scale,
-        max_prompt=args.max_prompt,
-        max_output=args.max_output,
-        mix=args.mix,
-        seed=args.seed,
-    )
+    spec = WorkloadSpec.from_flags(args, args.seed, data_dir=args.data_dir, start_s=args.start, window_s=args.window)
     text = PromptText(resolve_model(args.model_path))
 
     def prompt_for(p: PlannedRequest, rng: random.Random) -> list[int]:

@@ -9,8 +9,10 @@ solo latency) see the lengths that are really sent.
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 from benchmarks.goodput.mixes import Scale, apply_mix
 from benchmarks.goodput.records import PlannedRequest
@@ -49,6 +51,23 @@ class WorkloadSpec:
             raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
         if self.max_prompt < 1 or self.max_output < 1:
             raise ValueError("max_prompt and max_output must be >= 1")
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace, seed: int, **more: Any) -> WorkloadSpec:
+        """The workload the commands' shared flags describe (--trace, --units, --arrivals,
+        --length-scale, --max-prompt, --max-output, --mix), for one seed; `more` sets the fields
+        only some commands take."""
+        return cls(
+            trace=args.trace,
+            units=args.units,
+            arrivals=args.arrivals,
+            length_scale=args.length_scale,
+            max_prompt=args.max_prompt,
+            max_output=args.max_output,
+            mix=args.mix,
+            seed=seed,
+            **more,
+        )
 
     @property
     def block_tokens(self) -> int:

@@ -66,10 +66,7 @@ class Planner:
         spec_pool = PoolSpec.parse(pool, a.model)
         runs = []
         for seed in a.seed_list:
-            workload = WorkloadSpec(
-                trace=a.trace, units=a.units, arrivals=a.arrivals, mix=a.mix, seed=seed, cycle=True,
-                max_prompt=a.max_prompt, max_output=a.max_output, length_scale=a.length_scale,
-            )  # fmt: skip
+            workload = WorkloadSpec.from_flags(a, seed, cycle=True)
             scale = slo_scale(a.slo_scale, a.slo_relative_to, a.model)
             config = ClusterConfig(
                 pool=spec_pool,

@@ -146,18 +146,7 @@ def cluster_config(args: argparse.Namespace, routing: str, policy: str, seed: in
 
 
 def workload_spec(args: argparse.Namespace, seed: int) -> WorkloadSpec:
-    return WorkloadSpec(
-        trace=args.trace,
-        data_dir=args.data_dir,
-        units=args.units,
-        arrivals=args.arrivals,
-        length_scale=args.length_scale,
-        max_prompt=args.max_prompt,
-        max_output=args.max_output,
-        mix=args.mix,
-        seed=seed,
-        cycle=args.cycle,
-    )
+    return WorkloadSpec.from_flags(args, seed, data_dir=args.data_dir, cycle=args.cycle)
 
 
 def summary(runs: list[dict[str, Any]]) -> str:
