@@ -2,7 +2,7 @@
 
 A policy is a pure-Python object that maps (request, worker snapshots, clock) to a Decision. It
 never does I/O, never blocks and never reads SGLang: the same object runs in the router, in
-unit tests and in simulators, and it is timed at 8, 64 and 512 workers (benchmarks/decision_latency.py), so
+unit tests and in simulators, and it is timed at 8, 64 and 512 workers (benchmarks/experiments/decision_latency.py), so
 `choose` should stay O(workers) with small constants.
 
 Contract:
