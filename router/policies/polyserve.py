@@ -142,8 +142,8 @@ class PolyServePolicy(RoutingPolicy):
     def _queued_prompt_tokens(self, w: WorkerView) -> int:
         """Prompt tokens queued on `w` ahead of a new request, as the router best knows them: its
         newest `_pending(w)` placements (a queue-delay EMA only learns of a backlog once the
-        backlog has been waited out, so packing on it alone overfilled instances; with 10 ms
-        reports it attained 20 % at half load)."""
+        backlog has been waited out, so packing on it alone overfilled instances, most of all
+        with frequent reports)."""
         residents = self._resident.get(w.worker_id)
         pending = _pending(w)
         if not residents or pending <= 0:
