@@ -1,7 +1,7 @@
 """One simulated engine, stepped from outside: the unit both simulators are built from.
 
 Why a steppable engine: the single-engine `Simulator` and the cluster simulator (benchmarks/
-cluster) must run engines identically, and a cluster interleaves hundreds of them with a
+simulator) must run engines identically, and a cluster interleaves hundreds of them with a
 router in one event loop. `SimEngine.begin_step(now)` decides a step the way the SGLang adapter
 does (a plan only while the waiting queue is non-empty, finished on the one plan path, then
 drops, preemptions, order, tiers, batch cap, chunk and prefill gate applied with SGLang-like
