@@ -45,6 +45,15 @@ NOT_RUNNABLE: dict[tuple[str, str], str] = {
 ROUTES = {"/generate", "/v1/chat/completions", "/v1/completions", "/slo/status", "/health", "/metrics"}
 # Examples whose SLO is wrong on purpose (they show the 400): (page, snippet) -> the field named.
 INVALID_ON_PURPOSE = {("README.md", '"deadline_ms": -1'): "slo.deadline_ms"}
+# Python examples: where each one runs, or why it is only parsed. (page, a line of it) -> which.
+PYTHON_EXAMPLES = {
+    ("docs/adding-a-policy.md", "class NewestFirstPolicy:"): "run: test_the_policy_example_builds_and_plans",
+    ("docs/slo-api.md", "client = openai.OpenAI("): "run: tests/integration/test_doc_examples.py",
+    ("docs/slo-api.md", 'SloRuntimeEndpoint("http'): (
+        "parsed only: it runs a user's sgl.function program; SloRuntimeEndpoint itself is exercised by "
+        "tests/integration/test_server_api.py and test_router.py"
+    ),
+}
 # Console scripts the set-up installs, as the module each one runs.
 CONSOLE_SCRIPTS = {
     "launch_server": "launch_server",
@@ -185,13 +194,18 @@ def test_example_block_parses(block: Block) -> None:
         yaml.safe_load(block.text)
     elif block.lang == "python":
         ast.parse(block.text)
+        listed = [k for k in PYTHON_EXAMPLES if _rel(block.page) == k[0] and k[1] in block.text]
+        assert listed, (
+            f"{block.where}: a Python example must be run by a test or listed in PYTHON_EXAMPLES with why not"
+        )
     else:
         assert block.lang == "text", f"{block.where}: a fence needs a language (`text` for output or a tree)"
 
 
-def test_every_not_runnable_entry_names_a_block() -> None:
-    stale = [key for key in NOT_RUNNABLE if not any(_rel(b.page) == key[0] and key[1] in b.text for b in BLOCKS)]
-    assert not stale, f"NOT_RUNNABLE entries that match no block any more: {stale}"
+def test_every_listed_example_names_a_block() -> None:
+    listed = [*NOT_RUNNABLE, *PYTHON_EXAMPLES]
+    stale = [key for key in listed if not any(_rel(b.page) == key[0] and key[1] in b.text for b in BLOCKS)]
+    assert not stale, f"entries that match no block any more: {stale}"
 
 
 def test_the_first_two_commands_are_serve_and_test() -> None:
