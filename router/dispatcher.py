@@ -35,7 +35,7 @@ from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchLimits
 from router.flight import Flight, NoWorkerAvailable, RequestStream, RouterQueueFull, StreamError
 from router.flight_table import FlightTable
 from router.handover import Decode
@@ -132,18 +132,17 @@ class Dispatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = False  # stop() ran: nothing new is admitted
         self.outbox = WorkerOutbox(endpoint, registry, self.auth, self.counters)
-        handle = DispatchHandle(registry, policy, self.outbox, clock, self.counters, self.routed)
+        limits = DispatchLimits(
+            max_resubmits, max_error_retries, resume_timeout_s, request_timeout_s, reconcile_grace_s
+        )
+        handle = DispatchHandle(registry, policy, self.outbox, self.auth, clock, self.counters, self.routed, limits)
         self.pairing = PdPairing(handle)
         self.prefill_chooser = self.pairing.chooser
         self.table = FlightTable(handle, self.pairing)
-        self.placement = Placement(handle, self.table, self.pairing, decode, max_resubmits, resume_timeout_s)
-        self.reaper = Reaper(
-            handle, self.table, self.placement, self.auth, request_timeout_s, max_resubmits, reconcile_grace_s
-        )
-        self.inbox = WorkerInbox(
-            handle, endpoint, self.auth, self.table, self.placement, self.reaper, max_resubmits, max_error_retries
-        )
-        self.migrator = Migrator(handle, self.table, self.placement, self.pairing, decode is not None)
+        self.placement = Placement(handle, self.table, self.pairing, decode)
+        self.reaper = Reaper(handle, self.table, self.placement)
+        self.inbox = WorkerInbox(handle, endpoint, self.table, self.placement, self.reaper)
+        self.migrator = Migrator(handle, self.table, self.placement, decode is not None)
 
     # --- lifecycle ---
 

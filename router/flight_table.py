@@ -7,7 +7,7 @@ still holding a copy is owed an Abort, and its client gets exactly one final eve
 
 from __future__ import annotations
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import Flight, StreamError, StreamEvent
 from router.pd import PREFILL
 from router.pd_pairing import PdPairing
@@ -17,16 +17,12 @@ from scheduler.core.admission import retry_after_s
 NO_WORKER_RETRY_S = 5  # Retry-After with no healthy worker: a worker joins or comes back in seconds
 
 
-class FlightTable:
+class FlightTable(DispatchPart):
     """Flights by request id, the ones still waiting for a first token or for a worker, and the
     ones that just ended (a worker's load report may still list them)."""
 
     def __init__(self, handle: DispatchHandle, pairing: PdPairing) -> None:
-        self.registry = handle.registry
-        self.policy = handle.policy
-        self.outbox = handle.outbox
-        self.counters = handle.counters
-        self.clock = handle.clock
+        super().__init__(handle)
         self.pairing = pairing
         self.flights: dict[str, Flight] = {}
         self.unstarted: set[str] = set()  # rids in flight with no first token yet

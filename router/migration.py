@@ -8,37 +8,25 @@ source's late chunks no longer count. A request whose output cannot be carried o
 
 from __future__ import annotations
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import Flight
 from router.flight_table import FlightTable
 from router.handover import MigrationRefused, migration_blocker
 from router.pd import DECODE, PREFILL
-from router.pd_pairing import PdPairing
 from router.placement import Placement
 from router.protocol import Abort
 from router.resume import cap_reached, resume_route
 from router.views import RunningView
 
 
-class Migrator:
-    """Executes the policy's migrations (`tick`) and an operator's (`migrate`)."""
+class Migrator(DispatchPart):
+    """Executes the policy's migrations (`tick`) and an operator's (`migrate`); `can_decode`: the
+    router has a detokenizer, so stop strings can be matched across a move."""
 
-    def __init__(
-        self,
-        handle: DispatchHandle,
-        table: FlightTable,
-        placement: Placement,
-        pairing: PdPairing,
-        can_decode: bool,  # the router has a detokenizer: stop strings can be matched across a move
-    ) -> None:
-        self.outbox = handle.outbox
-        self.registry = handle.registry
-        self.policy = handle.policy
-        self.counters = handle.counters
-        self.clock = handle.clock
+    def __init__(self, handle: DispatchHandle, table: FlightTable, placement: Placement, can_decode: bool) -> None:
+        super().__init__(handle)
         self.table = table
         self.placement = placement
-        self.pairing = pairing
         self.can_decode = can_decode
 
     async def tick(self) -> None:
@@ -49,7 +37,7 @@ class Migrator:
             for f in self.table.flights.values()
             if f.owner is not None and not f.done and self._movable(f)
         ]
-        moves = self.policy.migrations(running, self.pairing.policy_views(now, None)[0], now)
+        moves = self.policy.migrations(running, self.placement.pairing.policy_views(now, None)[0], now)
         for rid, target in moves:
             await self._migrate(rid, target)
 
@@ -94,7 +82,7 @@ class Migrator:
             return
         if role == DECODE:  # the resumed prompt needs a prefill partner of its own
             route = resume_route(flight.route, len(flight.delivered))
-            _, prefill = self.pairing.policy_views(self.clock(), route)
+            _, prefill = self.placement.pairing.policy_views(self.clock(), route)
             if prefill is None:
                 self.counters["migrations_skipped"] += 1
                 return

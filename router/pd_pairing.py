@@ -10,20 +10,18 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import Flight
 from router.pd import PREFILL, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
 from router.protocol import Submit
 from router.views import RouteRequest, WorkerView
 
 
-class PdPairing:
+class PdPairing(DispatchPart):
     """Chooses the prefill partner of a placement and tracks the prompt tokens sent to each."""
 
     def __init__(self, handle: DispatchHandle) -> None:
-        self.registry = handle.registry
-        self.counters = handle.counters
-        self.routed = handle.routed
+        super().__init__(handle)
         self.chooser = PrefillChooser()
 
     def policy_views(

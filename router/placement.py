@@ -19,7 +19,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import NO_WORKER, WORKER_FAILED, Flight, StreamChunk, StreamError
 from router.flight_table import FlightTable
 from router.handover import Decode, StopWatch, constraint_of, stop_regexes, stop_strings
@@ -34,31 +34,17 @@ logger = logging.getLogger(__name__)
 DECISION_WINDOW = 1024  # recent policy.choose latencies kept for status()
 
 
-class Placement:
+class Placement(DispatchPart):
     """Asks the policy for a worker (and a PD partner), sends the Submit, and resubmits requests
     whose worker was lost, up to `max_resubmits` times; a request with no worker to go to waits
-    `resume_timeout_s` for one."""
+    `resume_timeout_s` for one. `decode` is the router's detokenizer (stop strings across a
+    hand-over), None without one."""
 
-    def __init__(
-        self,
-        handle: DispatchHandle,
-        table: FlightTable,
-        pairing: PdPairing,
-        decode: Decode | None,  # the router's detokenizer: stop strings across a hand-over
-        max_resubmits: int,
-        resume_timeout_s: float,
-    ) -> None:
-        self.outbox = handle.outbox
-        self.registry = handle.registry
-        self.policy = handle.policy
-        self.counters = handle.counters
-        self.routed = handle.routed
-        self.clock = handle.clock
+    def __init__(self, handle: DispatchHandle, table: FlightTable, pairing: PdPairing, decode: Decode | None) -> None:
+        super().__init__(handle)
         self.table = table
         self.pairing = pairing
         self.decode = decode
-        self.max_resubmits = max_resubmits
-        self.resume_timeout_s = resume_timeout_s
         self.decision_ns: deque[int] = deque(maxlen=DECISION_WINDOW)
 
     def assign(self, flight: Flight, worker_id: str, prefill: str | None = None) -> Submit:
@@ -176,7 +162,7 @@ class Placement:
         """Move a request off `away_from` (dead, failing): resume elsewhere, or wait for a worker."""
         if flight.done:
             return
-        if flight.resubmits >= self.max_resubmits:
+        if flight.resubmits >= self.limits.max_resubmits:
             msg = f"{why}; gave up after {flight.resubmits} resubmissions"
             self.table.finish(flight, self.table.router_error(flight.route.rid, 502, msg, WORKER_FAILED), "failed")
             return
@@ -196,8 +182,8 @@ class Placement:
                 continue  # another coroutine took it meanwhile
             if await self.place(flight):
                 flight.waiting_since = None
-            elif flight.waiting_since is not None and now - flight.waiting_since >= self.resume_timeout_s:
-                msg = f"no healthy worker to resume on within {self.resume_timeout_s:g} s"
+            elif flight.waiting_since is not None and now - flight.waiting_since >= self.limits.resume_timeout_s:
+                msg = f"no healthy worker to resume on within {self.limits.resume_timeout_s:g} s"
                 self.table.finish(flight, self.table.router_error(rid, 503, msg, NO_WORKER), "failed")
             else:
                 waiting[rid] = flight

@@ -31,44 +31,25 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import QUARANTINED, TIMED_OUT, Flight
 from router.flight_table import FlightTable
 from router.placement import Placement
 from router.protocol import Abort
-from router.worker_auth import RouterAuth
 
 logger = logging.getLogger(__name__)
 
 QUARANTINE_STRIKES = 2  # stalled engines it was on, or dead workers it ran on: then it is quarantined
 
 
-class Reaper:
+class Reaper(DispatchPart):
     """Fails over the requests of lost workers, times out silent requests, and reconciles the
     router's books with each worker's own list of what it holds."""
 
-    def __init__(
-        self,
-        handle: DispatchHandle,
-        table: FlightTable,
-        placement: Placement,
-        auth: RouterAuth,
-        request_timeout_s: float | None,
-        max_resubmits: int,
-        reconcile_grace_s: float,
-    ) -> None:
-        self.outbox = handle.outbox
-        self.registry = handle.registry
-        self.policy = handle.policy
-        self.counters = handle.counters
-        self.routed = handle.routed
-        self.clock = handle.clock
+    def __init__(self, handle: DispatchHandle, table: FlightTable, placement: Placement) -> None:
+        super().__init__(handle)
         self.table = table
         self.placement = placement
-        self.auth = auth
-        self.request_timeout_s = request_timeout_s
-        self.max_resubmits = max_resubmits
-        self.reconcile_grace_s = reconcile_grace_s
 
     async def reap(self) -> None:
         """Fail over the requests of workers that went silent (or whose engine stalled), end or
@@ -95,7 +76,7 @@ class Reaper:
             for flight in [f for f in flights.values() if f.prefill == worker_id and not f.done]:
                 await self.placement.prefill_failed(flight, 502, f"prefill worker {worker_id} {why}")
         await self._expire_inactive()
-        self.table.forget_ended(now, self.reconcile_grace_s)
+        self.table.forget_ended(now, self.limits.reconcile_grace_s)
         for worker_id in self.registry.forget_dead(now):
             self.counters["workers_forgotten"] += 1
             self.routed.pop(worker_id, None)
@@ -126,17 +107,17 @@ class Reaper:
         """A placed request that made no progress for `request_timeout_s`, over all its workers,
         is answered 504; one whose current worker was silent for a share of that budget (a hung
         stream, a lost message) is placed elsewhere first."""
-        if self.request_timeout_s is None:
+        if self.limits.request_timeout_s is None:
             return
         loop_now = asyncio.get_running_loop().time()
-        share = self.request_timeout_s / (self.max_resubmits + 1)
+        share = self.limits.request_timeout_s / (self.limits.max_resubmits + 1)
         for flight in [f for f in self.table.flights.values() if f.owner is not None and not f.done]:
-            spent = loop_now - flight.progress_at > self.request_timeout_s
+            spent = loop_now - flight.progress_at > self.limits.request_timeout_s
             if not spent and loop_now - flight.active_at <= share:
                 continue
             owner, rid = flight.owner, flight.route.rid
             self.counters["timed_out"] += 1
-            if spent or flight.resubmits >= self.max_resubmits or owner is None:
+            if spent or flight.resubmits >= self.limits.max_resubmits or owner is None:
                 msg = f"no progress in {loop_now - flight.progress_at:.0f} s on workers {', '.join(flight.hops)}"
                 self.table.finish(flight, self.table.router_error(rid, 504, msg, TIMED_OUT, owner), "failed")
                 if owner is not None:
@@ -154,7 +135,7 @@ class Reaper:
             flight = flights.get(rid)
             if flight is None or flight.owner != worker_id or flight.done or rid in holding:
                 continue
-            if now - flight.placed_s < self.reconcile_grace_s or flight.prefill is not None:
+            if now - flight.placed_s < self.limits.reconcile_grace_s or flight.prefill is not None:
                 continue  # the Submit may still be on its way (a PD pair answers through its prefill)
             self.counters["reconciled_lost"] += 1
             self.table.release(flight)
@@ -162,7 +143,7 @@ class Reaper:
         for rid in holding:
             flight = flights.get(rid)
             ended = self.table.recently_ended.get(rid)
-            if ended is not None and now - ended < self.reconcile_grace_s:
+            if ended is not None and now - ended < self.limits.reconcile_grace_s:
                 continue  # it just ended here: the worker is letting go of it
             if flight is None or (flight.owner != worker_id and flight.prefill != worker_id):
                 self.counters["orphans_aborted"] += 1

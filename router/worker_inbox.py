@@ -19,7 +19,7 @@ from dataclasses import replace
 
 import zmq
 
-from router.dispatch_handle import DispatchHandle
+from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import StreamChunk, StreamError
 from router.flight_table import FlightTable
 from router.placement import Placement
@@ -37,39 +37,24 @@ from router.protocol import (
 )
 from router.reaper import Reaper
 from router.transport import RouterEndpoint
-from router.worker_auth import RouterAuth
 from scheduler.core.shed_wire import shed_from
 from wire import DRAINING, REGISTER_AGAIN
 
 logger = logging.getLogger(__name__)
 
 
-class WorkerInbox:
+class WorkerInbox(DispatchPart):
     """Handles registrations, heartbeats, load reports, fetch replies and each request's chunks
     and errors; a worker's 5xx is retried `max_error_retries` times elsewhere."""
 
     def __init__(
-        self,
-        handle: DispatchHandle,
-        endpoint: RouterEndpoint,
-        auth: RouterAuth,
-        table: FlightTable,
-        placement: Placement,
-        reaper: Reaper,
-        max_resubmits: int,
-        max_error_retries: int,
+        self, handle: DispatchHandle, endpoint: RouterEndpoint, table: FlightTable, placement: Placement, reaper: Reaper
     ) -> None:
-        self.registry = handle.registry
-        self.outbox = handle.outbox
-        self.counters = handle.counters
-        self.clock = handle.clock
+        super().__init__(handle)
         self.endpoint = endpoint
-        self.auth = auth
         self.table = table
         self.placement = placement
         self.reaper = reaper
-        self.max_resubmits = max_resubmits
-        self.max_error_retries = max_error_retries
         self.registered = asyncio.Event()  # replaced after each registration: wakes admission waits
         self._fetches: dict[str, asyncio.Future[FetchReply]] = {}
 
@@ -255,13 +240,13 @@ class WorkerInbox:
             self.table.release(flight)
             await self.placement.resubmit(flight, err.worker_id, f"worker {err.worker_id} is draining")
             return
-        if err.status < 500 or flight.error_retries >= self.max_error_retries:
+        if err.status < 500 or flight.error_retries >= self.limits.max_error_retries:
             self.table.finish(flight, passthrough, "failed")
             return
         flight.error_retries += 1
         self.table.release(flight)
         self.outbox.spawn(self.outbox.send(err.worker_id, Abort(rid=err.rid)))  # in case it still holds it
-        if flight.resubmits < self.max_resubmits and await self.placement.place(flight, exclude={err.worker_id}):
+        if flight.resubmits < self.limits.max_resubmits and await self.placement.place(flight, exclude={err.worker_id}):
             flight.resubmits += 1
             self.counters["resubmitted"] += 1
             return
