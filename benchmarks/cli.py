@@ -1,8 +1,32 @@
-"""What every benchmark command shares on its command line."""
+"""What the benchmark commands share on their command line: --help from the module docstring,
+and `--policy-param POLICY:KEY=VALUE` parsed once, so the routing and the simulated goodput
+benchmarks take a policy's parameters the way the server's `--slo-policy-param` does (a value
+that is not JSON stays a string)."""
 
 from __future__ import annotations
 
 import argparse
+import json
+from collections.abc import Collection
+from typing import Any
+
+
+def policy_overrides(items: list[str], known: Collection[str]) -> dict[str, dict[str, Any]]:
+    """`POLICY:KEY=JSON` items as {policy: {key: value}}; an unknown policy is a ValueError."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        head, sep, raw = item.partition("=")
+        policy, colon, key = head.partition(":")
+        if not (sep and colon and policy and key):
+            raise ValueError(f"--policy-param takes POLICY:KEY=VALUE, got {item!r}")
+        if policy not in known:
+            raise ValueError(f"--policy-param: unknown policy {policy!r}")
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(policy, {})[key] = value
+    return out
 
 
 def doc_parser(prog: str, doc: str) -> argparse.ArgumentParser:

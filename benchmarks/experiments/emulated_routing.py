@@ -35,7 +35,7 @@ from typing import Any
 import requests
 
 from benchmarks._server import prepare_live_cluster, resolve_model
-from benchmarks.cli import doc_parser
+from benchmarks.cli import doc_parser, policy_overrides
 from benchmarks.goodput.emulation_validity import emulation_counters, invalid_note, late_cell, pacing_delta, verdict
 from benchmarks.goodput.harness import (
     Target,
@@ -51,7 +51,6 @@ from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, S
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.report import describe, markdown_table, plot, read_results, write_results
 from benchmarks.goodput.workload import WorkloadSpec, plan
-from benchmarks.policy_params import policy_overrides
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES
 from launch_cluster import Cluster, RouterSpec, WorkerSpec, parse_cluster

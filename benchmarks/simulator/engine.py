@@ -22,11 +22,11 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from benchmarks.cli import policy_overrides
 from benchmarks.goodput.metrics import RunMetrics, score
 from benchmarks.goodput.mixes import MIXES
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
 from benchmarks.goodput.workload import WorkloadSpec
-from benchmarks.policy_params import policy_overrides
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.client import planned_workload, sim_requests, to_record
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds

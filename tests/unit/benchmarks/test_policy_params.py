@@ -1,6 +1,6 @@
 import pytest
 
-from benchmarks.policy_params import policy_overrides
+from benchmarks.cli import policy_overrides
 from scheduler.core.policies import POLICIES, make_policy
 
 
