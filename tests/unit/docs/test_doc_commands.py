@@ -269,7 +269,7 @@ def _anchors(page: Path) -> set[str]:
 
 # Pages written on other branches of this change, linked before they land: a missing one is
 # tolerated until it exists (then its anchors are checked too). Remove an entry once merged.
-LANDING_ELSEWHERE = {"sglang.md": "the SGLang 0.5.23 branch", "simulator.md": "the benchmarks reorganisation"}
+LANDING_ELSEWHERE = {"sglang.md": "the SGLang 0.5.23 branch"}
 
 
 @pytest.mark.parametrize("page", [*PAGES, RESULTS], ids=_rel)
@@ -284,3 +284,21 @@ def test_links_between_pages_resolve(page: Path) -> None:
         elif anchor and anchor not in _anchors(path):
             broken.append(f"{target}#{anchor}")
     assert not broken, f"{_rel(page)}: broken links {broken}"
+
+
+_REPO_PATH = re.compile(
+    r"`((?:server|router|scheduler|speculative|launch|wire|benchmarks|tests|setup|deploy|examples|docs)/[\w/.\-]*)"
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_rel)
+def test_every_path_a_page_names_exists(page: Path) -> None:
+    """A file or folder named in `code` on a user's page is there (a move updates the page)."""
+    missing = sorted(
+        {
+            path
+            for path in (m.split(":")[0].rstrip(".") for m in _REPO_PATH.findall(page.read_text()))
+            if not path.endswith("_") and not (ROOT / path).exists() and path.split("/")[-1] != "sglang.md"
+        }
+    )
+    assert not missing, f"{_rel(page)} names paths that do not exist: {missing}"
