@@ -3,7 +3,7 @@
 Every engine is a `scheduler.core.sim_engine.SimEngine` running the server's engine policy on
 the one plan path; every routing decision is made by the router's own policy object
 (router/policies) over the same `WorkerView`s the live router builds from the workers' load
-reports (the worker agent's own estimator, `server.worker_agent.LoadEstimator`, fed in virtual
+reports (the worker agent's own estimator, `server.agent_load.LoadEstimator`, fed in virtual
 time); PD pairs are chosen by the router's `PrefillChooser`; speculation lengths by
 `speculative.controller.SloSpeculation`. Step times come from the GPU profiles the emulator
 paces with. Workloads, SLO mixes, metrics and result files are the live benchmarks' own.

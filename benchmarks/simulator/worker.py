@@ -28,7 +28,7 @@ from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.sim_engine import EngineConfig, SimEngine, Speculation, StepOutcome
 from scheduler.core.types import Policy
-from server.worker_agent import LoadEstimator, queued_s
+from server.agent_load import LoadEstimator, queued_s
 
 PREFILL, DECODE = "prefill", "decode"
 

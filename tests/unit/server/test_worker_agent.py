@@ -40,9 +40,9 @@ def _submit(rid: str = "r1") -> Submit:
 
 
 def _serve_with(agent: WorkerAgent, stream: Any, rid: str = "r1") -> asyncio.Task[None]:
-    agent._stream = stream  # type: ignore[method-assign]
-    agent._start(_submit(rid))
-    return agent._tasks[rid]
+    agent.requests._stream = stream  # type: ignore[method-assign]
+    agent.requests.start(_submit(rid))
+    return agent.requests.tasks[rid]
 
 
 def test_a_crash_in_a_run_still_sends_a_final_error() -> None:
@@ -55,7 +55,7 @@ def test_a_crash_in_a_run_still_sends_a_final_error() -> None:
         await asyncio.gather(_serve_with(agent, broken), return_exceptions=True)
         (final,) = endpoint.sent
         assert isinstance(final, RequestError) and final.status == 502 and "KeyError" in final.message
-        assert agent._tasks == {}
+        assert agent.requests.tasks == {}
 
     asyncio.run(go())
 
@@ -91,7 +91,7 @@ def test_a_withdrawn_request_is_silent_and_a_drained_one_is_handed_back(draining
             assert isinstance(final, RequestError) and final.status == 503
             assert final.shed is not None and final.shed["reason"] == "draining" and final.shed["retry_after_s"] == 2
         else:
-            agent._cancel("r1")  # the router's Abort
+            agent.requests.cancel("r1")  # the router's Abort
             await asyncio.gather(task, return_exceptions=True)
             assert endpoint.sent == []
 
@@ -136,7 +136,7 @@ def test_heartbeats_carry_progress_and_reports_the_requests_held() -> None:
         assert isinstance(report, LoadReport) and set(report.inflight or ()) == {"a", "b"}
         assert report.queue_drain_s == 1.5 and report.draining
         for rid in ("a", "b"):
-            agent._cancel(rid)
+            agent.requests.cancel(rid)
         await asyncio.gather(*tasks, return_exceptions=True)
 
     asyncio.run(go())
