@@ -42,11 +42,10 @@ class DispatchPart:
     here so that each part's constructor names only what it adds."""
 
     def __init__(self, handle: DispatchHandle) -> None:
-        self.registry = handle.registry
-        self.policy = handle.policy
-        self.outbox = handle.outbox
-        self.clock = handle.clock
-        self.counters = handle.counters
-        self.routed = handle.routed
-        self.auth = handle.auth
-        self.limits = handle.limits
+        self.registry, self.policy, self.outbox, self.auth = handle.registry, handle.policy, handle.outbox, handle.auth
+        self.clock, self.counters, self.routed, self.limits = (
+            handle.clock,
+            handle.counters,
+            handle.routed,
+            handle.limits,
+        )

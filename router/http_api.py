@@ -180,16 +180,19 @@ def create_app(
     async def tokenizer() -> RouterTokenizer:
         return await service.ready_tokenizer()
 
-    def parse_context(request: Request, arrival: tuple[float, float]) -> ParseContext:
-        return ParseContext(lower_headers(request), tokenizer, service.config.default_slo, arrival, caller(request))
+    async def read_body(request: Request) -> tuple[dict[str, Any], ParseContext]:
+        """The request's JSON body and what it is parsed against; arrival is stamped before reading."""
+        arrival = (time.time(), time.monotonic())
+        body = await read_json(request)
+        return body, ParseContext(
+            lower_headers(request), tokenizer, service.config.default_slo, arrival, caller(request)
+        )
 
     # --- generation routes ---
 
     @guarded
     async def generate(request: Request) -> Response:
-        arrival = (time.time(), time.monotonic())
-        body = await read_json(request)
-        call = await parse_native(body, parse_context(request, arrival))
+        call = await parse_native(*await read_body(request))
         run = await open_run(service, call, await tokenizer())
         incremental = service.config.incremental_streaming_output
 
@@ -208,9 +211,7 @@ def create_app(
 
     @guarded
     async def completions(request: Request) -> Response:
-        arrival = (time.time(), time.monotonic())
-        body = await read_json(request)
-        call, opts = await parse_completion(body, parse_context(request, arrival))
+        call, opts = await parse_completion(*await read_body(request))
         run = await open_run(service, call, await tokenizer())
         created = int(time.time())
 
@@ -226,9 +227,7 @@ def create_app(
 
     @guarded
     async def chat_completions(request: Request) -> Response:
-        arrival = (time.time(), time.monotonic())
-        body = await read_json(request)
-        call, opts = await parse_chat(body, parse_context(request, arrival))
+        call, opts = await parse_chat(*await read_body(request))
         run = await open_run(service, call, await tokenizer())
         created = int(time.time())
         started = False
