@@ -42,10 +42,6 @@ class DispatchPart:
     here so that each part's constructor names only what it adds."""
 
     def __init__(self, handle: DispatchHandle) -> None:
-        self.registry, self.policy, self.outbox, self.auth = handle.registry, handle.policy, handle.outbox, handle.auth
-        self.clock, self.counters, self.routed, self.limits = (
-            handle.clock,
-            handle.counters,
-            handle.routed,
-            handle.limits,
-        )
+        self.registry, self.policy, self.outbox = handle.registry, handle.policy, handle.outbox
+        self.auth, self.clock, self.counters = handle.auth, handle.clock, handle.counters
+        self.routed, self.limits = handle.routed, handle.limits
