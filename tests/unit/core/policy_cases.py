@@ -1,5 +1,6 @@
-"""Shared builders for policy tests: hypothesis strategies for engine views, and the JITServe
-App. D.1 constructions run on the virtual-time simulator."""
+"""Shared builders for policy tests: hypothesis strategies for engine views, the JITServe
+App. D.1 constructions and a saturating stream run on the virtual-time simulator, and the
+properties every preempting policy must keep."""
 
 from __future__ import annotations
 
@@ -140,6 +141,13 @@ def with_weight(view: EngineView, rid: str, factor: float) -> EngineView:
     return replace(view, waiting=[bump(r) for r in view.waiting], running=[bump(r) for r in view.running])
 
 
+def preempts_only_every(policy: Policy, view: EngineView, period: int) -> bool:
+    """False when the policy preempts on a step that is not a multiple of `period` (its frame
+    or quantum)."""
+    plan = policy.plan(view)
+    return view.step % period == 0 or plan.preempt == []
+
+
 # -- JITServe App. D.1 -----------------------------------------------------------------------
 
 
@@ -179,3 +187,21 @@ def weighted_goodput(result: SimResult) -> float:
         for rid, rec in result.records.items()
         if outs[rid].attained
     )
+
+
+def d1_run(policy: Policy, n: int, b_slack: float = 1.5) -> tuple[float, bool]:
+    """App. D.1 with A worth 10·N: the weighted goodput and whether A was served. Serving A earns
+    M = R(A) = 10·N·(N+2); serving every B_i instead earns only N."""
+    res = run_single_slot(policy, d1_instance(n, 10.0 * n, b_slack))
+    return weighted_goodput(res), res.outcomes()["A"].attained
+
+
+def best_effort_finishes(policy: Policy, steps: int = 400, deadline_weight: float = 1.0) -> bool:
+    """Whether one best-effort request finishes among deadline requests (of `deadline_weight`)
+    arriving every τ, faster than the two slots can serve them: starvation unless the policy
+    ages or reserves."""
+    slo = SloSpec(deadline_ms=60_000, slo_class=SloClass.DEADLINE, weight=deadline_weight)
+    reqs = [SimRequest(f"s{i}", slo, i * TAU, 8, 4, 4, 4) for i in range(steps)]
+    reqs.append(SimRequest("be", SloSpec(), 0.5 * TAU, 8, 4, 4, 4))
+    sim = Simulator(policy, constant_model(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
+    return sim.run(reqs, max_steps=steps).records["be"].finished

@@ -15,19 +15,20 @@ from scheduler.core.perf_model import constant_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
-from scheduler.core.sim import EngineConfig, SimRequest, Simulator
+from scheduler.core.sim import SimRequest
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import RequestView
 from tests.unit.core.policy_cases import (
     TAU,
-    d1_instance,
+    best_effort_finishes,
+    d1_run,
     deadline_request,
     engine_views,
     policy_view,
+    preempts_only_every,
     run_single_slot,
     small_gpu,
     stage_behind_its_sub_deadline,
-    weighted_goodput,
     with_weight,
 )
 
@@ -41,10 +42,8 @@ _view = partial(policy_view, step=1)  # off a frame boundary (step 0) unless a t
 @pytest.mark.parametrize("n", [4, 9])
 @pytest.mark.parametrize("b_slack", [1.0, 1.5])
 def test_d1_gmax_serves_the_valuable_request(n, b_slack):
-    pol = GmaxPolicy(perf_model=constant_model(TAU))
-    res = run_single_slot(pol, d1_instance(n, 10.0 * n, b_slack))
-    assert weighted_goodput(res) == pytest.approx(10.0 * n * (n + 2))
-    assert res.outcomes()["A"].attained
+    goodput, a_served = d1_run(GmaxPolicy(perf_model=constant_model(TAU)), n, b_slack)
+    assert goodput == pytest.approx(10.0 * n * (n + 2)) and a_served
 
 
 # -- App. D.2: the 1 + δ preemption threshold ------------------------------------------------
@@ -75,9 +74,7 @@ def test_preemption_is_refused_when_the_stall_costs_more():
 @settings(max_examples=60, deadline=None)
 @given(view=engine_views(), frame=st.integers(2, 80))
 def test_never_preempts_off_frame(view, frame):
-    plan = GmaxPolicy(GmaxParams(frame_steps=frame)).plan(view)
-    if view.step % frame != 0:
-        assert plan.preempt == []
+    assert preempts_only_every(GmaxPolicy(GmaxParams(frame_steps=frame)), view, frame)
 
 
 # -- priority --------------------------------------------------------------------------------
@@ -135,15 +132,10 @@ def test_aging_raises_best_effort_priority(wait_a, extra):
 def test_aging_prevents_starvation_of_best_effort():
     """Heavier deadline requests arrive faster than two slots serve them; without aging the
     best-effort request never runs, with δ aging it does."""
-    steps = 400
-    slo = SloSpec(deadline_ms=60_000, slo_class=DL, weight=5.0)
-    reqs = [SimRequest(f"s{i}", slo, i * TAU, 8, 4, 4, 4) for i in range(steps)]
-    reqs.append(SimRequest("be", SloSpec(), 0.5 * TAU, 8, 4, 4, 4))
     finished = {}
     for delta in (0.0, 50.0):
         pol = GmaxPolicy(GmaxParams(aging_delta=delta, tune_cutoff=False), perf_model=constant_model(TAU))
-        sim = Simulator(pol, constant_model(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
-        finished[delta] = sim.run(reqs, max_steps=steps).records["be"].finished
+        finished[delta] = best_effort_finishes(pol, deadline_weight=5.0)
     assert finished == {0.0: False, 50.0: True}
 
 

@@ -10,19 +10,18 @@ from hypothesis import strategies as st
 
 from scheduler.core.perf_model import constant_model
 from scheduler.core.policies.tempo import TempoParams, TempoPolicy, reserved_slots
-from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import RequestView
 from tests.unit.core.policy_cases import (
     TAU,
-    d1_instance,
+    best_effort_finishes,
+    d1_run,
     deadline_request,
     engine_views,
     policy_view,
-    run_single_slot,
+    preempts_only_every,
     small_gpu,
     stage_behind_its_sub_deadline,
-    weighted_goodput,
     with_weight,
 )
 
@@ -35,9 +34,8 @@ DL = SloClass.DEADLINE
 @pytest.mark.parametrize("n", [4, 9])
 @pytest.mark.parametrize("b_slack", [1.0, 1.5])  # SJF instance (SLO = δ) and EDF instance
 def test_d1_lsdf_serves_the_valuable_request(n, b_slack):
-    res = run_single_slot(TempoPolicy(perf_model=constant_model(TAU)), d1_instance(n, 10.0 * n, b_slack))
-    assert weighted_goodput(res) == pytest.approx(10.0 * n * (n + 2))  # M = R(A)
-    assert res.outcomes()["A"].attained
+    goodput, a_served = d1_run(TempoPolicy(perf_model=constant_model(TAU)), n, b_slack)
+    assert goodput == pytest.approx(10.0 * n * (n + 2)) and a_served  # M = R(A)
 
 
 # -- density ---------------------------------------------------------------------------------
@@ -125,21 +123,10 @@ def test_best_effort_goes_first_inside_the_reserve_and_last_otherwise():
     ]
 
 
-def _saturating_stream(steps: int) -> list[SimRequest]:
-    """Deadline requests arriving faster than two slots can serve them, plus one best-effort."""
-    slo = SloSpec(deadline_ms=60_000, slo_class=DL)
-    reqs = [SimRequest(f"s{i}", slo, i * TAU, 8, 4, 4, 4) for i in range(steps)]
-    reqs.append(SimRequest("be", SloSpec(), 0.5 * TAU, 8, 4, 4, 4))
-    return reqs
-
-
 @pytest.mark.parametrize(("share", "runs"), [(0.0, False), (0.1, True)])
 def test_best_effort_is_not_starved_with_a_reserve(share, runs):
-    steps = 400
     pol = TempoPolicy(TempoParams(reserve_share=share), perf_model=constant_model(TAU))
-    sim = Simulator(pol, constant_model(TAU), EngineConfig(max_running_requests=2, chunk_size=64))
-    res = sim.run(_saturating_stream(steps), max_steps=steps)
-    assert res.records["be"].finished is runs
+    assert best_effort_finishes(pol) is runs
 
 
 # -- fairness --------------------------------------------------------------------------------
@@ -181,9 +168,7 @@ def test_preemption_is_refused_when_the_stall_costs_more():
 @settings(max_examples=60, deadline=None)
 @given(view=engine_views(), quantum=st.integers(2, 50))
 def test_never_preempts_off_quantum(view, quantum):
-    plan = TempoPolicy(TempoParams(quantum_steps=quantum)).plan(view)
-    if view.step % quantum != 0:
-        assert plan.preempt == []
+    assert preempts_only_every(TempoPolicy(TempoParams(quantum_steps=quantum)), view, quantum)
 
 
 def test_densities_are_finite_and_nonnegative():
