@@ -4,6 +4,7 @@ properties every preempting policy must keep."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from scheduler.core.perf_model import RooflinePerfModel, constant_model, linear_model
 from scheduler.core.sim import EngineConfig, SimRequest, SimResult, Simulator
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, Policy, RequestView
+from scheduler.core.types import EngineView, Policy, RequestView, StepPlan
 
 TAU = 1.0 / 64  # one iteration; a power of two keeps virtual times exact
 
@@ -23,23 +24,41 @@ def small_gpu(base_s: float = 0.008) -> RooflinePerfModel:
 
 
 def policy_view(
-    waiting: list[RequestView] | tuple[RequestView, ...],
-    running: list[RequestView] | tuple[RequestView, ...] = (),
+    waiting: Sequence[RequestView],
+    running: Sequence[RequestView] = (),
     cap: int = 4,
     step: int = 0,
     now: float = 0.0,
+    chunk: int = 512,
+    free_kv: int = 10**6,
+    total_kv: int = 2 * 10**6,
 ) -> EngineView:
-    """A view with room to spare (512-token chunks, a million free KV tokens) and `cap` slots."""
+    """A view with `cap` slots and, by default, room to spare (512-token chunks, a million free
+    KV tokens)."""
     return EngineView(
         now=now,
         waiting=list(waiting),
         running=list(running),
         max_running_requests=cap,
-        chunk_size=512,
-        free_kv_tokens=10**6,
-        total_kv_tokens=2 * 10**6,
+        chunk_size=chunk,
+        free_kv_tokens=free_kv,
+        total_kv_tokens=total_kv,
         step=step,
     )
+
+
+class RecordingPolicy:
+    """Plans nothing and keeps every view it is shown: what a wrapper or an engine hands a policy."""
+
+    name = "recorder"
+    slo_levers = False
+
+    def __init__(self) -> None:
+        self.views: list[EngineView] = []
+
+    def plan(self, view: EngineView) -> StepPlan:
+        self.views.append(view)
+        return StepPlan()
 
 
 def deadline_request(
@@ -132,6 +151,13 @@ def engine_views(draw: st.DrawFn, max_waiting: int = 12, max_running: int = 8) -
         total_kv_tokens=200_000,
         step=draw(st.integers(0, 400)),
     )
+
+
+@st.composite
+def waiting_picks(draw: st.DrawFn) -> tuple[EngineView, RequestView]:
+    """An engine view with at least one waiting request, and one of them."""
+    view = draw(engine_views().filter(lambda v: bool(v.waiting)))
+    return view, draw(st.sampled_from(view.waiting))
 
 
 def with_weight(view: EngineView, rid: str, factor: float) -> EngineView:

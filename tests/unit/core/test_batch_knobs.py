@@ -12,6 +12,7 @@ from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
+from tests.unit.core.policy_cases import policy_view
 
 PERF = RooflinePerfModel([RooflineTerm(k_tokens=1e-3, k_spec=0.0, k_kv=0.0, b=0.01)])  # 10 ms + 1 ms/token
 
@@ -27,15 +28,7 @@ def _req(
 
 
 def _view(running, waiting=(), chunk=512, max_running=256, now=0.0) -> EngineView:
-    return EngineView(
-        now=now,
-        waiting=list(waiting),
-        running=list(running),
-        max_running_requests=max_running,
-        chunk_size=chunk,
-        free_kv_tokens=10**6,
-        total_kv_tokens=10**6,
-    )
+    return policy_view(waiting, running, cap=max_running, now=now, chunk=chunk, total_kv=10**6)
 
 
 def test_no_tpot_target_leaves_everything_to_sglang() -> None:

@@ -12,7 +12,8 @@ from scheduler.core.policies.edf import EdfPolicy, deadline_key
 from scheduler.core.programs import ProgramTracker
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, RequestView
+from scheduler.core.types import RequestView
+from tests.unit.core.policy_cases import policy_view
 
 FAST = settings(max_examples=80, deadline=None)
 
@@ -34,15 +35,7 @@ def _req(rid, slo, arrival, **kw):
 
 
 def _view(waiting):
-    return EngineView(
-        now=100.0,
-        waiting=list(waiting),
-        running=[],
-        max_running_requests=8,
-        chunk_size=512,
-        free_kv_tokens=1000,
-        total_kv_tokens=1000,
-    )
+    return policy_view(waiting, cap=8, now=100.0, free_kv=1000, total_kv=1000)
 
 
 def _order(waiting):

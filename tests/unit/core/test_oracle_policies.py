@@ -5,31 +5,12 @@ from __future__ import annotations
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.policies.oracle import OracleVariant
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, RequestView, StepPlan
-
-
-class Recorder:
-    name = "recorder"
-    slo_levers = False
-
-    def __init__(self) -> None:
-        self.seen: list[EngineView] = []
-
-    def plan(self, view: EngineView) -> StepPlan:
-        self.seen.append(view)
-        return StepPlan()
+from scheduler.core.types import EngineView, RequestView
+from tests.unit.core.policy_cases import RecordingPolicy, policy_view
 
 
 def _view(*reqs: RequestView) -> EngineView:
-    return EngineView(
-        now=0.0,
-        waiting=list(reqs),
-        running=[],
-        max_running_requests=8,
-        chunk_size=64,
-        free_kv_tokens=1000,
-        total_kv_tokens=1000,
-    )
+    return policy_view(reqs, cap=8, chunk=64, free_kv=1000, total_kv=1000)
 
 
 def _req(rid: str, oracle: int | None, predicted: float | None = 50.0, generated: int = 0) -> RequestView:
@@ -46,9 +27,9 @@ def _req(rid: str, oracle: int | None, predicted: float | None = 50.0, generated
 
 
 def test_oracle_variant_replaces_prediction_with_truth() -> None:
-    base = Recorder()
+    base = RecordingPolicy()
     OracleVariant(base, "recorder_oracle").plan(_view(_req("a", 300), _req("b", None), _req("c", 5, generated=9)))
-    seen = {r.rid: r.predicted_output_len for r in base.seen[0].waiting}
+    seen = {r.rid: r.predicted_output_len for r in base.views[0].waiting}
     assert seen == {"a": 300.0, "b": 50.0, "c": 10.0}  # no hint: prediction kept; never below progress
 
 

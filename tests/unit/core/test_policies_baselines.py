@@ -18,22 +18,24 @@ from scheduler.core.registry import ParamError
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
-from tests.unit.core.policy_cases import TAU, d1_run, engine_views, run_single_slot
+from tests.unit.core.policy_cases import TAU, d1_run, engine_views, policy_view, run_single_slot, waiting_picks
 
 NEW_POLICIES = ("sjf", "las", "sarathi", "tempo", "gmax")
 
 
 def _view(waiting, running=(), cap=4, chunk=512, step=0, now=10.0) -> EngineView:
-    return EngineView(
-        now=now,
-        waiting=list(waiting),
-        running=list(running),
-        max_running_requests=cap,
-        chunk_size=chunk,
-        free_kv_tokens=10_000,
-        total_kv_tokens=20_000,
-        step=step,
-    )
+    return policy_view(waiting, running, cap=cap, step=step, now=now, chunk=chunk, free_kv=10_000, total_kv=20_000)
+
+
+def _replaced(view: EngineView, old: RequestView, new: RequestView) -> EngineView:
+    return replace(view, waiting=[new if r is old else r for r in view.waiting])
+
+
+def _never_earlier(policy, view: EngineView, target: RequestView, changed: RequestView) -> bool:
+    """A monotonicity property: `target` changed into `changed` (less deserving under the
+    policy's rule) is ordered no earlier than before."""
+    after = policy.plan(_replaced(view, target, changed)).order.index(target.rid)
+    return after >= policy.plan(view).order.index(target.rid)
 
 
 def _req(rid, arrival=0.0, **kw) -> RequestView:
@@ -111,19 +113,14 @@ def test_sjf_never_sees_the_true_length_in_simulation():
 
 
 @settings(max_examples=40, deadline=None)
-@given(view=engine_views(), extra=st.floats(1.0, 5000.0), pick=st.integers(0, 100))
-def test_sjf_longer_prediction_never_moves_a_request_earlier(view, extra, pick):
-    if not view.waiting:
-        return
-    target = view.waiting[pick % len(view.waiting)]
+@given(picked=waiting_picks(), extra=st.floats(1.0, 5000.0))
+def test_sjf_longer_prediction_never_moves_a_request_earlier(picked, extra):
+    view, target = picked
     # Uncapped, with a prediction, so the added length is visible to SJF.
     base_t = replace(target, predicted_output_len=target.predicted_output_len or 100.0, max_new_tokens=None)
     longer = replace(base_t, predicted_output_len=base_t.predicted_output_len + extra)
-    base = replace(view, waiting=[base_t if r is target else r for r in view.waiting])
-    bumped = replace(view, waiting=[longer if r is target else r for r in view.waiting])
-    before = SjfPolicy().plan(base).order.index(target.rid)
-    after = SjfPolicy().plan(bumped).order.index(target.rid)
-    assert after >= before
+    base = _replaced(view, target, base_t)
+    assert _never_earlier(SjfPolicy(), base, base_t, longer)
 
 
 # -- LAS -------------------------------------------------------------------------------------
@@ -155,16 +152,11 @@ def test_las_preempts_worse_level_only_at_quanta():
 
 
 @settings(max_examples=40, deadline=None)
-@given(view=engine_views(), extra=st.floats(1.0, 1e6), pick=st.integers(0, 100))
-def test_las_more_attained_service_never_moves_earlier(view, extra, pick):
-    if not view.waiting:
-        return
-    t = view.waiting[pick % len(view.waiting)]
-    bumped = replace(
-        view, waiting=[replace(r, attained_service=r.attained_service + extra) if r is t else r for r in view.waiting]
-    )
-    pol = LasPolicy(LasParams(starvation_s=None))
-    assert pol.plan(bumped).order.index(t.rid) >= pol.plan(view).order.index(t.rid)
+@given(picked=waiting_picks(), extra=st.floats(1.0, 1e6))
+def test_las_more_attained_service_never_moves_earlier(picked, extra):
+    view, t = picked
+    more_served = replace(t, attained_service=t.attained_service + extra)
+    assert _never_earlier(LasPolicy(LasParams(starvation_s=None)), view, t, more_served)
 
 
 # -- Sarathi ---------------------------------------------------------------------------------

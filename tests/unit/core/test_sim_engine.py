@@ -12,20 +12,9 @@ from scheduler.core.sim_engine import SimEngine
 from scheduler.core.sim_requests import PREFILLED, EngineConfig, SimRequest
 from scheduler.core.slo import SloSpec
 from scheduler.core.types import EngineView, StepPlan
+from tests.unit.core.policy_cases import RecordingPolicy
 
 TAU = 0.01
-
-
-class CountingPolicy:
-    name = "counting"
-    slo_levers = False
-
-    def __init__(self) -> None:
-        self.views: list[EngineView] = []
-
-    def plan(self, view: EngineView) -> StepPlan:
-        self.views.append(view)
-        return StepPlan()
 
 
 def engine(policy: object, role: str = "mixed", **cfg: int) -> SimEngine:
@@ -43,14 +32,14 @@ def run(e: SimEngine, t: float = 0.0) -> float:
 
 
 def test_a_pass_is_planned_only_while_a_request_waits_or_is_prefilled() -> None:
-    policy = CountingPolicy()
+    policy = RecordingPolicy()
     e = engine(policy)
     e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=10))
     run(e)
     assert e.steps == 10 and len(policy.views) == 1  # admitted at the first pass, never asked again
     # A prompt prefilled in three chunks: each chunk's pass is planned (as the adapter plans
     # SGLang's chunked_req), the decode passes after it are not.
-    policy = CountingPolicy()
+    policy = RecordingPolicy()
     e = engine(policy, chunk=4)
     e.add(SimRequest("b", SloSpec(), 0.0, prompt_len=10, output_len=5))
     run(e)
@@ -58,7 +47,7 @@ def test_a_pass_is_planned_only_while_a_request_waits_or_is_prefilled() -> None:
 
 
 def test_tokens_come_one_per_decode_step_after_the_prefill() -> None:
-    e = engine(CountingPolicy(), chunk=4)
+    e = engine(RecordingPolicy(), chunk=4)
     e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=10, output_len=3))
     end = e.begin_step(0.0)
     outcomes = []
@@ -74,7 +63,7 @@ def test_tokens_come_one_per_decode_step_after_the_prefill() -> None:
 
 
 def test_a_request_removed_mid_step_leaves_at_its_end_with_the_tokens_it_had() -> None:
-    e = engine(CountingPolicy())
+    e = engine(RecordingPolicy())
     e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=50))
     t = 0.0
     for _ in range(5):
@@ -117,7 +106,7 @@ def test_overlap_an_arrival_during_a_pass_waits_for_the_pass_after_the_next() ->
     runs is not in N+1 but in N+2 (the simulator's TTFT gap against the emulated server)."""
     firsts = {}
     for overlap in (False, True):
-        policy = CountingPolicy()
+        policy = RecordingPolicy()
         e = overlap_engine(policy) if overlap else engine(policy)
         e.add(SimRequest("long", SloSpec(), 0.0, prompt_len=8, output_len=40))
         t = e.begin_step(0.0)
@@ -135,7 +124,7 @@ def test_overlap_an_arrival_during_a_pass_waits_for_the_pass_after_the_next() ->
 
 
 def test_overlap_a_finished_request_decodes_once_more_and_an_idle_engine_takes_arrivals_at_once() -> None:
-    e = overlap_engine(CountingPolicy())
+    e = overlap_engine(RecordingPolicy())
     e.add(SimRequest("a", SloSpec(), 0.0, prompt_len=8, output_len=2))
     t, ends = 0.0, []
     while e.has_work:
@@ -158,7 +147,7 @@ def test_a_step_is_charged_for_the_kv_it_attends_as_the_emulator_keys_it() -> No
     stock fcfs (separate) slower in the simulator than on the emulated server."""
     model = linear_model(base_s=0.01, per_token_s=1e-5, per_seq_s=1e-4, per_kv_token_s=1e-6)
     for mixed in (False, True):
-        policy = CountingPolicy()
+        policy = RecordingPolicy()
         config = EngineConfig(max_running_requests=4, chunk_size=4096)
         e = SimEngine(policy, model, config, settings_for(policy, mixed_batching=mixed))  # type: ignore[arg-type]
         e.add(SimRequest("long", SloSpec(), 0.0, prompt_len=3000, output_len=50))
@@ -178,7 +167,7 @@ def test_a_step_is_charged_for_the_kv_it_attends_as_the_emulator_keys_it() -> No
         assert end - t == pytest.approx(expected)
 
 
-class BoundsSeen(CountingPolicy):
+class BoundsSeen(RecordingPolicy):
     """Records the length bound each waiting request is planned with."""
 
     def __init__(self) -> None:
