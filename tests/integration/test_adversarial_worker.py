@@ -28,21 +28,9 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from server.process import ServerProcess
+from tests.integration.worker_routes import CLIENT_PATHS, OPEN_PATHS
 
 HTTP_TIMEOUT_S = 300.0  # a hang guard only: nothing here bounds how fast the worker answers
-CLIENT_PATHS = frozenset(
-    {
-        "/generate", "/encode", "/classify", "/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-        "/v1/classify", "/v1/score", "/v1/rerank", "/v1/responses", "/v1/responses/{response_id}",
-        "/v1/responses/{response_id}/cancel", "/v1/messages", "/v1/messages/count_tokens",
-        "/v1/audio/transcriptions", "/api/chat", "/api/generate", "/api/show", "/api/tags", "/tokenize",
-        "/v1/tokenize", "/detokenize", "/v1/detokenize", "/parse_function_call", "/separate_reasoning",
-        "/open_session", "/close_session", "/get_model_info", "/model_info", "/v1/models", "/v1/models/{model}",
-        "/server_info", "/get_server_info", "/weight_version", "/get_weight_version", "/", "/ping",
-        "/invocations", "/vertex_generate",
-    }
-)  # fmt: skip
-OPEN_PATHS = frozenset({"/health", "/health_generate"})
 INFO_PATHS = ("/server_info", "/get_server_info", "/model_info", "/get_model_info", "/v1/models")
 # Routes of our edge or of FastAPI that are not in SGLang's schema: all the operator's.
 EXTRA_ADMIN = (

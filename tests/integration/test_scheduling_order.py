@@ -120,12 +120,17 @@ def served_order(server: ServerProcess) -> list[int]:
     return [i for _, i in sorted(finished)]
 
 
-@pytest.fixture(scope="module")
-def edf_one_slot() -> Iterator[ServerProcess]:
+def _one_slot(policy: str) -> Iterator[ServerProcess]:
+    """The tiny model under `policy` with one running slot, so the queue's order is the policy's."""
     with ServerProcess(
-        "--model-path", "tiny", "--slo-policy", "edf", "--max-running-requests", "1", name="edf-1"
+        "--model-path", "tiny", "--slo-policy", policy, "--max-running-requests", "1", name=f"{policy}-1"
     ) as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def edf_one_slot() -> Iterator[ServerProcess]:
+    yield from _one_slot("edf")
 
 
 def test_edf_serves_the_queue_in_deadline_order(edf_one_slot: ServerProcess) -> None:
@@ -134,10 +139,7 @@ def test_edf_serves_the_queue_in_deadline_order(edf_one_slot: ServerProcess) -> 
 
 @pytest.fixture(scope="module")
 def fcfs_one_slot() -> Iterator[ServerProcess]:
-    with ServerProcess(
-        "--model-path", "tiny", "--slo-policy", "fcfs", "--max-running-requests", "1", name="fcfs-1"
-    ) as server:
-        yield server
+    yield from _one_slot("fcfs")
 
 
 def test_fcfs_serves_the_queue_in_arrival_order(fcfs_one_slot: ServerProcess) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import openai
 import pytest
@@ -62,11 +63,15 @@ def test_native_streaming_final_chunk_carries_the_report(tiny_server: ServerProc
     assert final["slo"]["output_tokens"] == 5 and final["slo"]["attained"]["ttft"] is True
 
 
+def _chat(server: ServerProcess, **kwargs: Any) -> Any:
+    """One "hello" chat through the OpenAI client; `kwargs` are the request's other fields."""
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+    return client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hello"}], **kwargs)
+
+
 def test_openai_chat_with_slo_body_and_headers(tiny_server: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="none")
-    resp = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "hello"}],
+    resp = _chat(
+        tiny_server,
         max_tokens=5,
         temperature=0,
         extra_body={"slo": {"tpot_ms": 800}},
@@ -79,14 +84,7 @@ def test_openai_chat_with_slo_body_and_headers(tiny_server: ServerProcess) -> No
 
 
 def test_openai_streaming_chat_reports_on_the_finishing_chunk(tiny_server: ServerProcess) -> None:
-    client = openai.OpenAI(base_url=tiny_server.url + "/v1", api_key="none")
-    stream = client.chat.completions.create(
-        model="tiny",
-        messages=[{"role": "user", "content": "hello"}],
-        max_tokens=4,
-        stream=True,
-        extra_body={"slo": {"deadline_ms": 20000}},
-    )
+    stream = _chat(tiny_server, max_tokens=4, stream=True, extra_body={"slo": {"deadline_ms": 20000}})
     reports = [c.model_extra.get("slo") for c in stream]
     assert reports[-1] is None or reports[-1]["spec"]["class"] == "deadline"
     carried = [r for r in reports if r is not None]
@@ -103,20 +101,28 @@ def test_openai_completions_route(tiny_server: ServerProcess) -> None:
     assert r.json()["slo"]["spec"] == {"class": "deadline", "weight": 2.0, "deadline_ms": 9000.0}
 
 
-def test_frontend_program_carries_its_slo(tiny_server: ServerProcess) -> None:
+def _fork_join_program(fork_reports: list[dict]) -> Any:
+    """An SGLang frontend program: a prompt, two forks, their join, then an answer (what the
+    frontend sends as one compound program); each fork's SLO report goes into `fork_reports`."""
     import sglang as sgl
 
-    from server.frontend import SloRuntimeEndpoint
-
     @sgl.function
-    def two_answers(s, question):  # noqa: ANN001
+    def fork_join(s, question):  # noqa: ANN001
         s += question
         forks = s.fork(2)
         for f in forks:
             f += sgl.gen("part", max_tokens=3, temperature=0)
         forks.join()
+        fork_reports.extend(f.get_meta_info("part")["slo"] for f in forks)
         s += sgl.gen("answer", max_tokens=4, temperature=0)
 
+    return fork_join
+
+
+def test_frontend_program_carries_its_slo(tiny_server: ServerProcess) -> None:
+    from server.frontend import SloRuntimeEndpoint
+
+    two_answers = _fork_join_program([])
     backend = SloRuntimeEndpoint(tiny_server.url, slo={"deadline_ms": 30000, "program_id": "prog-1"})
     state = two_answers.run(question="why is the sky blue", backend=backend)
     report = state.get_meta_info("answer")["slo"]
@@ -130,25 +136,13 @@ def test_frontend_program_carries_its_slo(tiny_server: ServerProcess) -> None:
 
 
 def test_frontend_program_runs_become_one_compound_program_each(tiny_server: ServerProcess) -> None:
-    import sglang as sgl
-
     from server.frontend import SloRuntimeEndpoint
 
     fork_reports: list[dict] = []
-
-    @sgl.function
-    def fan_out(s, topic):  # noqa: ANN001
-        s += topic
-        forks = s.fork(2)
-        for f in forks:
-            f += sgl.gen("idea", max_tokens=3, temperature=0)
-        forks.join()
-        fork_reports.extend(f.get_meta_info("idea")["slo"] for f in forks)
-        s += sgl.gen("summary", max_tokens=3, temperature=0)
-
+    fan_out = _fork_join_program(fork_reports)
     backend = SloRuntimeEndpoint(tiny_server.url, slo={"deadline_ms": 30000})
-    first = fan_out.run(topic="rivers", backend=backend).get_meta_info("summary")["slo"]["spec"]
-    second = fan_out.run(topic="lakes", backend=backend).get_meta_info("summary")["slo"]["spec"]
+    first = fan_out.run(question="rivers", backend=backend).get_meta_info("answer")["slo"]["spec"]
+    second = fan_out.run(question="lakes", backend=backend).get_meta_info("answer")["slo"]["spec"]
     assert first["class"] == second["class"] == "compound"
     assert first["program_id"] != second["program_id"]
     assert {r["spec"]["program_id"] for r in fork_reports[:2]} == {first["program_id"]}

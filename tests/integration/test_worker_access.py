@@ -21,22 +21,12 @@ import requests
 import zstandard
 
 from server.process import ServerProcess
+from tests.integration.worker_routes import CLIENT_PATHS, OPEN_PATHS
 
 CLIENT_KEY = "client-key-for-the-worker-test"
 ADMIN_KEY = "admin-key-for-the-worker-test"
 METRICS_KEY = "metrics-key-for-the-worker-test"
 TENANT_KEY = "tenant-key-for-the-worker-test"
-# Routes a client of the model may call (what the test expects, independent of the code's table).
-CLIENT_PATHS = {
-    "/generate", "/encode", "/classify", "/v1/completions", "/v1/chat/completions", "/v1/embeddings",
-    "/v1/classify", "/v1/score", "/v1/rerank", "/v1/responses", "/v1/responses/{response_id}",
-    "/v1/responses/{response_id}/cancel", "/v1/messages", "/v1/messages/count_tokens",
-    "/v1/audio/transcriptions", "/api/chat", "/api/generate", "/api/show", "/api/tags", "/tokenize",
-    "/v1/tokenize", "/detokenize", "/v1/detokenize", "/parse_function_call", "/separate_reasoning",
-    "/open_session", "/close_session", "/get_model_info", "/model_info", "/v1/models", "/v1/models/{model}",
-    "/server_info", "/get_server_info", "/weight_version", "/get_weight_version", "/", "/ping", "/invocations",
-    "/vertex_generate", "/health", "/health_generate",
-}  # fmt: skip
 # The list and more: every one must be refused to the client key, whatever SGLang marks.
 NAMED_ADMIN = [
     ("POST", "/abort_request"), ("POST", "/pause_generation"), ("POST", "/continue_generation"),
@@ -82,7 +72,7 @@ def _served_routes(worker: ServerProcess) -> list[tuple[str, str]]:
     assert spec.status_code == 200, spec.text
     out = []
     for path, ops in spec.json()["paths"].items():
-        out += [(method.upper(), path) for method in ops if path not in CLIENT_PATHS]
+        out += [(method.upper(), path) for method in ops if path not in CLIENT_PATHS | OPEN_PATHS]
     return out
 
 
