@@ -4,6 +4,8 @@ the one-term rooflines (linear, constant, default)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -239,6 +241,16 @@ def test_every_member_derives_the_inverses_from_one_base() -> None:
         assert model.step_time(1, 0, 0) > 0.0, name
 
 
+def _assert_largest_within(t: Callable[[int], float], n: int, budget: float, limit: int) -> None:
+    """`n` is the largest size in [0, limit] whose step time `t` fits `budget`."""
+    assert 0 <= n <= limit
+    if n == 0:
+        assert t(1) > budget
+    else:
+        assert t(n) <= budget
+        assert n == limit or t(n + 1) > budget
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     name=st.sampled_from(sorted(FAMILY)),
@@ -258,12 +270,7 @@ def test_batch_inverse_is_consistent_with_each_members_step_time(
     def t(m: int) -> float:
         return model.step_time(prefill, m, int(round(m * kv_per_req)) + extra_kv, m * spec_per_req)
 
-    assert 0 <= n <= limit
-    if n == 0:
-        assert t(1) > budget
-    else:
-        assert t(n) <= budget
-        assert n == limit or t(n + 1) > budget
+    _assert_largest_within(t, n, budget, limit)
 
 
 @settings(max_examples=200, deadline=None)
@@ -283,12 +290,7 @@ def test_chunk_inverse_is_consistent_with_each_members_step_time(
     def t(c: int) -> float:
         return model.step_time(c, decodes, kv + c)  # the chunk attends itself too
 
-    assert 0 <= chunk <= limit
-    if chunk == 0:
-        assert t(1) > budget
-    else:
-        assert t(chunk) <= budget
-        assert chunk == limit or t(chunk + 1) > budget
+    _assert_largest_within(t, chunk, budget, limit)
 
 
 def test_slowed_and_online_members_answer_like_the_model_they_wrap() -> None:
