@@ -295,35 +295,39 @@ class ViewColumns:
 
     # -- per pass: read from the views on first use --------------------------------------------
 
+    def _per_pass(self, row: int, read: Callable[[Sequence[RequestView]], np.ndarray]) -> np.ndarray:
+        """The row of the block the caller gathered for this pass, or else read from the views."""
+        d = self._dynamic
+        return d[row] if d is not None else read(self.reqs)
+
+    def _per_pass_flags(self, row: int, read: Callable[[Sequence[RequestView]], np.ndarray]) -> np.ndarray:
+        """`_per_pass` for a yes/no row (the block holds it as 0/1 floats)."""
+        d = self._dynamic
+        return d[row] != 0 if d is not None else read(self.reqs)
+
     @_Once
     def generated(self) -> np.ndarray:
-        d = self._dynamic
-        return d[DynamicRow.GENERATED] if d is not None else read_generated(self.reqs)
+        return self._per_pass(DynamicRow.GENERATED, read_generated)
 
     @_Once
     def cached(self) -> np.ndarray:
-        d = self._dynamic
-        return d[DynamicRow.CACHED] if d is not None else read_cached(self.reqs)
+        return self._per_pass(DynamicRow.CACHED, read_cached)
 
     @_Once
     def started(self) -> np.ndarray:
-        d = self._dynamic
-        return d[DynamicRow.STARTED] != 0 if d is not None else read_started(self.reqs)
+        return self._per_pass_flags(DynamicRow.STARTED, read_started)
 
     @_Once
     def predicted(self) -> np.ndarray:
-        d = self._dynamic
-        return d[DynamicRow.PREDICTED] if d is not None else read_predicted(self.reqs)
+        return self._per_pass(DynamicRow.PREDICTED, read_predicted)
 
     @_Once
     def be_tier(self) -> np.ndarray:
-        d = self._dynamic
-        return d[DynamicRow.BE_TIER] != 0 if d is not None else read_be_tier(self.reqs)
+        return self._per_pass_flags(DynamicRow.BE_TIER, read_be_tier)
 
     @_Once
     def attained(self) -> np.ndarray:
-        d = self._dynamic
-        return d[DynamicRow.ATTAINED] if d is not None else read_attained(self.reqs)
+        return self._per_pass(DynamicRow.ATTAINED, read_attained)
 
     # -- derived -----------------------------------------------------------------------------------
 
