@@ -8,6 +8,7 @@ the tables and fails when the page differs. Rewrite the page after changing a po
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import inspect
 import re
@@ -111,6 +112,16 @@ def render(page: str) -> str:
     return page[:start] + generated_block() + page[stop:]
 
 
-if __name__ == "__main__":
-    PAGE.write_text(render(PAGE.read_text()))
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Rewrite docs/policies.md's parameter tables from the registries.")
+    parser.add_argument("--check", action="store_true", help="only say whether the page is current (exit 1 if not)")
+    args = parser.parse_args(argv)
+    page = PAGE.read_text()
+    if args.check:
+        sys.exit(0 if render(page) == page else 1)
+    PAGE.write_text(render(page))
     sys.stdout.write(f"wrote {PAGE}\n")
+
+
+if __name__ == "__main__":
+    main()

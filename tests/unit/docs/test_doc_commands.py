@@ -16,7 +16,9 @@ from __future__ import annotations
 import ast
 import functools
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -78,27 +80,76 @@ def _excuse(block: Block) -> str | None:
     return None
 
 
+# Runs `python -m M --help` for many modules in one fresh interpreter, so torch and SGLang are
+# imported once, not once per module; prints {module: [exit code, stdout, stderr]} as JSON.
+_HELP_RUNNER = """
+import contextlib, io, json, runpy, sys
+out = {}
+for module in sys.argv[1:]:
+    stdout, stderr, code = io.StringIO(), io.StringIO(), 0
+    sys.argv = [module, "--help"]
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+        except BaseException as error:
+            code, _ = 1, stderr.write(repr(error))
+    out[module] = [code, stdout.getvalue(), stderr.getvalue()[-2000:]]
+sys.__stdout__.write(json.dumps(out))
+"""
+
+
+def _documented_modules() -> list[str]:
+    modules: set[str] = set()
+    for block in BLOCKS:
+        if block.lang in SHELL_LANGS:
+            for command in shell_commands(block.text):
+                for words in pipeline(command):
+                    program = Path(words[0]).name
+                    if program.startswith("python") and words[1:2] == ["-m"]:
+                        modules.add(words[2])
+                    elif program in CONSOLE_SCRIPTS or (words[0] == "./slo" and words[1:2] == ["serve"]):
+                        modules.add(CONSOLE_SCRIPTS.get(program, "launch_server"))
+    for page in [*PAGES, RESULTS]:
+        modules.update(shlex.split(" ".join(span.split()))[2] for span in _INLINE_COMMAND.findall(page.read_text()))
+    return sorted(modules - {"pip", "json.tool"})
+
+
 @functools.cache
-def module_help(module: str) -> str:
-    """`python -m module --help`, as a user runs it from the repository root."""
+def _all_help() -> dict[str, list[Any]]:
     done = subprocess.run(
-        [sys.executable, "-m", module, "--help"],
+        [sys.executable, "-c", _HELP_RUNNER, *_documented_modules()],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=900,
         env=_env(),
     )
-    assert done.returncode == 0, f"python -m {module} --help failed:\n{done.stderr[-2000:]}"
-    return done.stdout
+    assert done.returncode == 0, f"the --help runner failed:\n{done.stderr[-2000:]}"
+    result: dict[str, list[Any]] = json.loads(done.stdout)
+    return result
+
+
+@functools.cache
+def module_help(module: str) -> str:
+    """`python -m module --help`, as a user runs it from the repository root."""
+    code, stdout, stderr = _all_help().get(module) or _single_help(module)
+    assert code == 0, f"python -m {module} --help failed:\n{stderr}"
+    return str(stdout)
 
 
 def _env() -> dict[str, str]:
-    import os
-
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "launch"), env.get("PYTHONPATH", "")])
     return env
+
+
+def _single_help(module: str) -> list[Any]:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=600, env=_env()
+    )
+    return [done.returncode, done.stdout, done.stderr[-2000:]]
 
 
 def check_module_command(module: str, words: list[str]) -> None:
@@ -302,3 +353,15 @@ def test_every_path_a_page_names_exists(page: Path) -> None:
         }
     )
     assert not missing, f"{_rel(page)} names paths that do not exist: {missing}"
+
+
+_INLINE_COMMAND = re.compile(r"`((?:\.venv/bin/)?python3? -m [^`]+)`")
+
+
+@pytest.mark.parametrize("page", [*PAGES, RESULTS], ids=_rel)
+def test_inline_commands_run(page: Path) -> None:
+    """A command written in prose (`python -m MODULE --flag ...`) is checked as a block's is."""
+    for span in _INLINE_COMMAND.findall(page.read_text()):
+        words = shlex.split(" ".join(span.split()))
+        if words[2] not in {"pip", "json.tool"}:
+            check_module_command(words[2], words[3:])
