@@ -36,6 +36,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from scheduler.core.field_error import FieldError
+
 
 def _stdlib(new: str, old: str) -> Any:
     """The regex parser's modules (renamed in Python 3.11; the old names warn there)."""
@@ -60,13 +62,8 @@ _ATOMS = frozenset({sre_c.LITERAL, sre_c.IN, sre_c.ANY})
 _REPEATS = frozenset({sre_c.MAX_REPEAT, sre_c.MIN_REPEAT})
 
 
-class UnsafeRegex(ValueError):
+class UnsafeRegex(FieldError):
     """A stop pattern the guard refuses; `field` names it for the 400 (e.g. stop_regex[1])."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from scheduler.core.field_error import FieldError
 from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
 
 MAX_INT32 = 2**31 - 1
@@ -41,13 +42,8 @@ GRAMMARS = ("json_schema", "regex", "ebnf", "structural_tag")
 _TOKEN_KEY = re.compile(r"[0-9]{1,10}")
 
 
-class BadParam(ValueError):
+class BadParam(FieldError):
     """A parameter SGLang would mishandle; `field` names it for the 400 (e.g. sampling_params.top_k)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
-        self.message = message
 
 
 def _is_int(value: Any) -> bool:

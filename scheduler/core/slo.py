@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from scheduler.core.field_error import FieldError
+
 
 class SloClass(str, Enum):
     LATENCY = "latency"  # TTFT + per-token deadline-based TPOT (DSLO)
@@ -39,13 +41,8 @@ BEST_EFFORT_WHEN_INFEASIBLE, REJECT_WHEN_INFEASIBLE = "best_effort", "reject"
 ON_INFEASIBLE = (BEST_EFFORT_WHEN_INFEASIBLE, REJECT_WHEN_INFEASIBLE)
 
 
-class SloValidationError(ValueError):
+class SloValidationError(FieldError):
     """A spec that cannot be served; `field` names the offending field for the 400 body."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-        self.message = message
 
 
 @dataclass(frozen=True)

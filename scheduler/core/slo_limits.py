@@ -24,6 +24,7 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Any
 
+from scheduler.core.field_error import FieldError
 from scheduler.core.slo import MAX_ID_LEN, SloClass, SloSpec
 from wire import SHARE_PARAM, TENANT_PARAM
 
@@ -45,13 +46,8 @@ class SloLimits:
     on_violation: str = CLAMP
 
 
-class SloLimitError(ValueError):
+class SloLimitError(FieldError):
     """An SLO the key may not ask for (HTTP 403); `field` names it, as `slo.<name>`."""
-
-    def __init__(self, field_name: str, message: str) -> None:
-        super().__init__(f"{field_name}: {message}")
-        self.field = field_name
-        self.message = message
 
 
 Clamped = dict[str, dict[str, Any]]
