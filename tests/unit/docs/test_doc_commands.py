@@ -153,6 +153,9 @@ def _single_help(module: str) -> list[Any]:
 
 
 def check_module_command(module: str, words: list[str]) -> None:
+    named_files = [w for w in words if not w.startswith("-") and "/" in w and w.endswith((".py", ".yaml", ".yml"))]
+    missing = [name for name in named_files if not (ROOT / name).is_file()]
+    assert not missing, f"`python -m {module}` is given files that do not exist: {missing}"
     help_text = module_help(module)
     for flag in flags(words):
         if flag == "--help":
