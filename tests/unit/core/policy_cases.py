@@ -65,7 +65,7 @@ def deadline_request(
     rid: str,
     deadline_ms: float = 60_000,
     prompt: int = 10,
-    out: float = 100,
+    out: float | None = 100,
     arrival: float = 0.0,
     weight: float = 1.0,
     **kw: Any,

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.policies.oracle import OracleVariant
-from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
-from tests.unit.core.policy_cases import RecordingPolicy, policy_view
+from tests.unit.core.policy_cases import RecordingPolicy, deadline_request, policy_view
 
 
 def _view(*reqs: RequestView) -> EngineView:
@@ -14,16 +13,7 @@ def _view(*reqs: RequestView) -> EngineView:
 
 
 def _req(rid: str, oracle: int | None, predicted: float | None = 50.0, generated: int = 0) -> RequestView:
-    spec = SloSpec(deadline_ms=1000.0, slo_class=SloClass.DEADLINE)
-    return RequestView(
-        rid=rid,
-        slo=spec,
-        arrival=0.0,
-        prompt_len=10,
-        generated=generated,
-        predicted_output_len=predicted,
-        oracle_output_len=oracle,
-    )
+    return deadline_request(rid, deadline_ms=1000.0, out=predicted, generated=generated, oracle_output_len=oracle)
 
 
 def test_oracle_variant_replaces_prediction_with_truth() -> None:
