@@ -196,6 +196,26 @@ class _Static:
         return value
 
 
+class _PerPass:
+    """A per-pass row of ViewColumns, on first use: the row of the block the caller gathered for
+    this pass, or else read from the views (`flag`: a yes/no row, held as 0/1 in the block)."""
+
+    def __init__(self, row: int, read: Callable[[Sequence[RequestView]], np.ndarray], flag: bool = False) -> None:
+        self.row, self.read, self.flag = row, read, flag
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, columns: ViewColumns, owner: type | None = None) -> np.ndarray:
+        d = columns._dynamic
+        if d is None:
+            value = self.read(columns.reqs)
+        else:
+            value = d[self.row] != 0 if self.flag else d[self.row]
+        columns.__dict__[self.name] = value
+        return value
+
+
 class ViewColumns:
     """Requests as columns, waiting first, then running. Static numbers come with it (see
     `static_rows`); what may change between passes is read from the views on first use, so a
@@ -295,39 +315,12 @@ class ViewColumns:
 
     # -- per pass: read from the views on first use --------------------------------------------
 
-    def _per_pass(self, row: int, read: Callable[[Sequence[RequestView]], np.ndarray]) -> np.ndarray:
-        """The row of the block the caller gathered for this pass, or else read from the views."""
-        d = self._dynamic
-        return d[row] if d is not None else read(self.reqs)
-
-    def _per_pass_flags(self, row: int, read: Callable[[Sequence[RequestView]], np.ndarray]) -> np.ndarray:
-        """`_per_pass` for a yes/no row (the block holds it as 0/1 floats)."""
-        d = self._dynamic
-        return d[row] != 0 if d is not None else read(self.reqs)
-
-    @_Once
-    def generated(self) -> np.ndarray:
-        return self._per_pass(DynamicRow.GENERATED, read_generated)
-
-    @_Once
-    def cached(self) -> np.ndarray:
-        return self._per_pass(DynamicRow.CACHED, read_cached)
-
-    @_Once
-    def started(self) -> np.ndarray:
-        return self._per_pass_flags(DynamicRow.STARTED, read_started)
-
-    @_Once
-    def predicted(self) -> np.ndarray:
-        return self._per_pass(DynamicRow.PREDICTED, read_predicted)
-
-    @_Once
-    def be_tier(self) -> np.ndarray:
-        return self._per_pass_flags(DynamicRow.BE_TIER, read_be_tier)
-
-    @_Once
-    def attained(self) -> np.ndarray:
-        return self._per_pass(DynamicRow.ATTAINED, read_attained)
+    generated = _PerPass(DynamicRow.GENERATED, read_generated)
+    cached = _PerPass(DynamicRow.CACHED, read_cached)
+    started = _PerPass(DynamicRow.STARTED, read_started, flag=True)
+    predicted = _PerPass(DynamicRow.PREDICTED, read_predicted)
+    be_tier = _PerPass(DynamicRow.BE_TIER, read_be_tier, flag=True)
+    attained = _PerPass(DynamicRow.ATTAINED, read_attained)
 
     # -- derived -----------------------------------------------------------------------------------
 
