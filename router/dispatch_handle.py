@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from router.membership import WorkerRegistry
 from router.outbox import WorkerOutbox
 from router.policies.base import RoutingPolicy
-from router.registry import WorkerRegistry
 from router.worker_auth import RouterAuth
 
 

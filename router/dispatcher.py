@@ -39,6 +39,7 @@ from router.dispatch_handle import DispatchHandle, DispatchLimits
 from router.flight import Flight, NoWorkerAvailable, RequestStream, RouterQueueFull, StreamError
 from router.flight_table import FlightTable
 from router.handover import Decode
+from router.membership import WorkerRegistry
 from router.migration import Migrator
 from router.outbox import WorkerOutbox
 from router.pd import PREFILL
@@ -47,7 +48,6 @@ from router.placement import Placement
 from router.policies.base import RoutingPolicy
 from router.protocol import Abort, FetchReply, Submit
 from router.reaper import Reaper
-from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView
 from router.worker_auth import RouterAuth

@@ -14,8 +14,8 @@ from typing import Any
 
 import zmq
 
+from router.membership import WorkerRegistry
 from router.protocol import Abort, Message, ProtocolError
-from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint
 from router.worker_auth import RouterAuth
 

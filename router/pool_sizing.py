@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from router.membership import WorkerRegistry
 from router.pd import DECODE, PREFILL
 from router.pd_sizing import MixTracker, profile_inputs, split_devices, tracker_sizing
-from router.registry import WorkerRegistry
 from router.views import WorkerView
 from scheduler.core.pacing import SlowedPerfModel
 

@@ -21,9 +21,9 @@ import zmq.asyncio
 
 from router.dispatcher import Dispatcher
 from router.flight import NoWorkerAvailable, RequestStream, StreamChunk, StreamError, StreamEvent
+from router.membership import WorkerRegistry
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Register, RequestError, Submit, TokenChunk
-from router.registry import WorkerRegistry
 from router.resume import cap_reached, resume_route, resume_submit
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, RunningView, WorkerView

@@ -14,9 +14,9 @@ import zmq.asyncio
 
 from router.dispatcher import Dispatcher
 from router.flight import RouterQueueFull, StreamChunk, StreamError
+from router.membership import WorkerRegistry
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Heartbeat, LoadReport, Register, RequestError, Sealed, Submit, TokenChunk
-from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint, WorkerEndpoint
 from router.worker_auth import RouterAuth
 from tests.unit.router._fake_worker import until

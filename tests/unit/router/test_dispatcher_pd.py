@@ -18,10 +18,10 @@ import zmq.asyncio
 
 from router.dispatcher import Dispatcher
 from router.flight import StreamError
+from router.membership import WorkerRegistry
 from router.pd import PrefillChooser, decode_side_views
 from router.policies.load_metrics import LeastRequestPolicy
 from router.protocol import Register, RequestError, Submit, TokenChunk
-from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint
 from router.views import RouteRequest, WorkerView
 from scheduler.core.slo import SloSpec

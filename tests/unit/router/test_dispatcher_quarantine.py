@@ -16,9 +16,9 @@ import zmq.asyncio
 
 from router.dispatcher import DEFAULT_MAX_QUEUED, Dispatcher
 from router.flight import QUARANTINED, TIMED_OUT, StreamError
+from router.membership import WorkerRegistry
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Heartbeat, Submit, TokenChunk
-from router.registry import WorkerRegistry
 from router.transport import RouterEndpoint
 from tests.unit.router._fake_worker import until
 from tests.unit.router.test_dispatcher import FakeWorker, _collect, _request, _run, _tokens

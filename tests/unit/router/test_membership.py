@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from router.membership import ID_IN_USE, WorkerRegistry
 from router.protocol import Heartbeat, LoadReport, Register
-from router.registry import ID_IN_USE, WorkerRegistry
 
 
 def _reg(worker_id: str = "w1", gpu: str = "h100", capacity: int = 1000) -> Register:
