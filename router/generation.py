@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 from router.flight import StreamChunk
-from router.reports import RouterReports
+from router.monitoring import RouterReports
 from router.service import GenerateCall
 from router.tokenizer import IncrementalDetokenizer
 

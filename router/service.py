@@ -25,13 +25,13 @@ from router.access import AccessTable
 from router.dispatcher import DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT_S, Dispatcher
 from router.flight import RequestStream
 from router.membership import WorkerRegistry
+from router.monitoring import RouterCollector, RouterReports
 from router.pd import PREFILL
 from router.pd_sizing import MixTracker, tpot_tier
 from router.policies import RoutingContext, make_routing_policy
 from router.pool_sizing import PoolSizer
 from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
 from router.protocol import Submit
-from router.reports import RouterCollector, RouterReports
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 from router.transport import CurveKeys, RouterEndpoint
 from router.views import RouteRequest, WorkerView

@@ -65,7 +65,7 @@ def worker_series() -> set[str]:
 
 
 def router_series() -> set[str]:
-    from router.reports import RouterCollector, RouterReports
+    from router.monitoring import RouterCollector, RouterReports
     from router.views import WorkerView
 
     reports = RouterReports()

@@ -8,6 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 
+from router.monitoring import pd_sizing_metrics
 from router.pd_sizing import (
     MixTracker,
     TierMix,
@@ -18,7 +19,6 @@ from router.pd_sizing import (
     split_devices,
     tracker_sizing,
 )
-from router.reports import pd_sizing_metrics
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 
 

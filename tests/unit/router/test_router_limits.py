@@ -9,9 +9,9 @@ import re
 import zmq.asyncio
 from prometheus_client import CollectorRegistry, generate_latest
 
+from router.monitoring import MAX_TIER_LABELS, RouterCollector
 from router.pd_sizing import MAX_TIER_MS, MIN_TIER_MS, TIER_STEPS, tpot_tier
 from router.protocol import Register
-from router.reports import MAX_TIER_LABELS, RouterCollector
 from router.service import RouterConfig, RouterService
 from scheduler.core.slo import SloSpec
 from tests.unit.router._router_harness import router, run
