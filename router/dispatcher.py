@@ -48,8 +48,8 @@ from router.placement import Placement
 from router.policies.base import RoutingPolicy
 from router.protocol import Abort, FetchReply, Submit
 from router.reaper import Reaper
+from router.routing_views import RouteRequest, RunningView
 from router.transport import RouterEndpoint
-from router.views import RouteRequest, RunningView
 from router.worker_auth import RouterAuth
 from router.worker_inbox import WorkerInbox
 from scheduler.core.admission import retry_after_s

@@ -17,7 +17,7 @@ from typing import Any
 from router.handover import StopWatch
 from router.policies.base import NoWorkerError
 from router.protocol import Submit
-from router.views import RouteRequest
+from router.routing_views import RouteRequest
 from scheduler.core.shed_wire import Shed
 
 # Why the router itself ended a request (the error's `reason`).

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from router.protocol import Ack, Heartbeat, LoadReport, Register, load_report_to_view, register_to_view
+from router.routing_views import WorkerView
 from router.transport import with_peer_host
-from router.views import WorkerView
 
 ID_IN_USE = "worker_id in use by a live worker on another connection"
 

@@ -16,7 +16,7 @@ from router.pd import DECODE, PREFILL
 from router.placement import Placement
 from router.protocol import Abort
 from router.resume import cap_reached, resume_route
-from router.views import RunningView
+from router.routing_views import RunningView
 
 
 class Migrator(DispatchPart):

@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from router.dispatcher import STATUS_EVENTS
-from router.views import WorkerView
+from router.routing_views import WorkerView
 from scheduler.core.slo import SloSpec
 from scheduler.reporting.metrics import SloMetrics
 from scheduler.reporting.reports import SloReportKeeper

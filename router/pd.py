@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
-from router.views import RouteRequest, WorkerView
+from router.routing_views import RouteRequest, WorkerView
 
 PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
 ROOM_BITS = 63  # SGLang's bootstrap rooms are random 63-bit integers

@@ -14,7 +14,7 @@ from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import Flight
 from router.pd import PREFILL, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
 from router.protocol import Submit
-from router.views import RouteRequest, WorkerView
+from router.routing_views import RouteRequest, WorkerView
 
 
 class PdPairing(DispatchPart):

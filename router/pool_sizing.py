@@ -8,7 +8,7 @@ from typing import Any
 from router.membership import WorkerRegistry
 from router.pd import DECODE, PREFILL
 from router.pd_sizing import MixTracker, profile_inputs, split_devices, tracker_sizing
-from router.views import WorkerView
+from router.routing_views import WorkerView
 from scheduler.core.pacing import SlowedPerfModel
 
 

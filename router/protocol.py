@@ -33,7 +33,7 @@ from router.protocol_fields import (
 )
 from router.protocol_fields import ProtocolError as ProtocolError  # every decode error: the protocol's API
 from router.protocol_fields import check_worker_id as check_worker_id  # the worker-id rule, for the CLIs
-from router.views import WorkerView
+from router.routing_views import WorkerView
 from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo import SloValidationError, parse_slo
 

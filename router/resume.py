@@ -15,7 +15,7 @@ from dataclasses import replace
 from typing import Any
 
 from router.protocol import Submit
-from router.views import RouteRequest
+from router.routing_views import RouteRequest
 from wire import ORACLE_HINT_PARAM
 
 

@@ -32,9 +32,9 @@ from router.policies import RoutingContext, make_routing_policy
 from router.pool_sizing import PoolSizer
 from router.prefix import DEFAULT_BLOCK_TOKENS, prefix_hashes
 from router.protocol import Submit
+from router.routing_views import RouteRequest, WorkerView
 from router.tokenizer import RouterTokenizer, TokenizerUnavailable
 from router.transport import CurveKeys, RouterEndpoint
-from router.views import RouteRequest, WorkerView
 from router.worker_auth import RouterAuth
 from router.worker_proxy import WorkerProxy
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, predictor_from_spec

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from router.protocol import FetchReply
-from router.views import WorkerView
+from router.routing_views import WorkerView
 
 Fetch = Callable[[str, str, str, float], Awaitable[FetchReply]]  # worker id, method, path, timeout
 

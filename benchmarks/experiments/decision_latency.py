@@ -46,7 +46,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
-from router.views import RouteRequest, RunningView, WorkerView  # noqa: E402
+from router.routing_views import RouteRequest, RunningView, WorkerView  # noqa: E402
 from scheduler.components.plan_applier import held_positions, order_waiting, set_aside  # noqa: E402
 from scheduler.components.planner import PassPlanner  # noqa: E402
 from scheduler.components.request_state import RequestStates  # noqa: E402

@@ -26,8 +26,8 @@ from router.pd import DECODE, PREFILL, PrefillChooser, decode_side_views, is_pd_
 from router.policies import NoWorkerError, RoutingContext, RoutingPolicy, make_routing_policy
 from router.protocol import LoadReport
 from router.resume import resume_route
+from router.routing_views import Decision, RouteRequest, RunningView, WorkerView
 from router.service import make_length_predictor
-from router.views import Decision, RouteRequest, RunningView, WorkerView
 
 
 @dataclass(eq=False)

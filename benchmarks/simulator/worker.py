@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.pool import sglang_chunk
 from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
-from router.views import WorkerView
+from router.routing_views import WorkerView
 from scheduler.components.meter import PREFILL_PROBE_TOKENS
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
 from scheduler.core.plan_path import settings_for

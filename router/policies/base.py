@@ -27,7 +27,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from router.views import Decision, RouteRequest, RunningView, WorkerView
+from router.routing_views import Decision, RouteRequest, RunningView, WorkerView
 
 
 class NoWorkerError(RuntimeError):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
-from router.views import Decision, RouteRequest, WorkerView
+from router.routing_views import Decision, RouteRequest, WorkerView
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ due time for a whole answer is `estimates.answer_due` (its latency-class rule is
 
 from __future__ import annotations
 
-from router.views import RouteRequest
+from router.routing_views import RouteRequest
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, output_bound
 from scheduler.core.slo import SloClass
 

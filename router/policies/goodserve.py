@@ -43,7 +43,7 @@ from typing import TypeVar
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.estimates import counted_tokens, output_tokens, remaining_tokens
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
-from router.views import Decision, RouteRequest, RunningView, WorkerView
+from router.routing_views import Decision, RouteRequest, RunningView, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
 from scheduler.core.registry import require
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
-from router.views import Decision, RouteRequest, WorkerView
+from router.routing_views import Decision, RouteRequest, WorkerView
 
 
 class LeastRequestPolicy(RoutingPolicy):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from router.policies.base import RoutingContext, RoutingPolicy, healthy_workers, least_loaded
 from router.policies.slos_admission import AdmissionParams, ReplicaAdmission
-from router.views import Decision, RouteRequest, WorkerView
+from router.routing_views import Decision, RouteRequest, WorkerView
 from scheduler.core.registry import require
 
 AdmitFn = Callable[[RouteRequest, WorkerView], bool]

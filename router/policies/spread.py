@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers
-from router.views import Decision, RouteRequest, WorkerView
+from router.routing_views import Decision, RouteRequest, WorkerView
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from benchmarks.simulator.speculative_decoding import SimSpeculation
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TraceRequest
 from router.policies.base import RoutingPolicy
-from router.views import Decision, RouteRequest, RunningView, WorkerView
+from router.routing_views import Decision, RouteRequest, RunningView, WorkerView
 
 
 def planned_requests(n: int = 60, rate: float = 30.0, seed: int = 0, chain_every: int = 7) -> list[PlannedRequest]:

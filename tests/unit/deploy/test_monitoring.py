@@ -66,7 +66,7 @@ def worker_series() -> set[str]:
 
 def router_series() -> set[str]:
     from router.monitoring import RouterCollector, RouterReports
-    from router.views import WorkerView
+    from router.routing_views import WorkerView
 
     reports = RouterReports()
     view = WorkerView(worker_id="w0", gpu="h100", kv_capacity_tokens=1000, max_running=8)

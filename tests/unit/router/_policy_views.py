@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.views import RouteRequest, WorkerView
+from router.routing_views import RouteRequest, WorkerView
 from scheduler.core.slo import SloClass, SloSpec
 
 

@@ -25,8 +25,8 @@ from router.membership import WorkerRegistry
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Register, RequestError, Submit, TokenChunk
 from router.resume import cap_reached, resume_route, resume_submit
+from router.routing_views import RouteRequest, RunningView, WorkerView
 from router.transport import RouterEndpoint
-from router.views import RouteRequest, RunningView, WorkerView
 from scheduler.core.slo import SloSpec
 from tests.unit.router._fake_worker import FakeWorkerBase, until
 from wire import REGISTER_AGAIN

@@ -22,8 +22,8 @@ from router.membership import WorkerRegistry
 from router.pd import PrefillChooser, decode_side_views
 from router.policies.load_metrics import LeastRequestPolicy
 from router.protocol import Register, RequestError, Submit, TokenChunk
+from router.routing_views import RouteRequest, WorkerView
 from router.transport import RouterEndpoint
-from router.views import RouteRequest, WorkerView
 from scheduler.core.slo import SloSpec
 from tests.unit.router._fake_worker import until
 from tests.unit.router.test_dispatcher import DEAD_AFTER_S, FakeWorker, _collect, _request, _run, _tokens

@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from router.policies.estimates import output_tokens
 from router.policies.slos_admission import request_view
 from router.resume import resume_route
+from router.routing_views import RouteRequest
 from router.service import GenerateCall, RouterService
-from router.views import RouteRequest
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due, request_deadline
 from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.slo import SloClass, SloSpec

@@ -9,7 +9,7 @@ import pytest
 from router.policies import RoutingContext, make_routing_policy
 from router.policies.slos import SlosRoutingParams
 from router.policies.slos_admission import AdmissionParams, ReplicaAdmission
-from router.views import RunningView
+from router.routing_views import RunningView
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients
 from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker
 
