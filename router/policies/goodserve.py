@@ -7,7 +7,7 @@ q_g, p_g, d_g are the worker's EMA estimates (WorkerView.queue_delay_s, prefill_
 decode_s_per_token); Alg. 1 line 5 smooths the reported wait once more with `alpha` (default 1:
 the worker already reports an EMA, smoothing twice would only lag). H is the prefix the worker
 likely caches (leading matched blocks × `block_tokens`, from the table of what this policy sent
-where); L_out is the predicted output length (estimates.output_tokens). D_r is the time left to
+where); L_out is the predicted output length (request_estimates.output_tokens). D_r is the time left to
 the SLO deadline (scheduler.core.estimates.answer_due). Among workers with T ≤ D_r the one with the largest d_g
 (slowest decode: just enough, keeping fast GPUs for urgent work) wins. The paper gives no
 tie-break, and its black-box d_g also grows with a worker's batch, so taken literally the rule
@@ -26,7 +26,7 @@ suggests.
 
 Migration (§3.4): every `tau`-th call to `migrations` (the router calls it once per tick, so tau
 counts router ticks rather than engine iterations) each running request is re-estimated with the
-workers' fresh EMAs: remaining = L_out − generated (estimates.remaining_tokens), no queueing on
+workers' fresh EMAs: remaining = L_out − generated (request_estimates.remaining_tokens), no queueing on
 its current worker. If it will miss its deadline there, it moves to a worker with faster decode
 that meets it counting that worker's queue and the re-prefill of prompt + generated tokens
 (token-ID migration), again chosen just-enough (same speed classes). Each planned move adds its re-prefill time to the
@@ -41,8 +41,8 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
-from router.policies.estimates import counted_tokens, output_tokens, remaining_tokens
 from router.policies.prefix_table import DEFAULT_MAX_BLOCKS, PrefixTable
+from router.policies.request_estimates import counted_tokens, output_tokens, remaining_tokens
 from router.routing_views import Decision, RouteRequest, RunningView, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
 from scheduler.core.registry import require

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from router.policies.base import RoutingPolicy, healthy_workers
-from router.policies.estimates import output_tokens
+from router.policies.request_estimates import output_tokens
 from router.routing_views import Decision, RouteRequest, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due, token_due
 from scheduler.core.registry import require

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from router.pd_sizing import tpot_tier
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
-from router.policies.estimates import output_tokens
+from router.policies.request_estimates import output_tokens
 from router.routing_views import Decision, RouteRequest, WorkerView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, token_due
 from scheduler.core.registry import require

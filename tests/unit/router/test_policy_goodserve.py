@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from router.policies.estimates import output_tokens
 from router.policies.goodserve import GoodServeParams, GoodServePolicy
+from router.policies.request_estimates import output_tokens
 from router.routing_views import RunningView
 from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, answer_due
 from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from hypothesis import given
 from hypothesis import strategies as st
 
-from router.policies.estimates import output_tokens
+from router.policies.request_estimates import output_tokens
 from router.policies.slos_admission import request_view
 from router.resume import resume_route
 from router.routing_views import RouteRequest
