@@ -11,7 +11,7 @@ from router.policies.goodserve import GoodServeParams, GoodServePolicy
 from router.policies.jit import JitParams, JitPolicy
 from router.policies.load_metrics import LeastRequestPolicy, LlumnixLoadPolicy, LowestTpmPolicy
 from router.policies.polyserve import PolyServeParams, PolyServePolicy
-from router.policies.slos import SlosRoutingParams, build_slos_routing
+from router.policies.slos_routing import SlosRoutingParams, build_slos_routing
 from router.policies.spread import PowerOfTwoPolicy, RandomPolicy, RoundRobinPolicy, SeedParams
 from scheduler.core.registry import Entry, NoParams, Registry
 

@@ -15,7 +15,7 @@ import launch_router
 from router.dispatcher import DEFAULT_MAX_QUEUED
 from router.http_api import create_app
 from router.policies import accepted_params
-from router.policies.slos import SlosRoutingPolicy
+from router.policies.slos_routing import SlosRoutingPolicy
 from router.prefix import prefix_hashes
 from router.service import GenerateCall, RouterConfig, RouterService
 from scheduler.core.slo import SloClass, SloSpec

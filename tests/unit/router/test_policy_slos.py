@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from router.policies.slos import SlosRoutingParams, SlosRoutingPolicy
+from router.policies.slos_routing import SlosRoutingParams, SlosRoutingPolicy
 from tests.unit.router._policy_views import deadline_slo, request, worker
 
 WORKERS = [worker("a", inflight=5), worker("b", inflight=1), worker("c", inflight=3), worker("x", healthy=False)]

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from router.policies import RoutingContext, make_routing_policy
-from router.policies.slos import SlosRoutingParams
 from router.policies.slos_admission import AdmissionParams, ReplicaAdmission
+from router.policies.slos_routing import SlosRoutingParams
 from router.routing_views import RunningView
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients
 from tests.unit.router._policy_views import deadline_slo, latency_slo, request, worker
