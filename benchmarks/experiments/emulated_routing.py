@@ -46,10 +46,10 @@ from benchmarks.goodput.harness import (
     uniform_length_control,
 )
 from benchmarks.goodput.loadgen import LoadGenerator, PromptFor
-from benchmarks.goodput.metrics import RunMetrics, check_consistency, score
 from benchmarks.goodput.mixes import MIXES, POLYSERVE_TPOT_TIERS, Calibration, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.report import describe, markdown_table, plot, read_results, write_results
+from benchmarks.goodput.scoring import RunMetrics, check_consistency, score
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES

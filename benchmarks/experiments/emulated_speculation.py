@@ -37,8 +37,8 @@ from benchmarks.experiments.pd_layouts import crossing
 from benchmarks.goodput.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.harness import Target, header_run, run_once
 from benchmarks.goodput.loadgen import LengthControl, LoadOptions
-from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import describe, write_results
+from benchmarks.goodput.scoring import check_consistency
 from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
 

@@ -46,9 +46,9 @@ from typing import Any
 
 from benchmarks.cli import doc_parser
 from benchmarks.goodput.capacity import search_capacity
-from benchmarks.goodput.metrics import RunMetrics, Scored, offered_window
 from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale
 from benchmarks.goodput.records import PlannedRequest
+from benchmarks.goodput.scoring import RunMetrics, Scored, offered_window
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec, card

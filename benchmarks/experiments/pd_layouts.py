@@ -46,8 +46,8 @@ from benchmarks.experiments.emulated_routing import (
 )
 from benchmarks.goodput.emulation_validity import invalid_note, verdict
 from benchmarks.goodput.harness import add_drain_args, header_run, uniform_length_control
-from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.report import describe, write_results
+from benchmarks.goodput.scoring import check_consistency
 from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
 from launch_cluster import Cluster, WorkerSpec, parse_cluster

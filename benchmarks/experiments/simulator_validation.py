@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import doc_parser
-from benchmarks.goodput.metrics import RunMetrics
+from benchmarks.goodput.scoring import RunMetrics
 from benchmarks.goodput.workload import plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec, card

@@ -28,8 +28,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from benchmarks.goodput.metrics import score
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.scoring import score
 from benchmarks.goodput.workload import WorkloadSpec
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.client import planned_workload, sim_requests, to_record

@@ -37,10 +37,10 @@ from benchmarks.goodput.harness import (
     uniform_length_control,
 )
 from benchmarks.goodput.loadgen import LengthControl, PromptFor
-from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.mixes import MIXES, Calibration, Scale
 from benchmarks.goodput.records import PlannedRequest
 from benchmarks.goodput.report import describe, markdown_table, plot, write_results
+from benchmarks.goodput.scoring import check_consistency
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES

@@ -15,8 +15,8 @@ import requests
 from benchmarks._server import BenchServer
 from benchmarks.goodput.emulation_validity import emulation_counters, pacing_delta
 from benchmarks.goodput.loadgen import LengthControl, LoadGenerator, LoadOptions, PromptFor
-from benchmarks.goodput.metrics import auto_bin_s, offered_window, score, timeline
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.scoring import auto_bin_s, offered_window, score, timeline
 
 STOCK = "stock"
 

@@ -11,8 +11,8 @@ results.json schema (version 1):
           "label": str,            # policy or server name, e.g. "edf", "stock", "router"
           "rate": float | null,    # offered load in requests/s; null = the trace's own rate
           "config": {...},         # free-form: what was run (model, trace, mix, flags)
-          "metrics": {...},        # RunMetrics.to_dict() (benchmarks.goodput.metrics)
-          "timeline": [            # metrics.timeline(): one entry per time bin
+          "metrics": {...},        # RunMetrics.to_dict() (benchmarks.goodput.scoring)
+          "timeline": [            # scoring.timeline(): one entry per time bin
             {"t_s", "goodput_rps", "finished_rps", "throughput_tok_s", "queue"}, ...
           ],
           "records": [{...}, ...]  # RequestRecord.to_dict() of every request
@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE, invalid_note, late_cell, verdict
-from benchmarks.goodput.metrics import RunMetrics, check_consistency
 from benchmarks.goodput.records import RequestRecord
+from benchmarks.goodput.scoring import RunMetrics, check_consistency
 
 SCHEMA = "sglang-slo/goodput-results"
 VERSION = 1

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cli import doc_parser
-from benchmarks.goodput.metrics import check_consistency
 from benchmarks.goodput.mixes import MIXES
 from benchmarks.goodput.report import describe, markdown_table, plot, write_results
+from benchmarks.goodput.scoring import check_consistency
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec

@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from benchmarks.goodput.metrics import RunMetrics, Scored, score_all, score_record
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.scoring import RunMetrics, Scored, score_all, score_record
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.client import CLIENT_MAX_TOKENS, sim_requests, unsent_record
 from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card

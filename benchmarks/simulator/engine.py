@@ -23,9 +23,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from benchmarks.cli import policy_overrides
-from benchmarks.goodput.metrics import RunMetrics, score
 from benchmarks.goodput.mixes import MIXES
 from benchmarks.goodput.records import PlannedRequest, RequestRecord
+from benchmarks.goodput.scoring import RunMetrics, score
 from benchmarks.goodput.workload import WorkloadSpec
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.client import planned_workload, sim_requests, to_record

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from benchmarks.goodput.metrics import RunMetrics, auto_bin_s, makespan_scored, offered_window, timeline
 from benchmarks.goodput.mixes import Calibration, Scale, profile_zero_load
 from benchmarks.goodput.records import PlannedRequest
+from benchmarks.goodput.scoring import RunMetrics, auto_bin_s, makespan_scored, offered_window, timeline
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig, ClusterResult, ClusterSim
 

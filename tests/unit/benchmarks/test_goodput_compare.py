@@ -14,7 +14,7 @@ import pytest
 from benchmarks.goodput.compare import earlier_calibration, parse_args, targets_of
 from benchmarks.goodput.harness import load_options, uniform_length_control
 from benchmarks.goodput.loadgen import LengthControl
-from benchmarks.goodput.metrics import auto_bin_s
+from benchmarks.goodput.scoring import auto_bin_s
 
 
 def test_every_target_of_a_run_gets_the_same_length_control() -> None:

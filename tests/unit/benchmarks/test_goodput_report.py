@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from benchmarks.goodput.metrics import score, timeline
 from benchmarks.goodput.records import RequestRecord
 from benchmarks.goodput.report import markdown_table, plot, read_results, write_results
+from benchmarks.goodput.scoring import score, timeline
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -23,9 +23,9 @@ from benchmarks.experiments.emulated_routing import (
     row_cells,
 )
 from benchmarks.goodput.loadgen import LengthControl
-from benchmarks.goodput.metrics import score
 from benchmarks.goodput.mixes import POLYSERVE_TPOT_TIERS, Scale, apply_mix
 from benchmarks.goodput.records import RequestRecord
+from benchmarks.goodput.scoring import score
 from benchmarks.workloads.traces import TraceRequest
 from launch_cluster import Cluster, RouterSpec
 from router.policies import ROUTING_POLICIES

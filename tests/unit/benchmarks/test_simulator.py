@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from benchmarks.goodput.metrics import score
 from benchmarks.goodput.records import PlannedRequest
+from benchmarks.goodput.scoring import score
 from benchmarks.simulator.cluster import ClusterConfig, ClusterSim
 from benchmarks.simulator.engine import simulate
 from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card

@@ -1,4 +1,4 @@
-"""benchmarks.goodput.metrics against hand-computed runs: per-token TPOT misses, deadline edges,
+"""benchmarks.goodput.scoring against hand-computed runs: per-token TPOT misses, deadline edges,
 compound programs judged from their first send, never-sent stages, percentiles, the timeline,
 no-SLO requests kept out of attainment, and the consistency invariants."""
 
@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from benchmarks.goodput.metrics import RunMetrics, check_consistency, percentiles_ms, score, score_record, timeline
 from benchmarks.goodput.records import RequestRecord
+from benchmarks.goodput.scoring import RunMetrics, check_consistency, percentiles_ms, score, score_record, timeline
 
 LAT_SLO = {"class": "latency", "ttft_ms": 100, "tpot_ms": 50}  # token i due 0.1 + 0.05 i after send
 
