@@ -20,10 +20,10 @@ MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 300
 
 
-def _product_files() -> list[Path]:
+def _product_files(packages: tuple[str, ...] = PRODUCT) -> list[Path]:
     return sorted(
         path
-        for pkg in PRODUCT
+        for pkg in packages
         for path in (ROOT / pkg).rglob("*.py")
         if not any(part.startswith(".") or part.endswith(".egg-info") for part in path.relative_to(ROOT).parts)
     )
@@ -36,6 +36,22 @@ def _lines(path: Path) -> int:
 def test_no_module_is_over_the_limit() -> None:
     over = [f"{p.relative_to(ROOT)}: {n} lines" for p in _product_files() if (n := _lines(p)) > MAX_MODULE_LINES]
     assert not over, f"modules over {MAX_MODULE_LINES} lines:\n" + "\n".join(over)
+
+
+# Names two modules may share because they mean the same thing in each place: package markers,
+# and base.py, the base class of one family (routing policies, length predictors).
+SHARED_NAMES = frozenset({"__init__.py", "__main__.py", "base.py"})
+
+
+def test_no_two_modules_share_a_name() -> None:
+    """A reader who meets `views.py` twice cannot tell from the name which one a line means, so
+    every other module name is used once across the product and the benchmarks."""
+    by_name: dict[str, list[str]] = {}
+    for path in _product_files((*PRODUCT, "benchmarks")):
+        if path.name not in SHARED_NAMES:
+            by_name.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    shared = [" ".join(paths) for paths in by_name.values() if len(paths) > 1]
+    assert not shared, "modules sharing a name:\n" + "\n".join(shared)
 
 
 def _long_classes(path: Path) -> list[str]:
