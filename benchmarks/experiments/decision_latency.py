@@ -19,7 +19,7 @@ Plan path: what the SGLang adapter does per scheduling pass with 100, 1 000 and 
 and 256 running requests of SGLang's shape (rid, sampling_params with the injected SLO,
 origin_input_ids, output_ids, token stamps, prefix indices), each running one a token further
 every pass, as after a decode step: build the views from them, ask the
-policy and finish its plan on the one plan path (with the perf model's default knobs), and apply
+policy and finish its plan on the one plan path (with the levers sized by the perf model), and apply
 it to the waiting queue (drops split off, the queue sorted, tiers marked); the median of 40 passes
 (10 at 10 000) after 3 warm ones. Target: <= 1 ms per
 pass at 1 000 waiting, <= 10 ms at 10 000; an H100 decode step of Llama-3-8B is ~7 ms.

@@ -51,7 +51,7 @@ def simulate(
     policy_params: Mapping[str, Mapping[str, Any]] | None = None,
     program_idle_s: float | None = None,
 ) -> list[RequestRecord]:
-    """One policy over one planned workload on one card. fcfs is stock SGLang: no knobs, and
+    """One policy over one planned workload on one card. fcfs is stock SGLang: no levers, and
     separate prefill steps (SGLang's default) unless `stock_fcfs` is False; `overlap` is
     SGLang's overlap schedule (its GPU default: see scheduler.core.sim_engine); `length_predictor`
     is the server's --slo-length-predictor (a fresh one per run, as a freshly started server);

@@ -6,9 +6,9 @@ true α is the draft's quality on the workload (a parameter: SLOs-Serve's OPT-12
 EAGLE heads on Llama-3-8B sit around 0.6-0.8); the engine never sees it, only the verify results.
 
 Lengths, as the server runs them (scheduler/sglang_scheduler.py): `fixed:S` drafts S tokens in
-every decode (SGLang's own speculation, knobs sized as without it); `slo` is the SLO-adaptive
+every decode (SGLang's own speculation, levers sized as without it); `slo` is the SLO-adaptive
 controller itself (speculative/controller.py), fed every verify's accepted counts and asked
-every pass, with knobs sized on the speculative cost at its length (EngineMeter.knob_model).
+every pass, with levers sized on the speculative cost at its length (EngineMeter.knob_model).
 Every step costs the target's verify pass plus `draft_ratio` x its decode pass per draft step
 (speculative/cost.py).
 """

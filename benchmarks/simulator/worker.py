@@ -70,7 +70,7 @@ class SimWorker:
         settings = settings_for(policy, mixed_batching=mixed, role=role)
         chunk = options.chunk if options.chunk is not None else sglang_chunk(self.registration_gpu, card_model)
         startup = None
-        if role == PREFILL and settings.knobs:
+        if role == PREFILL and settings.apply_levers:
             chunk = startup = 2 * chunk  # dynamic chunking starts SGLang at 2B, runs at B
         self.engine = SimEngine(
             policy,

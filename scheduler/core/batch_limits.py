@@ -1,4 +1,4 @@
-"""Batch knobs every SLO policy gets from the performance model, unless its plan sets them.
+"""The SLO levers every SLO policy gets from the performance model, unless its plan sets them.
 
 - Running-batch cap (SLOs-Serve Alg. 2, PolyServe §3.4/§4.5): the largest decode batch whose
   predicted iteration time still meets the tightest per-token target among running and
@@ -12,7 +12,7 @@
   needs to make its TTFT, and never above the start-up size.
 - Prefill gate: when no useful chunk fits and no waiting request needs one for its TTFT, the
   step decodes only; the running requests' slack grows, and prefill resumes when it fits.
-- A target no batch can meet (not even one request) sets no knobs: capping would only starve.
+- A target no batch can meet (not even one request) sets no lever: capping would only starve.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ STEP_MARGIN = 0.1
 
 
 @dataclass(frozen=True)
-class BatchKnobs:
+class BatchLevers:
     batch_cap: int | None
     chunk_size: int | None
     tightest_tpot_s: float | None
@@ -92,13 +92,13 @@ def _ttft_need(
     return need, urgent
 
 
-def batch_knobs(
+def batch_levers(
     view: EngineView,
     perf: PerfModel,
     tokens_per_step: float = 1.0,
     mixed_batching: bool = True,
     columns: ViewColumns | None = None,
-) -> BatchKnobs:
+) -> BatchLevers:
     """`tokens_per_step`: output tokens a decode gains per batch (Acc(s) under speculation, with
     `perf` then costing the drafts and verify tokens): the batch may last that many TPOTs.
     `mixed_batching` False: prefill runs in steps of its own, which every decode waits out."""
@@ -115,16 +115,16 @@ def batch_knobs(
         if perf.step_time(0, 1, int(per_req_kv)) > tpot:
             # Not even one request can meet the tightest target: throttling everyone else would
             # not save it, so leave batch and chunk to SGLang.
-            return BatchKnobs(None, None, tightest)
+            return BatchLevers(None, None, tightest)
         cap = max(perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests), 1)
     budget = step_budget(view, tokens_per_step, c)
     if view.chunk_size <= 0 or budget is None:
-        return BatchKnobs(cap, None, tightest)
+        return BatchLevers(cap, None, tightest)
     riding = decodes if mixed_batching else 0  # decodes inside the prefill step itself
     room = (budget if mixed_batching else budget - perf.step_time(0, decodes, kv)) / (1 + STEP_MARGIN)
     fit = perf.max_chunk_within(room, riding, kv, view.chunk_size) if room > 0 else 0
     need, urgent = _ttft_need(view, perf, riding, kv, view.chunk_size, c)
     if fit < MIN_CHUNK and not urgent:
         # too little room for a useful chunk, and no TTFT needs one now: decode, bank slack
-        return BatchKnobs(cap, MIN_CHUNK, tightest, prefill=False)
-    return BatchKnobs(cap, min(view.chunk_size, max(fit, need, MIN_CHUNK)), tightest)
+        return BatchLevers(cap, MIN_CHUNK, tightest, prefill=False)
+    return BatchLevers(cap, min(view.chunk_size, max(fit, need, MIN_CHUNK)), tightest)

@@ -5,7 +5,7 @@ vectorised decision costs. So `ViewColumns` reads each column on first use only,
 `pass_columns.sharing(view)` is open (plan_path.plan_pass opens it around one policy.plan and
 its finalize_plan) every `pass_columns.columns_of(view)` returns the same object, held on the
 view itself (`PassColumns`): the policy's arrays, the queue timeouts, admission, the hold and
-the batch knobs all read one copy. Outside that scope every call reads the views afresh, so
+the sized levers all read one copy. Outside that scope every call reads the views afresh, so
 nothing read in one pass can leak into the next.
 
 What never changes about a view is read once per view, across passes, when the engine that

@@ -2,7 +2,7 @@
 
 plan_path.plan_pass opens `sharing(view, cache)` around one policy.plan and its finalize_plan:
 while it is open, `columns_of(view)` reads the view's requests once and returns that copy to
-every caller (the policy, the queue timeouts, admission, the hold, the batch knobs). The copy
+every caller (the policy, the queue timeouts, admission, the hold, the sized levers). The copy
 lives on the view (`EngineView.pass_columns`), the argument each of them already takes, so no
 state outside the call is involved: another view, or the same view after the pass, reads its
 requests afresh.

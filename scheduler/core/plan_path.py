@@ -1,6 +1,6 @@
 """The one plan path: what every policy's plan becomes before any engine applies it.
 
-A policy decides what it cares about (order, admission, its own knobs, preemptions); the rest of
+A policy decides what it cares about (order, admission, its own cap or chunk, preemptions); the rest of
 a step's decision is the same for every policy and lives here, so the SGLang adapter and the
 simulator apply exactly the same plan and differ only in the engine underneath:
 
@@ -10,7 +10,7 @@ simulator apply exactly the same plan and differ only in the engine underneath:
   request's own admission terms, not a policy's choice); each drop carries its predicted wait,
   what its Retry-After is computed from;
 - the batch cap, prefill chunk and prefill gate a plan leaves open come from the performance
-  model (`batch_knobs`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
+  model (`batch_levers`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
   when one is trusted, in both batching modes, then capped by the policy's own per-step token
   budget if it has one (`chunk_cap`);
 - under the SLO levers, best-effort-tier requests already past due are held while SLO work is
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
-from scheduler.core.batch_limits import batch_knobs
+from scheduler.core.batch_limits import batch_levers
 from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes
@@ -48,9 +48,9 @@ MIXED, PREFILL, DECODE = "mixed", "prefill", "decode"  # an engine's role (PD wo
 class PlanSettings:
     """What the engine is, as far as finishing a plan goes."""
 
-    knobs: bool = True  # apply batch caps and chunks at all (False: stock SGLang, e.g. fcfs)
+    apply_levers: bool = True  # apply any lever at all, the plan's or sized (False: stock SGLang, e.g. fcfs)
     levers: bool = True  # size the cap, chunk and prefill gate a plan leaves open from the perf model
-    mixed_batching: bool = True  # prefill chunks ride with decodes: the chunk knob applies
+    mixed_batching: bool = True  # prefill chunks ride with decodes: the chunk lever applies
     role: str = MIXED  # PD prefill workers chunk dynamically; PD decode workers never drop or preempt
     # The most prompt tokens one step prefills under the levers (None: the start-up chunk): a
     # policy's own per-step token budget, over whatever the perf model sizes (gmax.py).
@@ -64,12 +64,12 @@ def settings_for(
     policy: Policy, mixed_batching: bool = True, role: str = MIXED, tenant_fairness: float = DEFAULT_TENANT_FAIRNESS
 ) -> PlanSettings:
     """How an engine finishes `policy`'s plans: fcfs is stock SGLang (nothing applied); an
-    ordering baseline's own knobs apply but the engine's SLO levers do not (as in the papers'
+    ordering baseline's own cap and chunk apply but the engine's SLO levers do not (as in the papers'
     baselines, which reorder a stock engine); an SLO policy gets both."""
     stock = policy.name == "fcfs"
     levers = not stock and policy.slo_levers
     return PlanSettings(
-        knobs=not stock,
+        apply_levers=not stock,
         levers=levers,
         mixed_batching=mixed_batching,
         role=role,
@@ -80,7 +80,7 @@ def settings_for(
 
 @dataclass(frozen=True)
 class KnobModel:
-    """The model the default knobs are sized with: the engine's perf model, or its speculative
+    """The model the levers a plan leaves open are sized with: the engine's perf model, or its speculative
     cost at the current drafting length, where a batch may last `tokens_per_step` TPOTs."""
 
     perf: PerfModel
@@ -89,7 +89,7 @@ class KnobModel:
 
 @dataclass(frozen=True)
 class FinalPlan:
-    """A finished plan: the engine applies it verbatim. None knobs leave the engine's own."""
+    """A finished plan: the engine applies it verbatim. A None lever leaves the engine's own."""
 
     order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after (others ignored)
     best_effort: frozenset[str] = frozenset()  # waiting rids in the best-effort tier (run last)
@@ -147,8 +147,8 @@ def finalize_plan(
         running = {r.rid for r in view.running}
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
     if settings.levers and c is None:
-        c = columns_of(view)  # the knobs and the hold read most of them
-    cap, chunk, prefill = _knobs(view, plan, settings, knob_model, c)
+        c = columns_of(view)  # the levers and the hold read most of them
+    cap, chunk, prefill = _levers(view, plan, settings, knob_model, c)
     if tier_at is not None:  # the tier's rids are all waiting
         best_effort = frozenset(plan.best_effort - drop.keys() if drop else plan.best_effort)
     else:
@@ -193,17 +193,17 @@ def plan_pass(
     before it is finished, so admission and drops see the order the engine applies."""
     with sharing(view, cache):
         plan = policy.plan(view)
-        if fair is not None and settings.knobs and settings.role != DECODE:
+        if fair is not None and settings.apply_levers and settings.role != DECODE:
             plan = fair.blend(view, plan, settings.tenant_fairness)
         return finalize_plan(view, plan, settings, knob_model, wait_model)
 
 
-def _knobs(
+def _levers(
     view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None, c: ViewColumns | None
 ) -> tuple[int | None, int | None, bool]:
     """Batch cap, prefill chunk and prefill gate: the plan's own, else the perf model's, within
     the engine's limits."""
-    if not settings.knobs or settings.role == PREFILL:
+    if not settings.apply_levers or settings.role == PREFILL:
         # A PD prefill step shares nothing with decodes: TPOT-derived caps and chunks do not
         # apply (PolyServe §3.4); its budget is dynamic chunking's.
         return None, None, True
@@ -211,12 +211,12 @@ def _knobs(
     if not settings.levers:
         knob_model = None
     if knob_model is not None and settings.role == MIXED:
-        derived = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching, c)
+        derived = batch_levers(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching, c)
         cap = cap if cap is not None else derived.batch_cap
         if chunk is None:
             chunk, prefill = derived.chunk_size, derived.prefill
     elif knob_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
-        cap = batch_knobs(view, knob_model.perf, knob_model.tokens_per_step, columns=c).batch_cap
+        cap = batch_levers(view, knob_model.perf, knob_model.tokens_per_step, columns=c).batch_cap
     if settings.chunk_cap and settings.role == MIXED:
         chunk = min(chunk if chunk is not None else view.chunk_size, settings.chunk_cap)
     if cap is not None:

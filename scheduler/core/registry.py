@@ -1,7 +1,7 @@
 """One registry shape for every pluggable family: SLO policies, routing policies, length predictors.
 
 An entry is a name, a frozen parameters dataclass and a factory `(params, context) -> object`. The
-parameters dataclass is the single place a knob is declared: its defaults are the knob's defaults
+parameters dataclass is the single place a parameter is declared: its defaults are the parameter's defaults
 and its `__post_init__` checks ranges, so a direct construction and a name-plus-JSON construction
 fail alike. The context is a small dataclass per family carrying what the host provides (the
 engine's perf model, the router's in-flight view and clock), so a factory never guesses its

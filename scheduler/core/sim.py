@@ -3,7 +3,7 @@
 Why: policies must be compared and tested on exact, repeatable schedules without a GPU. Each
 iteration the engine (scheduler/core/sim_engine.py) asks the policy for a StepPlan while
 requests wait, as the adapter does, and finishes it on the same plan path
-(scheduler/core/plan_path.py: queue-timeout drops, default batch knobs, guards), applies it
+(scheduler/core/plan_path.py: queue-timeout drops, sized SLO levers, guards), applies it
 (drop, preempt, order, best_effort, batch_cap, chunk_size, prefill gate) with SGLang-like
 continuous batching and chunked prefill, charges the iteration `perf.step_time(...)` seconds on a
 ManualClock, and emits one token per decoding request (the iteration that finishes a prefill
@@ -116,7 +116,7 @@ class Simulator:
     `lengths` bounds them as the server does (`--slo-length-predictor`: asked per request, refined
     every N tokens, and, for an online predictor, taught by every answered request).
     `record_trace` keeps every planned step's view and finished plan (for comparing plan paths);
-    `plan_perf` is the model the engine's default knobs are sized with (the server's perf model,
+    `plan_perf` is the model the engine's levers are sized with (the server's perf model,
     which may differ from the steps' real times, `perf`). `compound`, when given, gives each
     compound stage the sub-deadline the server's view builder would (learned from finished
     programs, JITServe §4.1); the records keep the requests as sent, so outcomes are still
@@ -139,7 +139,7 @@ class Simulator:
         self.compound = compound
         self.policy = policy
         self.perf = perf
-        self.plan_perf = plan_perf if plan_perf is not None else perf  # what the default knobs are sized with
+        self.plan_perf = plan_perf if plan_perf is not None else perf  # what the levers are sized with
         self.cfg = config or EngineConfig()
         self.clock = clock or ManualClock()
         self.predictor = predictor

@@ -20,7 +20,7 @@ class SimBatching(SimViews):
         """The batch of the step that starts at `now` under `plan` (None: not planned), SGLang's
         way: retract for KV, continue prefills, admit in order; its end time (None: empty)."""
         cfg = self.cfg
-        if plan is not None and self.settings.knobs and self._chunk_budget is None:
+        if plan is not None and self.settings.apply_levers and self._chunk_budget is None:
             self._chunk = plan.chunk_size if plan.chunk_size is not None else cfg.chunk_size
         cap = cfg.max_running_requests if plan is None or plan.batch_cap is None else plan.batch_cap
         budget = self._chunk if plan is None or plan.chunk_size is None else plan.chunk_size

@@ -84,7 +84,7 @@ class SimLedger:
         self._seq = 0
         self._chunk = config.chunk_size  # the adapter keeps the last plan's chunk for passes it does not plan
         # PD prefill under an SLO policy: PolyServe dynamic chunking (started at 2B, normal steps at B)
-        dynamic = settings.role == PREFILL and settings.knobs and startup_chunk
+        dynamic = settings.role == PREFILL and settings.apply_levers and startup_chunk
         self._chunk_budget = budget_from_startup(startup_chunk) if dynamic and startup_chunk else None
         self._startup_chunk = startup_chunk
         self._step: RunningStep | None = None

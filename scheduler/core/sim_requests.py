@@ -81,7 +81,7 @@ class Speculation(Protocol):
         ...
 
     def knob_model(self, plan_perf: PerfModel) -> KnobModel:
-        """What the default knobs are sized with at the current length."""
+        """What the levers are sized with at the current length."""
         ...
 
     def step_time(self, pace: PerfModel, prefill_tokens: int, decodes: int, kv_tokens: int, steps: int) -> float:

@@ -179,7 +179,7 @@ class SlosServePolicy:
         plan = StepPlan(
             order=c.rid_array[order_at].tolist(),
             best_effort=set(c.rid_array[declined].tolist()),
-            **self._batch_knobs(budget, tuple(counts), view, kv),
+            **self._batch_shape(budget, tuple(counts), view, kv),
         )
         plan.order_at, plan.best_effort_at = order_at, declined
         return plan
@@ -254,12 +254,12 @@ class SlosServePolicy:
             return [i for i in found if rids[i] in self._admitted]
         return [i for i in range(nw) if rids[i] in self._admitted]
 
-    def _batch_knobs(self, budget: TierBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
+    def _batch_shape(self, budget: TierBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
         """This step's batch: the largest one keeping the tightest running TPOT (Alg. 2)."""
         shape = budget(counts)
-        knobs: dict = {}
+        shaped: dict = {}
         if shape.stable:  # else the tightest TPOT is already lost: throttling prefill saves nothing
-            knobs["chunk_size"] = max(1, min(view.chunk_size, int(shape.prefill_budget)))
+            shaped["chunk_size"] = max(1, min(view.chunk_size, int(shape.prefill_budget)))
         if any(counts[:-1]):
             # the most decoders of today's average context that keep the batch time
             decoders = sum(counts)
@@ -267,7 +267,7 @@ class SlosServePolicy:
                 shape.batch_time + EPS, kv / decoders, spec_tokens_per_req=shape.spec_steps, limit=1 << 16
             )
             if most > 0:
-                knobs["batch_cap"] = min(view.max_running_requests, most)
+                shaped["batch_cap"] = min(view.max_running_requests, most)
         if self.alpha is not None:
-            knobs["spec_steps"] = shape.spec_steps
-        return knobs
+            shaped["spec_steps"] = shape.spec_steps
+        return shaped

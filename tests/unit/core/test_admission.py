@@ -119,7 +119,7 @@ def test_retry_after_is_whole_seconds_and_never_zero():
 
 def test_the_plan_path_drops_certain_misses_with_their_wait_under_any_policy():
     view = _view([_req(f"h{i}", prompt=1000) for i in range(5)] + [_req("reject", slo=REJECT_TTFT)])
-    stock = PlanSettings(knobs=False, levers=False)  # fcfs: the engine is left as SGLang's
+    stock = PlanSettings(apply_levers=False, levers=False)  # fcfs: the engine is left as SGLang's
     plan = finalize_plan(view, StepPlan(), stock, KnobModel(constant_model(TAU)))
     assert plan.drop == {"reject": SLO_INFEASIBLE_REASON}
     assert plan.waits["reject"] == pytest.approx(50 * TAU)

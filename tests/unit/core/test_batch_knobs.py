@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core.analyzer.online import BoundAccuracy
-from scheduler.core.batch_limits import MIN_CHUNK, STEP_MARGIN, batch_knobs, tightest_tpot
+from scheduler.core.batch_limits import MIN_CHUNK, STEP_MARGIN, batch_levers, tightest_tpot
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
@@ -32,7 +32,7 @@ def _view(running, waiting=(), chunk=512, max_running=256, now=0.0) -> EngineVie
 
 
 def test_no_tpot_target_leaves_everything_to_sglang() -> None:
-    knobs = batch_knobs(_view([_req("a", ttft_ms=None)], [_req("b", ttft_ms=None)]), PERF)
+    knobs = batch_levers(_view([_req("a", ttft_ms=None)], [_req("b", ttft_ms=None)]), PERF)
     assert knobs.batch_cap is None and knobs.chunk_size is None
 
 
@@ -40,7 +40,7 @@ def test_no_tpot_target_leaves_everything_to_sglang() -> None:
 @given(tpot_ms=st.floats(min_value=12, max_value=400), running=st.integers(min_value=0, max_value=40))
 def test_cap_is_the_largest_batch_meeting_the_tightest_tpot(tpot_ms: float, running: int) -> None:
     view = _view([_req(f"r{i}", tpot_ms=1000.0) for i in range(running)], [_req("w", tpot_ms=tpot_ms)])
-    cap = batch_knobs(view, PERF).batch_cap
+    cap = batch_levers(view, PERF).batch_cap
     assert cap is not None and cap >= 1
     tpot = tpot_ms / 1000
     assert tightest_tpot(view) == pytest.approx(tpot)
@@ -62,8 +62,8 @@ def _due(tpot_ms: float, index: int, ttft_ms: float = 100.0) -> float:
 
 def test_tighter_tpot_gives_a_smaller_cap_and_chunk() -> None:
     # Both just emitted token 9 exactly on time: the next is due one TPOT from now.
-    loose = batch_knobs(_view([_decoding(f"r{i}", 200.0, 10) for i in range(4)], now=_due(200.0, 9)), PERF)
-    tight = batch_knobs(_view([_decoding(f"r{i}", 30.0, 10) for i in range(4)], now=_due(30.0, 9)), PERF)
+    loose = batch_levers(_view([_decoding(f"r{i}", 200.0, 10) for i in range(4)], now=_due(200.0, 9)), PERF)
+    tight = batch_levers(_view([_decoding(f"r{i}", 30.0, 10) for i in range(4)], now=_due(30.0, 9)), PERF)
     assert tight.batch_cap < loose.batch_cap
     assert tight.chunk_size < loose.chunk_size <= 512
     assert PERF.step_time(tight.chunk_size, 4, 4 * 110 + tight.chunk_size) <= 0.030
@@ -71,8 +71,8 @@ def test_tighter_tpot_gives_a_smaller_cap_and_chunk() -> None:
 
 
 def test_a_request_ahead_of_its_schedule_lends_its_slack_to_prefill() -> None:
-    on_pace = batch_knobs(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9)), PERF)
-    ahead = batch_knobs(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9) - 0.2), PERF)  # 200 ms banked
+    on_pace = batch_levers(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9)), PERF)
+    ahead = batch_levers(_view([_decoding("r", 40.0, 10)], now=_due(40.0, 9) - 0.2), PERF)  # 200 ms banked
     assert ahead.chunk_size > on_pace.chunk_size
 
 
@@ -80,7 +80,7 @@ def test_a_chunk_leaves_a_margin_for_the_perf_models_error() -> None:
     # 200 ms to the next token: the chunk's predicted step fits with STEP_MARGIN to spare, and
     # is the largest that does (a chunk sized to the whole slack is late on any underestimate).
     view = _view([_decoding("r", 200.0, 10)], now=_due(200.0, 9))
-    chunk = batch_knobs(view, PERF).chunk_size
+    chunk = batch_levers(view, PERF).chunk_size
     assert chunk is not None and MIN_CHUNK < chunk < 512
     assert PERF.step_time(chunk, 1, 110 + chunk) * (1 + STEP_MARGIN) <= 0.200
     assert PERF.step_time(chunk + 1, 1, 111 + chunk) * (1 + STEP_MARGIN) > 0.200
@@ -88,14 +88,14 @@ def test_a_chunk_leaves_a_margin_for_the_perf_models_error() -> None:
 
 def test_a_late_request_constrains_nothing() -> None:
     late = _decoding("late", 30.0, 10)
-    knobs = batch_knobs(_view([late], now=_due(30.0, 10) + 0.5), PERF)  # its next token is already late
+    knobs = batch_levers(_view([late], now=_due(30.0, 10) + 0.5), PERF)  # its next token is already late
     assert knobs.chunk_size is None and knobs.prefill
 
 
 def test_separate_prefill_steps_must_leave_room_for_the_decode_step_after_them() -> None:
     view = _view([_decoding(f"r{i}", 60.0, 10) for i in range(4)], now=_due(60.0, 9))
-    mixed = batch_knobs(view, PERF, mixed_batching=True)
-    separate = batch_knobs(view, PERF, mixed_batching=False)
+    mixed = batch_levers(view, PERF, mixed_batching=True)
+    separate = batch_levers(view, PERF, mixed_batching=False)
     assert separate.chunk_size < mixed.chunk_size
     decode = PERF.step_time(0, 4, 440)
     assert PERF.step_time(separate.chunk_size, 0, 440 + separate.chunk_size) + decode <= 0.060
@@ -104,27 +104,27 @@ def test_separate_prefill_steps_must_leave_room_for_the_decode_step_after_them()
 def test_no_room_for_a_chunk_decodes_only_unless_a_ttft_needs_prefill() -> None:
     running = [_decoding(f"r{i}", 20.0, 10) for i in range(4)]  # 14 ms of decode, 20 ms TPOT
     now = _due(20.0, 9) + 0.015  # 5 ms left before the next token is due
-    calm = batch_knobs(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=60_000.0)], now=now), PERF)
+    calm = batch_levers(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=60_000.0)], now=now), PERF)
     assert not calm.prefill
-    urgent = batch_knobs(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=now * 1000 + 30.0)], now=now), PERF)
+    urgent = batch_levers(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=now * 1000 + 30.0)], now=now), PERF)
     assert urgent.prefill and urgent.chunk_size >= MIN_CHUNK
 
 
 def test_chunk_never_exceeds_startup() -> None:
-    knobs = batch_knobs(_view([_decoding("r", 10_000.0, 10)], chunk=256, now=_due(10_000.0, 9)), PERF)
+    knobs = batch_levers(_view([_decoding("r", 10_000.0, 10)], chunk=256, now=_due(10_000.0, 9)), PERF)
     assert knobs.chunk_size == 256
 
 
 def test_urgent_ttft_raises_the_chunk_above_the_decode_budget() -> None:
     running = [_decoding(f"r{i}", 40.0, 10) for i in range(4)]
     now = _due(40.0, 9)
-    calm = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=60_000.0, prompt=2000)], now=now), PERF)
-    urgent = batch_knobs(
+    calm = batch_levers(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=60_000.0, prompt=2000)], now=now), PERF)
+    urgent = batch_levers(
         _view(running, [_req("w", tpot_ms=40.0, ttft_ms=now * 1000 + 50.0, prompt=2000)], now=now), PERF
     )
     assert urgent.chunk_size > calm.chunk_size
     assert urgent.chunk_size == 512
-    missed = batch_knobs(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=10.0, prompt=2000)], now=now), PERF)
+    missed = batch_levers(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=10.0, prompt=2000)], now=now), PERF)
     assert missed.chunk_size == calm.chunk_size  # a TTFT already missed needs nothing
 
 
@@ -157,7 +157,7 @@ def test_bound_accuracy_summary() -> None:
 
 def test_an_unmeetable_target_sets_no_knobs() -> None:
     running = [_req(f"r{i}", tpot_ms=1000.0) for i in range(8)]
-    knobs = batch_knobs(_view(running, [_req("w", tpot_ms=5.0)]), PERF)  # one decode alone takes 11 ms
+    knobs = batch_levers(_view(running, [_req("w", tpot_ms=5.0)]), PERF)  # one decode alone takes 11 ms
     assert knobs.batch_cap is None and knobs.chunk_size is None and knobs.tightest_tpot_s == 0.005
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from scheduler.core.admission import certainly_late
-from scheduler.core.batch_limits import _ttft_need, batch_knobs, step_budget, tightest_tpot
+from scheduler.core.batch_limits import _ttft_need, batch_levers, step_budget, tightest_tpot
 from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import absolute_deadline, deadline_seconds, next_token_due, request_deadline, token_due
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
@@ -108,7 +108,7 @@ def test_the_hold_is_the_per_request_one(seed: int, nw: int, nr: int) -> None:
 
 
 @pytest.mark.parametrize("seed,nw,nr", CASES)
-def test_the_batch_knobs_inputs_are_the_per_request_ones(seed: int, nw: int, nr: int) -> None:
+def test_the_batch_levers_inputs_are_the_per_request_ones(seed: int, nw: int, nr: int) -> None:
     for view in view_passes(seed, nw, nr):
         c = ViewColumns.read(view.waiting, view.running)
         assert tightest_tpot(view, c) == _tightest(view)
@@ -120,7 +120,7 @@ def test_the_batch_knobs_inputs_are_the_per_request_ones(seed: int, nw: int, nr:
                 for limit in (16, 512, 8192):
                     assert _ttft_need(view, perf, decodes, kv, limit, c) == _need(view, perf, decodes, kv, limit)
             for mixed in (True, False):
-                assert batch_knobs(view, perf, 1.0, mixed) == batch_knobs(view, perf, 1.0, mixed, c)
+                assert batch_levers(view, perf, 1.0, mixed) == batch_levers(view, perf, 1.0, mixed, c)
 
 
 @pytest.mark.parametrize("seed,nw,nr", CASES)
