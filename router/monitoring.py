@@ -6,7 +6,7 @@ its tokens reached the router, against the client's arrival at the router, with 
 `evaluate` (and the same compound-program deadlines) the single server uses, so "attained" means
 the same thing behind a router as in front of one worker.
 
-Metrics: SloMetrics' families (outcomes by SLO class and tier) fed by those reports, plus a
+Metrics: SloMetrics' families (outcomes by SLO class and admission tier) fed by those reports, plus a
 collector that reads the dispatcher's counters and the workers' last load reports at scrape time.
 """
 
@@ -82,7 +82,7 @@ OTHER_TIERS = "other"
 
 
 def _bounded_tiers(tiers: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
-    """At most MAX_TIER_LABELS tiers, the rest summed into one: a policy that makes a tier of every
+    """At most MAX_TIER_LABELS TPOT tiers, the rest summed into one: a policy that makes a tier of every
     distinct client TPOT must not give Prometheus a series per client-chosen number."""
     names = sorted(tiers)
     kept = {t: {k: float(v or 0) for k, v in tiers[t].items() if isinstance(v, (int, float))} for t in names}
@@ -98,7 +98,7 @@ def _bounded_tiers(tiers: dict[str, dict[str, Any]]) -> dict[str, dict[str, floa
 
 
 def tier_metrics(policy_status: dict[str, Any] | None) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-    """PolyServe's per-tier autoscaling signals (a policy status with `tiers`), labelled by TPOT ms."""
+    """PolyServe's per-TPOT-tier autoscaling signals (a policy status with `tiers`), labelled by TPOT ms."""
     tiers = (policy_status or {}).get("tiers")
     if not isinstance(tiers, dict):
         return
