@@ -117,7 +117,7 @@ def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
         tight = server.status_when(lambda s: s["engine"]["batch_cap"] != loose["batch_cap"])["engine"]
         assert loose["batch_cap"] > tight["batch_cap"] >= 1, (decode_ms, loose, tight)
         # The chunk follows the running requests' banked slack (a 60 s TTFT banks plenty here; the
-        # sizing itself is tests/unit/core/test_batch_knobs.py): here, that the engine applies
+        # sizing itself is tests/unit/core/test_batch_levers.py): here, that the engine applies
         # the plan's prefill budget within the start-up chunk it sized its buffers on.
         assert loose["startup_chunk_size"] == 256
         if tight["prefill_tokens"] is None:  # the plan left prefill to SGLang: its start-up chunk

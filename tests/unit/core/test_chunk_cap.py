@@ -8,7 +8,7 @@ from scheduler.core.plan_path import PREFILL, KnobModel, PlanSettings, finalize_
 from scheduler.core.policies import make_policy
 from scheduler.core.registry import ParamError
 from scheduler.core.types import StepPlan
-from tests.unit.core.test_batch_knobs import PERF, _req, _view
+from tests.unit.core.test_batch_levers import PERF, _req, _view
 
 STARTUP = 2048
 

@@ -17,7 +17,7 @@ from scheduler.core.policies import make_policy
 from scheduler.core.slo import SloClass, parse_slo
 from scheduler.core.slo_limits import REJECT, SloLimits
 from scheduler.core.types import EngineView, RequestView
-from tests.unit.core.test_batch_knobs import PERF
+from tests.unit.core.test_batch_levers import PERF
 from tests.unit.router._router_harness import Harness, router, run
 from wire import SHARE_PARAM, TENANT_PARAM
 
