@@ -15,7 +15,7 @@ on a live worker's id.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from router.protocol import Ack, Heartbeat, LoadReport, Register, load_report_to_view, register_to_view
 from router.routing_views import WorkerView
@@ -31,8 +31,7 @@ class _Worker:
     last_seen_s: float
     identity: bytes | None = None
     alive: bool = True
-    heartbeat_seq: int = -1
-    report_seq: int = -1
+    last_seq: dict[str, int] = field(default_factory=dict)  # per message TYPE: heartbeats and reports count apart
     report: LoadReport | None = None
     report_s: float = 0.0
     tier_ms: float | None = None
@@ -83,7 +82,7 @@ class WorkerRegistry:
         known.registered_s = known.last_seen_s = now
         known.identity = identity
         known.alive, known.died_s, known.draining = True, None, False
-        known.heartbeat_seq = known.report_seq = -1
+        known.last_seq = {}
         known.report = None  # the old load no longer describes this process
         known.steps, known.steps_changed_s, known.stalled = None, now, False
         return Ack(accepted=True, reason=reason)
@@ -95,12 +94,10 @@ class WorkerRegistry:
 
     def heartbeat(self, msg: Heartbeat, now: float) -> bool:
         """False when the worker is unknown, dead (it must re-register) or the seq is stale."""
-        worker = self._live(msg.worker_id)
-        if worker is None or msg.seq <= worker.heartbeat_seq:
+        worker = self._newer(msg, now)
+        if worker is None:
             return False
-        worker.heartbeat_seq = msg.seq
-        worker.last_seen_s = now
-        worker.draining, worker.busy = msg.draining, msg.busy
+        worker.busy = msg.busy
         if msg.engine_steps is not None and msg.engine_steps != worker.steps:
             worker.steps, worker.steps_changed_s = msg.engine_steps, now
             worker.stalled = False
@@ -111,15 +108,23 @@ class WorkerRegistry:
 
     def report(self, msg: LoadReport, now: float) -> bool:
         """Keep the newest report; an older or repeated seq (reordering, replay) is ignored."""
-        worker = self._live(msg.worker_id)
-        if worker is None or msg.seq <= worker.report_seq:
+        worker = self._newer(msg, now)
+        if worker is None:
             return False
-        worker.report_seq = msg.seq
         worker.report = msg
         worker.report_s = now
+        return True
+
+    def _newer(self, msg: Heartbeat | LoadReport, now: float) -> _Worker | None:
+        """The live sender of `msg` when its seq is newer than the last of its kind, marked as
+        heard from now with the draining flag it sent; None for an unknown, dead or stale one."""
+        worker = self._live(msg.worker_id)
+        if worker is None or msg.seq <= worker.last_seq.get(msg.TYPE, -1):
+            return None
+        worker.last_seq[msg.TYPE] = msg.seq
         worker.last_seen_s = now
         worker.draining = msg.draining
-        return True
+        return worker
 
     def touch(self, worker_id: str, now: float) -> bool:
         """Any other message (token chunks, errors) also proves the worker is alive."""

@@ -31,6 +31,8 @@ import asyncio
 import ipaddress
 import logging
 from collections import OrderedDict, deque
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -176,6 +178,19 @@ def _apply_curve(sock: zmq.asyncio.Socket, keys: CurveKeys, server: bool) -> Non
         sock.setsockopt(zmq.CURVE_SERVERKEY, keys.server_public)
 
 
+@contextmanager
+def _secured(sock: zmq.asyncio.Socket, curve: CurveKeys | None, server: bool) -> Iterator[None]:
+    """Applies the CURVE keys (if any) for the body, which binds or connects `sock`; a bad key or
+    address closes the socket before the error goes on, so a refused endpoint leaks no socket."""
+    try:
+        if curve is not None:
+            _apply_curve(sock, curve, server)
+        yield
+    except (zmq.ZMQError, ValueError):
+        sock.close(linger=0)
+        raise
+
+
 def _socket(ctx: zmq.asyncio.Context, kind: int, address: str, max_bytes: int) -> zmq.asyncio.Socket:
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -242,13 +257,8 @@ class RouterEndpoint(_Endpoint):
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a restarted worker reclaims its routing id
         if send_hwm is not None:
             sock.setsockopt(zmq.SNDHWM, send_hwm)
-        try:
-            if curve is not None:
-                _apply_curve(sock, curve, server=True)
+        with _secured(sock, curve, server=True):
             sock.bind(bind_addr)
-        except (zmq.ZMQError, ValueError):
-            sock.close(linger=0)
-            raise
         super().__init__(sock, max_bytes)
         self._close_linger_ms = CLOSE_LINGER_MS
         self.address: str = sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -395,18 +405,13 @@ class WorkerEndpoint(_Endpoint):
         check_loopback(connect_addr, allow_remote)
         check_worker_id(worker_id)
         sock = _socket(ctx or zmq.asyncio.Context.instance(), zmq.DEALER, connect_addr, max_bytes)
-        try:
-            if curve is not None:
-                _apply_curve(sock, curve, server=False)
+        with _secured(sock, curve, server=False):
             sock.setsockopt(zmq.ROUTING_ID, identity or worker_id.encode())
             # Nothing queues for a router that is not there: heartbeats and reports are perishable,
             # and a restarted router must not receive a backlog of stale ones (send raises Again).
             sock.setsockopt(zmq.IMMEDIATE, 1)
             sock.setsockopt(zmq.SNDHWM, SEND_HWM)
             sock.connect(connect_addr)
-        except (zmq.ZMQError, ValueError):
-            sock.close(linger=0)
-            raise
         super().__init__(sock, max_bytes)
         self.worker_id = worker_id
         self.encrypted = curve is not None
