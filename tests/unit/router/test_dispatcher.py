@@ -118,6 +118,7 @@ async def cluster(
     ctx: zmq.asyncio.Context,
     workers: Sequence[dict[str, Any]] = (),
     policy: RoundRobinPolicy | None = None,
+    registry: WorkerRegistry | None = None,
     **dispatcher_kw: Any,
 ) -> AsyncIterator[tuple[Dispatcher, list[FakeWorker]]]:
     """A started dispatcher plus fake workers registered in the given order; all torn down."""
@@ -126,7 +127,7 @@ async def cluster(
     dispatcher_kw.setdefault("migrate_interval_s", 0.05)
     dispatcher_kw.setdefault("admission_timeout_s", 1.0)
     dispatcher = Dispatcher(
-        endpoint, policy or RoundRobinPolicy(), WorkerRegistry(dead_after_s=DEAD_AFTER_S), **dispatcher_kw
+        endpoint, policy or RoundRobinPolicy(), registry or WorkerRegistry(dead_after_s=DEAD_AFTER_S), **dispatcher_kw
     )
     fakes: list[FakeWorker] = []
     try:

@@ -17,12 +17,13 @@ from router.flight import RouterQueueFull, StreamChunk, StreamError
 from router.membership import WorkerRegistry
 from router.policies.spread import RoundRobinPolicy
 from router.protocol import Heartbeat, LoadReport, Register, RequestError, Sealed, Submit, TokenChunk
-from router.transport import RouterEndpoint, WorkerEndpoint
+from router.transport import WorkerEndpoint
 from router.worker_auth import RouterAuth
 from tests.unit.router._fake_worker import until
 from tests.unit.router.test_dispatcher import FakeWorker, _collect, _request, _run, _tokens, cluster
 
 SECRET = b"sixteen bytes at least, secret"
+MIGRATE_INTERVAL_S = 0.1  # the dispatcher's default: these tests move work by reaping, not by migration
 
 
 class ReportingWorker(FakeWorker):
@@ -255,11 +256,8 @@ def test_a_worker_whose_engine_stalls_loses_its_requests_to_another(ctx: zmq.asy
                 await asyncio.sleep(self.heartbeat_s)
 
     async def go() -> None:
-        endpoint = RouterEndpoint(ctx=ctx)
         registry = WorkerRegistry(dead_after_s=0.6, stall_after_s=0.4)
-        dispatcher = Dispatcher(endpoint, RoundRobinPolicy(), registry, reap_interval_s=0.05, admission_timeout_s=1.0)
-        await dispatcher.start()
-        try:
+        async with cluster(ctx, registry=registry, migrate_interval_s=MIGRATE_INTERVAL_S) as (dispatcher, _):
             stuck = await _add(dispatcher, ctx, Stalled, worker_id="stuck", hang=True)
             good = await _add(dispatcher, ctx, worker_id="good")
             stream = await dispatcher.submit(*_request("r1", max_new=2))
@@ -268,20 +266,14 @@ def test_a_worker_whose_engine_stalls_loses_its_requests_to_another(ctx: zmq.asy
             assert not next(v for v in registry.views(dispatcher.clock()) if v.worker_id == "stuck").healthy
             for worker in (stuck, good):
                 await worker.stop()
-        finally:
-            await dispatcher.stop()
-            endpoint.close()
 
     _run(go)
 
 
 def test_dead_workers_are_forgotten(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
-        endpoint = RouterEndpoint(ctx=ctx)
         registry = WorkerRegistry(dead_after_s=0.3, forget_after_s=0.3)
-        dispatcher = Dispatcher(endpoint, RoundRobinPolicy(), registry, reap_interval_s=0.05, admission_timeout_s=1.0)
-        await dispatcher.start()
-        try:
+        async with cluster(ctx, registry=registry, migrate_interval_s=MIGRATE_INTERVAL_S) as (dispatcher, _):
             gone = await _add(dispatcher, ctx, FakeWorker, worker_id="gone")
             stream = await dispatcher.submit(*_request("r1", max_new=2))
             await _collect(stream)
@@ -289,9 +281,6 @@ def test_dead_workers_are_forgotten(ctx: zmq.asyncio.Context) -> None:
             await gone.stop()
             await until(lambda: registry.worker_ids() == [], timeout_s=3.0)
             assert "gone" not in dispatcher.routed and dispatcher.counters["workers_forgotten"] == 1
-        finally:
-            await dispatcher.stop()
-            endpoint.close()
 
     _run(go)
 
