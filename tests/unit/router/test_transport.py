@@ -4,7 +4,8 @@ malformed frames dropped without breaking the endpoint, and the loopback guard."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 
 import pytest
 import zmq
@@ -20,6 +21,17 @@ REGISTER = Register(worker_id="w0", gpu="cpu", model="m", kv_capacity_tokens=100
 
 def _run(test: Callable[[], Awaitable[None]]) -> None:
     asyncio.run(asyncio.wait_for(test(), TIMEOUT_S))
+
+
+@contextmanager
+def raw_socket(ctx: zmq.asyncio.Context, kind: int) -> Iterator[zmq.asyncio.Socket]:
+    """A bare ZMQ socket, free of the protocol, to send what an endpoint must refuse; closed at the end."""
+    raw = ctx.socket(kind)
+    raw.setsockopt(zmq.LINGER, 0)
+    try:
+        yield raw
+    finally:
+        raw.close(linger=0)
 
 
 def test_register_and_submit_round_trip(ctx: zmq.asyncio.Context) -> None:
@@ -48,20 +60,18 @@ def test_register_and_submit_round_trip(ctx: zmq.asyncio.Context) -> None:
 def test_malformed_frames_dropped_and_endpoint_keeps_working(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
         router = RouterEndpoint(ctx=ctx)
-        raw = ctx.socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        raw.setsockopt(zmq.ROUTING_ID, b"w0")
         try:
-            raw.connect(router.address)
-            await raw.send(b"\xff not json")
-            await raw.send(b'{"type": "heartbeat", "version": 1, "worker_id": "w0", "seq": -1}')
-            await raw.send_multipart([b"two", b"frames"])
-            await raw.send(Heartbeat(worker_id="w0", seq=1).to_wire())
-            identity, msg = await router.recv()
-            assert (identity, msg) == (b"w0", Heartbeat(worker_id="w0", seq=1))
-            assert router.dropped == 3  # which connection speaks for which worker: the registry's call
+            with raw_socket(ctx, zmq.DEALER) as raw:
+                raw.setsockopt(zmq.ROUTING_ID, b"w0")
+                raw.connect(router.address)
+                await raw.send(b"\xff not json")
+                await raw.send(b'{"type": "heartbeat", "version": 1, "worker_id": "w0", "seq": -1}')
+                await raw.send_multipart([b"two", b"frames"])
+                await raw.send(Heartbeat(worker_id="w0", seq=1).to_wire())
+                identity, msg = await router.recv()
+                assert (identity, msg) == (b"w0", Heartbeat(worker_id="w0", seq=1))
+                assert router.dropped == 3  # which connection speaks for which worker: the registry's call
         finally:
-            raw.close(linger=0)
             router.close()
 
     _run(go)
@@ -69,9 +79,7 @@ def test_malformed_frames_dropped_and_endpoint_keeps_working(ctx: zmq.asyncio.Co
 
 def test_worker_drops_malformed_from_router(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
-        raw = ctx.socket(zmq.ROUTER)
-        raw.setsockopt(zmq.LINGER, 0)
-        try:
+        with raw_socket(ctx, zmq.ROUTER) as raw:
             port = raw.bind_to_random_port("tcp://127.0.0.1")
             worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx)
             try:
@@ -83,8 +91,6 @@ def test_worker_drops_malformed_from_router(ctx: zmq.asyncio.Context) -> None:
                 assert worker.dropped == 1
             finally:
                 worker.close()
-        finally:
-            raw.close(linger=0)
 
     _run(go)
 

@@ -6,7 +6,8 @@ stays bounded however many peers speak, and a worker that stops reading delays n
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import zmq
@@ -15,6 +16,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from router.protocol import Heartbeat, Submit, TokenChunk
 from router.transport import CurveKeys, RouterEndpoint, WorkerEndpoint
+from tests.unit.router.test_transport import raw_socket
 
 # Generous: each wait is for something that happens at once unless the code under test blocks.
 TIMEOUT_S = 60.0
@@ -31,26 +33,35 @@ async def _wait_event(monitor: zmq.asyncio.Socket, event: int) -> None:
             return
 
 
-def test_an_oversized_frame_disconnects_its_sender_before_the_router_reads_it(ctx: zmq.asyncio.Context) -> None:
-    async def go() -> None:
-        router = RouterEndpoint(ctx=ctx, max_bytes=4096)
-        raw = ctx.socket(zmq.DEALER)
-        raw.setsockopt(zmq.LINGER, 0)
-        monitor = raw.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
-        good = WorkerEndpoint(router.address, "w1", ctx=ctx)
+@contextmanager
+def _watched(
+    ctx: zmq.asyncio.Context, kind: int, events: int
+) -> Iterator[tuple[zmq.asyncio.Socket, zmq.asyncio.Socket]]:
+    """A raw socket and the monitor that sees its connections come and go; both closed at the end."""
+    with raw_socket(ctx, kind) as raw:
+        monitor = raw.get_monitor_socket(events)
         try:
-            raw.connect(router.address)
-            await _wait_event(monitor, zmq.EVENT_CONNECTED)
-            await raw.send(b"x" * 100_000)
-            await _wait_event(monitor, zmq.EVENT_DISCONNECTED)  # libzmq cut it off
-            await good.send(Heartbeat(worker_id="w1", seq=1), wait_s=30.0)
-            identity, msg = await router.recv()
-            assert (identity, msg) == (b"w1", Heartbeat(worker_id="w1", seq=1))
-            assert router.dropped == 0  # the big frame never reached the application
+            yield raw, monitor
         finally:
             raw.disable_monitor()
             monitor.close(linger=0)
-            raw.close(linger=0)
+
+
+def test_an_oversized_frame_disconnects_its_sender_before_the_router_reads_it(ctx: zmq.asyncio.Context) -> None:
+    async def go() -> None:
+        router = RouterEndpoint(ctx=ctx, max_bytes=4096)
+        good = WorkerEndpoint(router.address, "w1", ctx=ctx)
+        try:
+            with _watched(ctx, zmq.DEALER, zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED) as (raw, monitor):
+                raw.connect(router.address)
+                await _wait_event(monitor, zmq.EVENT_CONNECTED)
+                await raw.send(b"x" * 100_000)
+                await _wait_event(monitor, zmq.EVENT_DISCONNECTED)  # libzmq cut it off
+                await good.send(Heartbeat(worker_id="w1", seq=1), wait_s=30.0)
+                identity, msg = await router.recv()
+                assert (identity, msg) == (b"w1", Heartbeat(worker_id="w1", seq=1))
+                assert router.dropped == 0  # the big frame never reached the application
+        finally:
             good.close()
             router.close()
 
@@ -59,10 +70,7 @@ def test_an_oversized_frame_disconnects_its_sender_before_the_router_reads_it(ct
 
 def test_a_worker_disconnects_a_router_that_sends_an_oversized_frame(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
-        raw = ctx.socket(zmq.ROUTER)
-        raw.setsockopt(zmq.LINGER, 0)
-        monitor = raw.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-        try:
+        with _watched(ctx, zmq.ROUTER, zmq.EVENT_DISCONNECTED) as (raw, monitor):
             port = raw.bind_to_random_port("tcp://127.0.0.1")
             worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx, max_bytes=4096)
             try:
@@ -73,10 +81,6 @@ def test_a_worker_disconnects_a_router_that_sends_an_oversized_frame(ctx: zmq.as
                 assert worker.dropped == 0
             finally:
                 worker.close()
-        finally:
-            raw.disable_monitor()
-            monitor.close(linger=0)
-            raw.close(linger=0)
 
     _run(go)
 
