@@ -30,9 +30,7 @@ class CacheAwarePolicy(RoutingPolicy):
     name = "cache_aware"
 
     def __init__(self, params: CacheAwareParams = CacheAwareParams()) -> None:
-        self.cache_threshold = params.cache_threshold
-        self.balance_abs = params.balance_abs_threshold
-        self.balance_rel = params.balance_rel_threshold
+        self.params = params
         self.table = PrefixTable(params.max_blocks_per_worker)
 
     def forget_worker(self, worker_id: str) -> None:
@@ -40,7 +38,8 @@ class CacheAwarePolicy(RoutingPolicy):
 
     def overloaded(self, load: int, min_load: int) -> bool:
         """Both gaps must be exceeded, so small clusters at low load still follow the cache."""
-        return load - min_load > self.balance_abs and load > self.balance_rel * min_load
+        p = self.params
+        return load - min_load > p.balance_abs_threshold and load > p.balance_rel_threshold * min_load
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
         alive = healthy_workers(workers)
@@ -55,7 +54,7 @@ class CacheAwarePolicy(RoutingPolicy):
                 if blocks > best_blocks or (blocks == best_blocks and best is not None and w.load < best.load):
                     best, best_blocks = w, blocks
         share = best_blocks / len(hashes) if hashes else 0.0
-        if best is not None and share >= self.cache_threshold and not self.overloaded(best.load, idle.load):
+        if best is not None and share >= self.params.cache_threshold and not self.overloaded(best.load, idle.load):
             chosen, reason = best, "prefix_match"
         else:
             chosen, reason = idle, "least_loaded"

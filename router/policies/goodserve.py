@@ -74,12 +74,8 @@ class GoodServePolicy(RoutingPolicy):
     name = "goodserve"
 
     def __init__(self, params: GoodServeParams = GoodServeParams()) -> None:
-        self.tau = params.tau
-        self.alpha = params.alpha
-        self.speed_tolerance = params.speed_tolerance
-        self.block_tokens = params.block_tokens
-        self.default_output_tokens = params.default_output_tokens
-        self.infeasible = params.infeasible
+        self.params = params
+        self.block_tokens = params.block_tokens  # the service hashes prompts in blocks of this size
         self.table = PrefixTable(params.max_blocks_per_worker)
         self._q: dict[str, float] = {}  # Alg. 1 line 5: the policy's own smoothed q_g
         self._checks = 0
@@ -92,10 +88,11 @@ class GoodServePolicy(RoutingPolicy):
 
     def queue_delay(self, w: WorkerView) -> float:
         """q_g ← α·w_g + (1 − α)·q_g (Alg. 1 lines 4–5)."""
-        if self.alpha >= 1.0:
+        alpha = self.params.alpha
+        if alpha >= 1.0:
             return w.queue_delay_s
         prev = self._q.get(w.worker_id)
-        q = w.queue_delay_s if prev is None else self.alpha * w.queue_delay_s + (1.0 - self.alpha) * prev
+        q = w.queue_delay_s if prev is None else alpha * w.queue_delay_s + (1.0 - alpha) * prev
         self._q[w.worker_id] = q
         return q
 
@@ -110,7 +107,7 @@ class GoodServePolicy(RoutingPolicy):
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView], now: float) -> Decision:
         alive = healthy_workers(workers)
-        l_out = output_tokens(req, self.default_output_tokens)
+        l_out = output_tokens(req, self.params.default_output_tokens)
         due = answer_due(req.slo, req.arrival_s, l_out)
         if due is None:
             w = least_loaded(alive)
@@ -133,7 +130,7 @@ class GoodServePolicy(RoutingPolicy):
         if feasible:
             _, t, w = self.just_enough(feasible)
             reason, late = "just_enough", False
-        elif self.infeasible == LEAST_LOADED:
+        elif self.params.infeasible == LEAST_LOADED:
             w = least_loaded(alive)
             t, reason, late = estimate[w.worker_id], "infeasible_least_loaded", True
         else:
@@ -146,7 +143,7 @@ class GoodServePolicy(RoutingPolicy):
 
     def just_enough(self, candidates: Sequence[tuple[float, float, _C]]) -> tuple[float, float, _C]:
         """The slowest speed class among feasible (d_g, T, x) candidates, and in it the smallest T."""
-        floor = max(d for d, _, _ in candidates) / (1.0 + self.speed_tolerance)
+        floor = max(d for d, _, _ in candidates) / (1.0 + self.params.speed_tolerance)
         return min((c for c in candidates if c[0] >= floor), key=lambda c: c[1])
 
     def on_routed(self, req: RouteRequest, worker_id: str) -> None:
@@ -158,7 +155,7 @@ class GoodServePolicy(RoutingPolicy):
         self, running: Sequence[RunningView], workers: Sequence[WorkerView], now: float
     ) -> list[tuple[str, str]]:
         self._checks += 1
-        if self._checks % self.tau:
+        if self._checks % self.params.tau:
             return []
         ladder = sorted((w for w in workers if w.healthy), key=lambda w: w.decode_s_per_token)
         speeds = [w.decode_s_per_token for w in ladder]
@@ -167,14 +164,14 @@ class GoodServePolicy(RoutingPolicy):
         moves: list[tuple[str, str]] = []
         for run in running:
             req = run.request
-            l_out = output_tokens(req, self.default_output_tokens)
+            l_out = output_tokens(req, self.params.default_output_tokens)
             due = answer_due(req.slo, req.arrival_s, l_out)
             cur = by_id.get(run.worker_id)
             if due is None or cur is None:
                 continue
             if counted_tokens(req, l_out) == 1 and run.first_token_s is not None:
                 continue  # TTFT-only SLO: already decided
-            left = remaining_tokens(req, run.generated, self.default_output_tokens)
+            left = remaining_tokens(req, run.generated, self.params.default_output_tokens)
             stay = cur.decode_s_per_token * left
             if run.first_token_s is None:
                 stay += cur.prefill_s_per_token * req.prompt_tokens

@@ -36,7 +36,7 @@ def test_bad_values_name_their_field() -> None:
 
 def test_parameters_reach_the_policy() -> None:
     assert "tau" in accepted_params("goodserve")
-    assert make_routing_policy("goodserve", tau=7).tau == 7
+    assert make_routing_policy("goodserve", tau=7).params.tau == 7
 
 
 @pytest.mark.parametrize("name", sorted(ROUTING_POLICIES))
