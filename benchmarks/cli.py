@@ -1,13 +1,17 @@
 """What the benchmark commands share on their command line: --help from the module docstring,
 and `--policy-param POLICY:KEY=VALUE` parsed once, so the routing and the simulated goodput
 benchmarks take a policy's parameters the way the server's `--slo-policy-param` does (a value
-that is not JSON stays a string)."""
+that is not JSON stays a string); and the head of a run's --json record."""
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import os
+import platform
 from collections.abc import Collection
+from pathlib import Path
 from typing import Any
 
 
@@ -36,3 +40,14 @@ def doc_parser(prog: str, doc: str) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(
         prog=prog, description=description, formatter_class=argparse.RawDescriptionHelpFormatter, epilog=epilog
     )
+
+
+def run_header(args: argparse.Namespace, *, cores: bool = False) -> dict[str, Any]:
+    """When, on which machine (with its core count when `cores`) and with which flags a benchmark
+    ran: the head of its --json record, so a result can be traced to its run."""
+    machine = f"{platform.node()} {platform.machine()}"
+    return {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "machine": f"{machine} {os.cpu_count()} cores" if cores else machine,
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+    }

@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
-import platform
 import random
 import time
 from dataclasses import dataclass
@@ -36,6 +34,7 @@ import aiohttp
 import requests
 
 from benchmarks._server import BenchServer, install_signal_handlers, stop_all
+from benchmarks.cli import run_header
 from benchmarks.goodput.emulation_validity import pacing_delta
 from wire import ORACLE_HINT_PARAM
 
@@ -241,11 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     install_signal_handlers()
-    out: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()} {os.cpu_count()} cores",
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
+    out: dict[str, Any] = run_header(args, cores=True)
     try:
         out["cells"] = run_grid(args)
     finally:

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
-import platform
 import random
 import sys
 import time
@@ -43,6 +41,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._server import BenchServer, install_signal_handlers, stop_all  # noqa: E402
+from benchmarks.cli import run_header  # noqa: E402
 from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE  # noqa: E402
 from benchmarks.workloads.traces import load  # noqa: E402
 from scheduler.core.perf_model import load_perf_model, profile_path  # noqa: E402
@@ -232,11 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     install_signal_handlers()
     skip = set(filter(None, args.skip.split(",")))
     reqs = trace_requests(2000, args.seed, args.max_output)
-    out: dict[str, Any] = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "machine": f"{platform.node()} {platform.machine()}",
-        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-    }
+    out: dict[str, Any] = run_header(args)
     try:
         if "accuracy" not in skip:
             print("== 1. pacing accuracy per profile", flush=True)

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
-import platform
 import random
 import statistics
 import sys
@@ -40,6 +38,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from benchmarks._server import BenchServer, install_signal_handlers, resolve_model, stop_all  # noqa: E402
+from benchmarks.cli import run_header  # noqa: E402
 from benchmarks.goodput.emulation_validity import emulation_counters, late_cell, verdict  # noqa: E402
 from benchmarks.workloads.text import PromptText  # noqa: E402
 from benchmarks.workloads.traces import load  # noqa: E402
@@ -220,9 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         args.json.write_text(
             json.dumps(
                 {
-                    "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                    "machine": f"{platform.node()} {platform.machine()}",
-                    "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+                    **run_header(args),
                     "rows": rows,
                     "table": table,
                 },

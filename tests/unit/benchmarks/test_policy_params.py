@@ -1,6 +1,11 @@
+import argparse
+import json
+import os
+from pathlib import Path
+
 import pytest
 
-from benchmarks.cli import policy_overrides
+from benchmarks.cli import policy_overrides, run_header
 from scheduler.core.policies import POLICIES, make_policy
 
 
@@ -15,3 +20,10 @@ def test_values_are_json_or_strings_per_policy():
 def test_malformed_or_unknown_is_refused(item, message):
     with pytest.raises(ValueError, match=message):
         policy_overrides([item], POLICIES)
+
+
+def test_a_run_header_is_json_and_names_the_flags_and_the_cores_when_asked():
+    args = argparse.Namespace(json=Path("out/run.json"), seed=3)
+    plain, with_cores = run_header(args), run_header(args, cores=True)
+    assert json.loads(json.dumps(plain))["args"] == {"json": "out/run.json", "seed": 3}
+    assert "cores" not in plain["machine"] and with_cores["machine"].endswith(f" {os.cpu_count()} cores")
