@@ -12,10 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import zmq.asyncio
 
-from router.protocol import Abort, Ack, Challenge, Fetch, FetchReply, Heartbeat, Register, Submit
+from router.protocol import Abort, Ack, Challenge, Fetch, FetchReply, Heartbeat, LoadReport, Register, Submit
 from router.transport import WorkerEndpoint
 from router.worker_auth import AuthError, WorkerAuth
 from wire import REGISTER_AGAIN
@@ -126,3 +127,18 @@ async def until(cond: Callable[[], bool], timeout_s: float = 3.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.01)
+
+
+def load_report(worker_id: str, seq: int, **measured: Any) -> LoadReport:
+    """A worker's load report that measured nothing but what `measured` sets (an idle engine)."""
+    idle: dict[str, Any] = {
+        "queue_len": 0,
+        "running": 0,
+        "kv_used_tokens": 0,
+        "queue_delay_s": 0.0,
+        "prefill_s_per_token": 0.0,
+        "decode_s_per_token": 0.0,
+        "iteration_s": 0.0,
+        "tokens_per_minute": 0.0,
+    }
+    return LoadReport(worker_id=worker_id, seq=seq, **{**idle, **measured})

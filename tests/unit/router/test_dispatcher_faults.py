@@ -16,10 +16,10 @@ from router.dispatcher import Dispatcher
 from router.flight import RouterQueueFull, StreamChunk, StreamError
 from router.membership import WorkerRegistry
 from router.policies.spread import RoundRobinPolicy
-from router.protocol import Heartbeat, LoadReport, Register, RequestError, Sealed, Submit, TokenChunk
+from router.protocol import Heartbeat, Register, RequestError, Sealed, Submit, TokenChunk
 from router.transport import WorkerEndpoint
 from router.worker_auth import RouterAuth
-from tests.unit.router._fake_worker import until
+from tests.unit.router._fake_worker import load_report, until
 from tests.unit.router.test_dispatcher import FakeWorker, _collect, _request, _run, _tokens, cluster
 
 SECRET = b"sixteen bytes at least, secret"
@@ -46,17 +46,10 @@ class ReportingWorker(FakeWorker):
             await asyncio.sleep(0.05)
             if self.registered.is_set():
                 self.seq += 1
-                report = LoadReport(
-                    worker_id=self.worker_id,
-                    seq=self.seq,
-                    queue_len=0,
+                report = load_report(
+                    self.worker_id,
+                    self.seq,
                     running=len(self.held),
-                    kv_used_tokens=0,
-                    queue_delay_s=0.0,
-                    prefill_s_per_token=0.0,
-                    decode_s_per_token=0.0,
-                    iteration_s=0.0,
-                    tokens_per_minute=0.0,
                     inflight=(*sorted(self.held), *self.extra_held),
                     queue_drain_s=7.5,
                 )

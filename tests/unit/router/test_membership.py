@@ -7,6 +7,7 @@ import pytest
 
 from router.membership import ID_IN_USE, WorkerRegistry
 from router.protocol import Heartbeat, LoadReport, Register
+from tests.unit.router._fake_worker import load_report
 
 
 def _reg(worker_id: str = "w1", gpu: str = "h100", capacity: int = 1000) -> Register:
@@ -14,18 +15,7 @@ def _reg(worker_id: str = "w1", gpu: str = "h100", capacity: int = 1000) -> Regi
 
 
 def _report(seq: int, queue_len: int = 0, worker_id: str = "w1") -> LoadReport:
-    return LoadReport(
-        worker_id=worker_id,
-        seq=seq,
-        queue_len=queue_len,
-        running=1,
-        kv_used_tokens=100,
-        queue_delay_s=0.1,
-        prefill_s_per_token=0.001,
-        decode_s_per_token=0.01,
-        iteration_s=0.02,
-        tokens_per_minute=600.0,
-    )
+    return load_report(worker_id, seq, queue_len=queue_len)
 
 
 def test_a_silent_worker_is_dead_after_two_seconds_and_not_before() -> None:
