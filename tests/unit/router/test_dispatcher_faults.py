@@ -23,7 +23,6 @@ from tests.unit.router._fake_worker import load_report, until
 from tests.unit.router.test_dispatcher import FakeWorker, _collect, _request, _run, _tokens, cluster
 
 SECRET = b"sixteen bytes at least, secret"
-MIGRATE_INTERVAL_S = 0.1  # the dispatcher's default: these tests move work by reaping, not by migration
 
 
 class ReportingWorker(FakeWorker):
@@ -250,7 +249,7 @@ def test_a_worker_whose_engine_stalls_loses_its_requests_to_another(ctx: zmq.asy
 
     async def go() -> None:
         registry = WorkerRegistry(dead_after_s=0.6, stall_after_s=0.4)
-        async with cluster(ctx, registry=registry, migrate_interval_s=MIGRATE_INTERVAL_S) as (dispatcher, _):
+        async with cluster(ctx, registry=registry) as (dispatcher, _):
             stuck = await _add(dispatcher, ctx, Stalled, worker_id="stuck", hang=True)
             good = await _add(dispatcher, ctx, worker_id="good")
             stream = await dispatcher.submit(*_request("r1", max_new=2))
@@ -266,7 +265,7 @@ def test_a_worker_whose_engine_stalls_loses_its_requests_to_another(ctx: zmq.asy
 def test_dead_workers_are_forgotten(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
         registry = WorkerRegistry(dead_after_s=0.3, forget_after_s=0.3)
-        async with cluster(ctx, registry=registry, migrate_interval_s=MIGRATE_INTERVAL_S) as (dispatcher, _):
+        async with cluster(ctx, registry=registry) as (dispatcher, _):
             gone = await _add(dispatcher, ctx, FakeWorker, worker_id="gone")
             stream = await dispatcher.submit(*_request("r1", max_new=2))
             await _collect(stream)

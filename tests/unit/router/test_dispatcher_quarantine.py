@@ -7,8 +7,7 @@ Real ZMQ, in-process fake workers whose heartbeats report a frozen step counter.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import pytest
@@ -17,11 +16,9 @@ import zmq.asyncio
 from router.dispatcher import DEFAULT_MAX_QUEUED, Dispatcher
 from router.flight import QUARANTINED, TIMED_OUT, StreamError
 from router.membership import WorkerRegistry
-from router.policies.spread import RoundRobinPolicy
 from router.protocol import Heartbeat, Submit, TokenChunk
-from router.transport import RouterEndpoint
 from tests.unit.router._fake_worker import until
-from tests.unit.router.test_dispatcher import FakeWorker, _collect, _request, _run, _tokens
+from tests.unit.router.test_dispatcher import FakeWorker, _collect, _request, _run, _tokens, cluster
 
 STALL_AFTER_S = 0.4
 
@@ -60,21 +57,10 @@ class Freezing(FakeWorker):
         await asyncio.sleep(3600)
 
 
-@contextlib.asynccontextmanager
-async def pool(ctx: zmq.asyncio.Context, **kw: Any) -> AsyncIterator[tuple[Dispatcher, list[FakeWorker]]]:
-    endpoint = RouterEndpoint(ctx=ctx)
-    registry = WorkerRegistry(dead_after_s=0.6, stall_after_s=STALL_AFTER_S)
-    kw.setdefault("admission_timeout_s", 1.0)
-    dispatcher = Dispatcher(endpoint, RoundRobinPolicy(), registry, reap_interval_s=0.05, **kw)
-    workers: list[FakeWorker] = []
-    await dispatcher.start()
-    try:
-        yield dispatcher, workers
-    finally:
-        for worker in workers:
-            await worker.stop()
-        await dispatcher.stop()
-        endpoint.close()
+def pool(ctx: zmq.asyncio.Context, **kw: Any) -> AbstractAsyncContextManager[tuple[Dispatcher, list[FakeWorker]]]:
+    """test_dispatcher's cluster on a registry that finds an engine stalled after STALL_AFTER_S;
+    the workers `_add` puts in its list are stopped with it."""
+    return cluster(ctx, registry=WorkerRegistry(dead_after_s=0.6, stall_after_s=STALL_AFTER_S), **kw)
 
 
 async def _add(
