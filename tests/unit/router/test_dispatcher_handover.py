@@ -92,27 +92,27 @@ def test_a_constrained_request_not_streamed_restarts_from_scratch(ctx: zmq.async
     _run(go)
 
 
-def test_a_stop_string_spanning_the_hand_over_stops_the_request(ctx: zmq.asyncio.Context) -> None:
+@pytest.mark.parametrize(
+    ("stop", "matched"),
+    [
+        # "bc" lies wholly in w0's part (its worker matches that one); "cde" spans "abc" | "de"
+        ({"stop": ["bc", "cde"]}, "cde"),
+        ({"stop_regex": ["x+", "c[d-z]{2}"]}, "c[d-z]{2}"),
+    ],
+    ids=["string", "regex"],
+)
+def test_a_stop_spanning_the_hand_over_stops_the_request(
+    ctx: zmq.asyncio.Context, stop: dict[str, list[str]], matched: str
+) -> None:
     async def go() -> None:
         async with cluster(ctx, [{"die_after": 3}, {}], decode=_letters) as (dispatcher, (w0, w1)):
-            # "bc" lies wholly in w0's part (its worker matches that one); "cde" spans "abc" | "de"
-            events = await _collect(await dispatcher.submit(*_constrained("r1", 10, stop=["bc", "cde"])))
+            events = await _collect(await dispatcher.submit(*_constrained("r1", 10, **stop)))
             assert _letters(_tokens(events)) == "abcde"
             final = events[-1]
             assert isinstance(final, StreamChunk) and final.finish_reason == "stop"
-            assert final.meta == {"finish_reason": {"type": "stop", "matched": "cde"}}
+            assert final.meta == {"finish_reason": {"type": "stop", "matched": matched}}
             await until(lambda: "r1" in w1.aborts)
             assert dispatcher.status()["stopped_at_handover"] == 1
-
-    _run(go)
-
-
-def test_a_stop_regex_spanning_the_hand_over_stops_the_request(ctx: zmq.asyncio.Context) -> None:
-    async def go() -> None:
-        async with cluster(ctx, [{"die_after": 3}, {}], decode=_letters) as (dispatcher, (w0, w1)):
-            events = await _collect(await dispatcher.submit(*_constrained("r1", 10, stop_regex=["x+", "c[d-z]{2}"])))
-            assert _letters(_tokens(events)) == "abcde"
-            assert events[-1].meta == {"finish_reason": {"type": "stop", "matched": "c[d-z]{2}"}}
 
     _run(go)
 
