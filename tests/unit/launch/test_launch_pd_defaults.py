@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-import launch_server
-from launch_server import CPU_PD_ENV, _with_cpu_defaults
+import launch_checks
+from launch_argv import CPU_PD_ENV, _with_cpu_defaults
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -60,5 +60,5 @@ def test_a_missing_transfer_engine_stops_start_up_with_the_fix(monkeypatch: pyte
 
     monkeypatch.setattr(builtins, "__import__", no_mooncake)
     with pytest.raises(SystemExit, match="slo setup installs it"):
-        launch_server._check_transfer_backend("mooncake_tcp")
-    launch_server._check_transfer_backend("nixl")  # not ours to check
+        launch_checks._check_transfer_backend("mooncake_tcp")
+    launch_checks._check_transfer_backend("nixl")  # not ours to check

@@ -7,13 +7,9 @@ import types
 
 import pytest
 
-from launch_server import (
-    DEFAULT_SPEC_STEPS,
-    EMULATED_DRAFT_RATIO,
-    _draft_ratio,
-    _speculation_settings,
-    _with_cpu_defaults,
-)
+from launch_argv import _with_cpu_defaults
+from launch_checks import _draft_ratio, _speculation_settings
+from launch_slo_args import DEFAULT_SPEC_STEPS, EMULATED_DRAFT_RATIO
 from server.cpu_support import speculation
 
 

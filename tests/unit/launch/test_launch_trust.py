@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from launch_server import _router_settings
+from launch_checks import _router_settings
 from router.worker_auth import SECRET_ENV, legacy_secret
 
 
