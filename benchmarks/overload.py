@@ -43,7 +43,8 @@ from benchmarks._server import install_signal_handlers
 from benchmarks.emulation_validity import pacing_delta, verdict
 from benchmarks.goodput.compare import doc_parser
 from benchmarks.routing import emulation_snapshot, export_paths
-from launch_cluster import Cluster, RouterSpec, parse_cluster
+from launch_cluster import Cluster, RouterSpec
+from launch_cluster_spec import parse_cluster
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model, profile_path
 from wire import ORACLE_HINT_PARAM, RETRY_AFTER_HEADER, SHED_REASONS

@@ -49,7 +49,8 @@ from benchmarks.routing import (
     workload,
 )
 from benchmarks.workloads.text import PromptText
-from launch_cluster import Cluster, WorkerSpec, parse_cluster
+from launch_cluster import Cluster, WorkerSpec
+from launch_cluster_spec import parse_cluster
 from router.policies import ROUTING_POLICIES
 
 MIX_SETUPS = {  # name -> (SLO mix, trace)

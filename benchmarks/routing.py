@@ -55,7 +55,8 @@ from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.policy_params import policy_overrides
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES
-from launch_cluster import Cluster, RouterSpec, WorkerSpec, parse_cluster
+from launch_cluster import Cluster, RouterSpec, WorkerSpec
+from launch_cluster_spec import parse_cluster
 from router.policies import ROUTING_POLICIES
 
 OURS = "goodserve"  # the policy whose lead the paper reports (+27 % goodput over the second best)
