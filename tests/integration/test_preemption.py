@@ -170,12 +170,15 @@ class _Mode:
 
 class _Req:
     def __init__(self, rid: str, generated: int = 3, finished: bool = False) -> None:
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+
         self.rid = rid
         self.origin_input_ids = [1, 2]
         self.output_ids = list(range(generated))
         self._finished = finished
         self.is_retracted = False
-        self.req_pool_idx = 0
+        self.kv = ReqKvInfo(req_pool_idx=0)  # SGLang's own record of the request's KV row
+        self.beam_group = None
 
     def finished(self) -> bool:
         return self._finished
@@ -191,10 +194,10 @@ class _Batch:
     def is_empty(self) -> bool:
         return not self.reqs
 
-    def release_req(self, idx: int, remaining: int, server_args: object) -> None:
+    def release_req(self, idx: int, remaining: int) -> None:
         req = self.reqs[idx]
         self.released.append(req.rid)
-        req.req_pool_idx = None
+        req.kv.req_pool_idx = None
         req.is_retracted = True
 
     def filter_batch(self, keep_indices: list[int]) -> None:
@@ -256,3 +259,15 @@ def test_nothing_to_retract_leaves_the_batch_alone() -> None:
     assert retract_requests(sched, batch, {"b", "zzz"}) == []
     assert retract_requests(sched, batch, set()) == []
     assert [r.rid for r in batch.reqs] == ["a", "b"] and batch.batch_is_full and not sched.queued
+
+
+def test_a_request_without_a_kv_row_is_not_retracted_and_one_with_it_is() -> None:
+    """The blocker reads SGLang's own KV record of the request (`Req.kv`): a decoding request
+    that holds its row is retracted, one whose row is gone is skipped."""
+    from scheduler.sglang_preemption import retraction_blocker
+
+    holding, released = _Req("holding"), _Req("released")
+    released.kv.req_pool_idx = None
+    sched = _Scheduler(False, None, None)
+    assert retraction_blocker(sched, holding) is None
+    assert retraction_blocker(sched, released) == "holds no KV"
