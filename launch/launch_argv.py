@@ -16,7 +16,10 @@ CPU_DEFAULTS: list[tuple[str, str | None]] = [
     ("--cuda-graph-backend-prefill", "disabled"),
     ("--skip-server-warmup", None),
     ("--dtype", "float32"),
-    ("--mem-fraction-static", "0.05"),
+    # SGLang checks the KV pool against memory still free after loading; with other servers
+    # loading at once on one host a small share fails that check. The KV pool itself stays
+    # capped by --max-total-tokens, and a draft model's weights count against the share too.
+    ("--mem-fraction-static", "0.3"),
     ("--max-total-tokens", "16384"),
     # SGLang's CPU default chunk is 4096; a prefill step of twice the tokens stalls every running
     # decode twice as long on a few cores, and our CPU benchmarks and tests are sized at 2048.
@@ -28,16 +31,11 @@ CPU_DEFAULTS: list[tuple[str, str | None]] = [
 CPU_PD_DEFAULTS: list[tuple[str, str | None]] = [
     ("--disaggregation-transfer-backend", "mooncake_tcp"),
     ("--page-size", "1"),
-    # SGLang checks the KV pool against memory still free after loading; with a pool of servers
-    # loading at once on one host 0.05 fails that check (measured; 0.3 passes, the KV pool itself
-    # stays capped by --max-total-tokens).
-    ("--mem-fraction-static", "0.3"),
 ]
 # Speculative decoding on CPU (../shared/notes: speculative section): SGLang's intel_amx backend on
-# our pure-torch ops (server/cpu_support/speculation.py); a draft model needs a larger pool share.
+# our pure-torch ops (server/cpu_support/speculation.py).
 CPU_SPEC_DEFAULTS: list[tuple[str, str | None]] = [
     ("--attention-backend", "intel_amx"),
-    ("--mem-fraction-static", "0.2"),
 ]
 # Environment the CPU PD path needs: the early cached-prefix send creates a torch.cuda.Event;
 # servers must advertise loopback, not the external interface, for KV bootstrap.

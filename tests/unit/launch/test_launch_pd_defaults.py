@@ -34,7 +34,7 @@ def test_prefill_and_decode_workers_get_mooncake_tcp_and_page_size_one() -> None
 def test_co_located_servers_get_no_pd_settings() -> None:
     argv = _with_cpu_defaults([])
     assert "--disaggregation-transfer-backend" not in argv and "--page-size" not in argv
-    assert _value(argv, "--mem-fraction-static") == "0.05"
+    assert _value(argv, "--mem-fraction-static") == "0.3"  # the CPU share every server gets
     assert "SGLANG_HOST_IP" not in os.environ
 
 
