@@ -68,28 +68,27 @@ class Fields:
     cls: str
     names: tuple[str, ...]
     why: str
+    absent = "no such field"
+
+    @staticmethod
+    def names_of(cls: type) -> set[str]:
+        return _record_fields(cls)
 
     def problems(self) -> list[str]:
         found, missing = _resolve(self.module, self.cls)
         if missing is not None:
             return [f"{self.module}.{self.cls}: missing ({missing}); {self.why}"]
-        have = _record_fields(found)
-        return [f"{self.module}.{self.cls}.{n}: no such field; {self.why}" for n in self.names if n not in have]
+        have = self.names_of(found)
+        return [f"{self.module}.{self.cls}.{n}: {self.absent}; {self.why}" for n in self.names if n not in have]
 
 
 @dataclass(frozen=True)
-class SetsAttrs:
-    module: str
-    cls: str
-    names: tuple[str, ...]
-    why: str
+class SetsAttrs(Fields):
+    absent = "never set"
 
-    def problems(self) -> list[str]:
-        found, missing = _resolve(self.module, self.cls)
-        if missing is not None:
-            return [f"{self.module}.{self.cls}: missing ({missing}); {self.why}"]
-        have = _instance_attrs(found)
-        return [f"{self.module}.{self.cls}.{n}: never set; {self.why}" for n in self.names if n not in have]
+    @staticmethod
+    def names_of(cls: type) -> set[str]:
+        return _instance_attrs(cls)
 
 
 @dataclass(frozen=True)
