@@ -81,6 +81,7 @@ class SloStatusMixin:
             plan_errors=slo.planner.errors + slo.sync.failed,
             fallbacks=slo.planner.fallbacks + slo.sync.failed,
             planned_passes=slo.planned_passes,
+            view_cached_prefix_tokens=slo.views.cached_tokens_read,
             queue_drain_s=None if slo.drain_s is None else round(slo.drain_s, 4),
             shed=dict(slo.shed),
             intake_lag=slo.intake.summary(),

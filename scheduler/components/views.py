@@ -71,6 +71,7 @@ class ViewBuilder:
         self.row_slack = 4096  # rows of departed requests kept before the cache is rebuilt
         self.queue = QueueSnapshot()  # the waiting requests no pass needs to look at again
         self._batch: _RunningBatch | None = None  # the running requests as the last pass saw them
+        self.cached_tokens_read = 0  # cached prefix tokens read from SGLang's requests, summed per read
 
     def forget(self, rid: str) -> None:
         self._cache.pop(rid, None)
@@ -198,6 +199,7 @@ class ViewBuilder:
         view.generated = n_out
         view.attained_service = float(view.prompt_len + n_out)
         view.prefix_cached = req.prefix_len
+        self.cached_tokens_read += view.prefix_cached
         if view.first_token_time is None:
             stamps = (req.customized_info or {}).get(TOKEN_TS_KEY) or []
             view.first_token_time = stamps[0] if stamps else None
@@ -247,6 +249,7 @@ class ViewBuilder:
         )
         if self.lengths is not None:
             view.predicted_output_len = self._bound(req, view)
+        self.cached_tokens_read += view.prefix_cached
         return view
 
     def engine_view(self, waiting: Sequence[Any], running: Sequence[Any], limits: EngineLimits) -> EngineView:

@@ -148,6 +148,21 @@ def _partner_of(pd: PdPool, rid: str, key: str, timeout: float = 30.0) -> str:
     raise AssertionError(f"{rid} never showed up in {key}")
 
 
+def test_prefill_workers_start_sglang_at_twice_their_chunk_and_the_policy_plans_every_worker(pd: PdPool) -> None:
+    """PD start-up sizing: a prefill worker asked for chunks of B (1024) starts SGLang at 2B, so
+    that a whole-finish step fits the buffers sized at start-up, and plans normal passes at B.
+    After the pair test's requests, no worker's pass fell back to SGLang's own scheduling."""
+    engines = {wid: w.status_when(lambda s: bool(s["engine"]))["engine"] for wid, w in pd.workers.items()}
+    for wid in ("prefill-0", "prefill-1"):
+        engine = engines[wid]
+        assert (engine["startup_chunk_size"], engine["chunk_budget"]) == (2048, 1024), (wid, engine)
+        assert engine["dynamic_chunking"] is not None
+    for wid, engine in engines.items():
+        assert engine["plan_errors"] == 0 and engine["fallbacks"] == 0, (wid, engine)
+    for role in ("prefill", "decode"):  # the pair test's requests went through both roles
+        assert any(e["planned_passes"] > 0 for wid, e in engines.items() if wid.startswith(role)), role
+
+
 def test_a_prefill_worker_killed_mid_prefill_loses_nothing(pd: PdPool) -> None:
     rid = "pd-kill-prefill"
     body = {

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from server.process import ServerProcess
+from tests.integration.adapter_health import assert_policy_in_charge
 from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
 MIXED_ON_ENGINE = ("las",)  # test_policies_on_engine's engine run for LAS happens here
@@ -142,6 +143,24 @@ def test_preempted_request_resumes_token_identical(las_two_slots: ServerProcess)
     # The adapter counts exactly the retractions SGLang reports per request.
     status = server.status_when(lambda s: s["engine"].get("preempted", 0) >= retractions)
     assert status["engine"]["preempted"] == retractions
+    assert_policy_in_charge(status["engine"])
+
+
+def test_the_policys_views_count_the_running_requests_cached_tokens(las_two_slots: ServerProcess) -> None:
+    """A running request's KV (its prompt, after its prefill) is cached prefix to the policy: the
+    views read it from SGLang's request (a view that read none would price every running request
+    as if its prompt were still to prefill). Three requests for two slots: a newcomer waits while
+    the others run, so the policy plans passes over running requests."""
+    before = las_two_slots.status_when(lambda s: bool(s["engine"]))["engine"]["view_cached_prefix_tokens"]
+    prompts = [f"the cached prefix request number {i} " * 4 for i in range(3)]
+    threads = [threading.Thread(target=_generate, args=(las_two_slots, p, 32)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    engine = las_two_slots.status_when(lambda s: s["engine"]["running"] == 0)["engine"]
+    assert engine["view_cached_prefix_tokens"] > before
+    assert_policy_in_charge(engine)
 
 
 def test_no_preemption_without_contention(las_two_slots: ServerProcess) -> None:

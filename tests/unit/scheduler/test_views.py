@@ -37,6 +37,7 @@ def test_an_unchanged_request_keeps_its_view_and_a_changed_one_is_refreshed() ->
     assert views.engine_view([req], [], LIMITS).waiting[0] is first and first.prefix_cached == 10
     req.prefix_len = 60  # SGLang re-matched its prefix
     assert views.engine_view([req], [], LIMITS).waiting[0].prefix_cached == 60
+    assert views.cached_tokens_read == 10 + 60  # each read of the request counted its cached prefix
     req.output_ids = [1, 2, 3]
     req.customized_info = {TOKEN_TS_KEY: [5.5, 5.6, 5.7]}
     view = views.engine_view([], [req], LIMITS).running[0]
