@@ -47,6 +47,7 @@ def test_a_full_queue_answers_429_with_a_computed_retry_after(mode, policy) -> N
         assert reason[PREDICTED_WAIT_KEY] == pytest.approx(1500.0)
         assert reason[RETRY_AFTER_KEY] == 2
     assert s.slo.shed[QUEUE_FULL] == 2
+    assert s.released == ["r3", "r4"]  # their cache state too, as SGLang releases a refused request's
 
 
 def test_the_token_bound_counts_prompt_tokens_but_takes_one_big_request_alone() -> None:
