@@ -53,6 +53,10 @@ SCHEDULER: list[Entry] = [
         "the request view the policy plans with (prompt, generated, cached prefix)",
     ),
     SetsAttrs(BATCH, "Req", ("is_retracted", "customized_info"), "retraction state; per-request info to the client"),
+    SetsAttrs(
+        BATCH, "Req", ("extend_end",), "a prefill step extends [prefix_len, extend_end) (the perf model's shape)"
+    ),
+    Fields(BATCH, "ScheduleBatch", ("reqs", "forward_mode", "decoding_reqs"), "a step's shape for the perf model"),
     SetsAttrs(BATCH, "ReqKvInfo", ("req_pool_idx",), "whether a request holds a KV row (preemption)"),
     Exists(BATCH, "Req.finished", "finished requests leave the plan"),
     Exists(RT, "get_parallel", "tensor/data-parallel ranks (the leading rank plans, the others follow)"),
