@@ -102,7 +102,8 @@ def test_ngram_returns_the_plain_servers_tokens(ngram: ServerProcess, tiny_serve
     assert [g["output_ids"] for g in got] == reference
     spec = _speculation(ngram)
     assert spec["algorithm"] == "NGRAM" and spec["slo_adaptive"] is False
-    assert spec["verifies"] > 0 and _attention_backend(ngram) == "intel_amx"
+    assert sum(g["meta_info"]["spec_verify_ct"] for g in got) > 0  # drafts were verified
+    assert _attention_backend(ngram) == "intel_amx"
 
 
 def test_eagle_heads_return_the_plain_servers_tokens(eagle: ServerProcess, tiny_server: ServerProcess) -> None:
