@@ -176,7 +176,13 @@ SPECULATION: list[Entry] = [
         "sglang.srt.speculative.eagle_worker_v2",
         "EAGLEWorkerV2",
         ("adaptive_controller", "speculative_num_steps", "_draft_worker"),
-        "the controller we install, the length in force, the draft runner (draft/target cost)",
+        "the controller we install, the length in force, the draft worker",
+    ),
+    SetsAttrs(
+        "sglang.srt.speculative.eagle_worker_v2",
+        "EagleDraftWorker",
+        ("draft_runner",),
+        "the draft model's weights give a draft step's cost relative to the target's",
     ),
 ]
 
