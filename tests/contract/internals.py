@@ -5,6 +5,7 @@ Grouped by the part of ours that uses them; `why` says what breaks without it.
 
 from __future__ import annotations
 
+from scheduler.core.sampling_guard import CHECKS
 from server.cpu_support.sgl_kernel_substitute import IMPLEMENTED, SUBMODULES
 from tests.contract.sglang_contract import CallArity, Entry, Exists, Fields, ImportsFrom, SetsAttrs, Takes
 
@@ -105,6 +106,12 @@ HTTP: list[Entry] = [
     Takes(TM, "TokenizerManager._handle_abort_finish_reason", ("out", "state", "is_stream"), "shed answers (429/503)"),
     Exists(TM, "TokenizerManager.auto_create_handle_loop", "our drain handler must win over SGLang's SIGTERM handler"),
     Exists("sglang.srt.managers.io_struct", "GenerateReqInput", "the fields a native request may carry"),
+    Fields(
+        "sglang.srt.sampling.sampling_params",
+        "SamplingParams",
+        tuple(CHECKS),
+        "the sampling parameters our guard checks before SGLang builds SamplingParams(**params)",
+    ),
     Exists("sglang.srt.managers.io_struct", "AbortReq", "aborting a request from the adapter"),
     Exists("sglang.srt.environ", "envs.SGLANG_ENABLE_REQUEST_DECOMPRESSION", "compressed request bodies"),
     Exists(ARGS, "ServerArgs.add_cli_args", "the launcher takes every SGLang flag"),
@@ -187,3 +194,11 @@ SPECULATION: list[Entry] = [
 ]
 
 CONTRACT: list[Entry] = SCHEDULER + HTTP + CPU + SPECULATION
+
+# SamplingParams fields our sampling guard does not accept from clients: SGLang's internal ones,
+# and beam search (not offered through this server). A field outside CHECKS and this set is new
+# in SGLang: a request carrying it (an OpenAI route may send it as null) would be refused.
+SAMPLING_FIELDS_NOT_FROM_CLIENTS = frozenset(
+    {"stop_strs", "stop_regex_strs", "stop_str_max_len", "stop_regex_max_len", "is_normalized",
+     "ebnf_full_assistant", "beam_width"}
+)  # fmt: skip

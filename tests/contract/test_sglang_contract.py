@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.contract.internals import CONTRACT
+from tests.contract.internals import CONTRACT, SAMPLING_FIELDS_NOT_FROM_CLIENTS
 from tests.contract.sglang_contract import CallArity, Exists, Fields, ImportsFrom, SetsAttrs, Takes, check
 
 
@@ -28,6 +28,15 @@ def test_slo_speculation_implements_sglangs_adaptive_policy_protocol() -> None:
 
     members = {name for name in vars(AdaptiveSpecPolicy) if not name.startswith("_")}
     assert members and members <= set(dir(SloSpeculation))
+
+
+def test_every_sampling_parameter_sglang_takes_is_checked_or_known_internal() -> None:
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from scheduler.core.sampling_guard import CHECKS
+
+    fields = set(SamplingParams.__struct_fields__)
+    assert fields - set(CHECKS) - SAMPLING_FIELDS_NOT_FROM_CLIENTS == set()
 
 
 # ---- the checker fails loudly when SGLang lacks an internal ----------------------------------------
