@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launch_server import json_params
+from launch_slo_args import add_worker_secret_args, json_params
 from router.dispatcher import DEFAULT_MAX_QUEUED
 from router.policies import ROUTING_POLICIES
 from router.service import DEFAULT_LENGTH_PREDICTOR
@@ -80,16 +80,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="keys with roles (client, admin, metrics, worker), per-key SLO limits and shares, in one YAML "
         "file (router/access.py); its worker key is the worker secret",
     )
-    parser.add_argument(
-        "--worker-secret",
-        metavar="SECRET",
-        help="the workers' credential, separate from every HTTP key (at least 16 bytes; prefer "
+    add_worker_secret_args(
+        parser,
+        "the workers' credential, separate from every HTTP key (at least 16 bytes; prefer "
         "--worker-secret-file, $SGLANG_SLO_WORKER_SECRET or a worker key in --auth-config): workers prove it "
         "in a nonce handshake and every message to them is authenticated with it. Required with "
         "--allow-remote-workers; on loopback, without it, --api-key stands in (then anyone holding the "
         "client key can join as a worker)",
     )
-    parser.add_argument("--worker-secret-file", metavar="PATH", help="read --worker-secret from this file")
     parser.add_argument(
         "--max-queued-requests",
         type=int,

@@ -3,7 +3,7 @@
 SGLang already knows how to take a decoding request out of the running batch and bring it
 back without losing its output: `ScheduleBatch.retract_decode` (used when the KV pool runs out)
 frees the request's KV slots and req_to_token row (`release_req` -> `release_kv_cache(...,
-is_insert=False)`), resets its KV bookkeeping (`Req.reset_for_retract`, which also bumps
+checkpoint=False)`), resets its KV bookkeeping (`Req.reset_for_retract`, which also bumps
 `retraction_count`, reported as meta_info `num_retractions`) but keeps `output_ids`, drops it
 from the batch tensors (`filter_batch`) and the scheduler re-queues it with
 `_add_request_to_queue(req, is_retracted=True)`. On resume it is prefilled again over prompt +
@@ -55,7 +55,9 @@ def retraction_blocker(scheduler: Any, req: Any, in_flight_prefill: Collection[i
         return "not decoding yet"
     if id(req) in in_flight_prefill:
         return "prefill in flight"
-    if getattr(req, "req_pool_idx", None) is None:
+    if getattr(req, "beam_group", None) is not None:
+        return "in a beam search group"  # SGLang aborts those rather than retract them
+    if not req.kv.holds_kv:
         return "holds no KV"
     return None
 
@@ -102,11 +104,14 @@ def retract_requests(scheduler: Any, running_batch: Any, rids: Collection[str]) 
         return []
 
     retracted = [running_batch.reqs[i] for i in victims]
+    offload = getattr(scheduler, "decode_offload_manager", None)
+    if offload is not None:  # as SGLang's retraction: pending offload copies may read the KV freed next
+        offload.drain_before_retraction()
     available_before = scheduler.token_to_kv_pool_allocator.available_size()
     for i in victims:
         # SGLang's own path: free KV + req slot without radix insertion, reset_for_retract().
         # remaining count 0: we retract by policy, not for memory, so nothing extra is evicted.
-        running_batch.release_req(i, 0, scheduler.server_args)
+        running_batch.release_req(i, 0)
     running_batch.filter_batch(keep_indices=keep)
     running_batch.batch_is_full = False
 

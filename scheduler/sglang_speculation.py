@@ -1,11 +1,12 @@
 """Adapter: hands SGLang's speculation length to the SLO controller (speculative/controller.py).
 
-SGLang 0.5.17's EAGLE v2 worker (and STANDALONE, its subclass) has an `AdaptiveController` that
+SGLang 0.5.23's EAGLE v2 worker (and STANDALONE, its subclass) has an `AdaptiveController` that
 pre-builds one runtime state (attention backends, buffers) per candidate length and asks its
-`params` for the length before each decode batch. SGLang creates it for EAGLE/EAGLE3 only, behind
-`--speculative-adaptive`; STANDALONE has the same machinery but a `None` controller. We create the
-controller ourselves for both, right after SGLang builds the speculative worker and before it
-builds attention backends, and swap its params for our SLO-driven object.
+policy (the `AdaptiveSpecPolicy` protocol) for the length before each decode batch. SGLang creates
+it for EAGLE/EAGLE3 only, behind `--speculative-adaptive`, with its acceptance-only policy;
+STANDALONE has the same machinery but a `None` controller. We create the controller for both,
+with our SLO-driven policy, right after SGLang builds the speculative worker and before it builds
+its runtime states.
 """
 
 from __future__ import annotations
@@ -40,12 +41,10 @@ def attach_slo_controller(
         return None
     from sglang.srt.speculative.adaptive_runtime_state import AdaptiveController
 
-    if spec_worker.adaptive_controller is None:
-        spec_worker.adaptive_controller = AdaptiveController(spec_worker)
     initial = int(spec_worker.speculative_num_steps)
     steps = sorted(set(candidates) | {initial})
     # SGLang runs prefill in batches of its own under speculation (no mixed chunk)
     controller = SloSpeculation(steps, draft_ratio, initial=initial, margin=margin, mixed_batches=False)
-    spec_worker.adaptive_controller.params = controller
+    spec_worker.adaptive_controller = AdaptiveController(spec_worker, controller)
     logger.info("SLO speculation: candidate lengths %s, draft/target cost %.3f", steps, draft_ratio)
     return controller

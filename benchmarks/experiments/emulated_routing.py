@@ -53,7 +53,8 @@ from benchmarks.goodput.scoring import RunMetrics, check_consistency, score
 from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.workloads.text import PromptText
 from benchmarks.workloads.traces import TRACES
-from launch_cluster import Cluster, RouterSpec, WorkerSpec, parse_cluster
+from launch_cluster import Cluster, RouterSpec, WorkerSpec
+from launch_cluster_spec import parse_cluster
 from router.policies import ROUTING_POLICIES
 
 OURS = "goodserve"  # the policy whose lead the paper reports (+27 % goodput over the second best)

@@ -43,7 +43,8 @@ from benchmarks._server import prepare_live_cluster
 from benchmarks.cli import doc_parser
 from benchmarks.experiments.emulated_routing import emulation_snapshot
 from benchmarks.goodput.emulation_validity import pacing_delta, verdict
-from launch_cluster import Cluster, RouterSpec, parse_cluster
+from launch_cluster import Cluster, RouterSpec
+from launch_cluster_spec import parse_cluster
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.perf_model import load_perf_model, profile_path
 from wire import ORACLE_HINT_PARAM, RETRY_AFTER_HEADER, SHED_REASONS

@@ -50,7 +50,8 @@ from benchmarks.goodput.report import describe, write_results
 from benchmarks.goodput.scoring import check_consistency
 from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
-from launch_cluster import Cluster, WorkerSpec, parse_cluster
+from launch_cluster import Cluster, WorkerSpec
+from launch_cluster_spec import parse_cluster
 from router.policies import ROUTING_POLICIES
 
 MIX_SETUPS = {  # name -> (SLO mix, trace)

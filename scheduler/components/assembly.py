@@ -71,6 +71,7 @@ class SloComponents:
     dropped: int = 0
     prefill_deferred: int = 0  # passes the plan turned into decode passes
     preempted: int = 0
+    planned_passes: int = 0  # passes whose order and admission came from the policy's plan
     best_effort_waiting: int = 0
     held_waiting: int = 0  # of those, past due and held while SLO work runs (last pass)
     lost_held_passes: int = 0  # passes that held at least one

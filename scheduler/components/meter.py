@@ -2,7 +2,7 @@
 GPU emulation, each pass paced to the emulated card's time.
 
 `batch_shape` reads from SGLang's ScheduleBatch: forward_mode, reqs, decoding_reqs (mixed
-batches), and per Req origin_input_ids, output_ids, extend_range.
+batches), and per Req origin_input_ids, output_ids, prefix_len, extend_end.
 """
 
 from __future__ import annotations
@@ -41,9 +41,8 @@ def batch_shape(batch: Any) -> tuple[int, int, int] | None:
                 decodes += 1
                 kv += len(r.origin_input_ids) + len(r.output_ids)
             else:
-                span = r.extend_range  # SGLang 0.5.17 keeps the step's token range here
-                prefill += int(span.end - span.start)
-                kv += int(span.end)
+                prefill += int(r.extend_end - r.prefix_len)  # this step extends [prefix_len, extend_end)
+                kv += int(r.extend_end)
         return prefill, decodes, kv
     return None
 

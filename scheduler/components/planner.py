@@ -19,7 +19,8 @@ class PassPlanner:
     def __init__(self, policy: Policy, settings: PlanSettings) -> None:
         self.policy = policy
         self.settings = settings
-        self.errors = 0
+        self.errors = 0  # exceptions in the policy (and, counted by the adapter, its other decisions)
+        self.fallbacks = 0  # passes left to SGLang's own choice because the plan failed
         # The views come from the adapter's ViewBuilder, which keeps RowCache's contract.
         self.row_cache = RowCache()
         self.fair = FairShare()  # tenants' served-token counters across passes
@@ -31,5 +32,6 @@ class PassPlanner:
             return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.row_cache, self.fair)
         except Exception:
             self.errors += 1
+            self.fallbacks += 1
             logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)
             return None

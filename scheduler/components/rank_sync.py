@@ -41,6 +41,7 @@ class PassSync:
         self._broadcast = broadcast
         self.leader = leader
         self.shared = 0  # decisions sent (leader) or received (others)
+        self.failed = 0  # leader: decisions that raised, so the group kept SGLang's own choice
 
     def decide(self, choose: Callable[[], T], fallback: T) -> T:
         """The leader's `choose()`, on every rank. A leader whose choice fails sends `fallback`
@@ -53,6 +54,7 @@ class PassSync:
                 value = choose()
             except Exception:
                 logger.exception("SLO decision failed on the leading rank: the group keeps SGLang's choice")
+                self.failed += 1
                 value = fallback
         value = self._broadcast(value)
         self.shared += 1

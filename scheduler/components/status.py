@@ -35,7 +35,7 @@ class SchedulerStatus:
     perf_model: dict[str, Any]
     predictor_accuracy: dict[str, Any] | None
     compound: dict[str, int]
-    plan_errors: int
+    plan_errors: int  # decisions that raised (policy, speculation length, chunk rule, a TP leader's pass)
     preempted: int
     emulation: dict[str, Any] | None
     speculation: dict[str, Any] | None
@@ -46,6 +46,9 @@ class SchedulerStatus:
     max_queued_requests: int | None = None
     max_queued_tokens: int | None = None
     max_input_tokens: int | None = None  # the longest prompt the model takes (the router checks it)
+    fallbacks: int = 0  # passes scheduled by SGLang's own choice because our decision failed
+    planned_passes: int = 0  # passes whose order and admission came from the policy's plan
+    view_cached_prefix_tokens: int = 0  # cached prefix tokens the policy's views read (per read)
     time: float = field(default_factory=time.time)
 
     def to_dict(self) -> dict[str, Any]:

@@ -48,6 +48,8 @@ ADDITIVE_FIELDS = (
     "held_waiting",
     "lost_held_passes",
     "plan_errors",
+    "fallbacks",
+    "planned_passes",
 )
 
 

@@ -1,11 +1,11 @@
 """SGLang's waiting and running requests as the policy core's views.
 
 Reads from each SGLang `Req`: rid, sampling_params (max_new_tokens, custom_params),
-origin_input_ids, output_ids, customized_info (the token stamps), prefix_indices.
+origin_input_ids, output_ids, customized_info (the token stamps), prefix_len (the cached prefix).
 
 A pass with thousands of waiting requests must cost far less than a GPU step (~7 ms), so each
 request's view is built once and kept: every pass refreshes only what can change. A waiting
-request changes only when SGLang re-matches its prefix (a new `prefix_indices` object) or when
+request changes only when SGLang re-matches its prefix (a new `prefix_len`) or when
 it comes back from a retraction with more output; a running one gains tokens every pass. Views
 are therefore mutable and shared across passes: a policy must not keep one beyond its plan().
 
@@ -64,13 +64,14 @@ class ViewBuilder:
         self.lengths = lengths
         self.decode_text = decode_text
         self.oracle = oracle  # benchmarks' *_oracle policies only: they are given the true length
-        # rid -> [view, the prefix_indices object and output length it was refreshed with,
+        # rid -> [view, the prefix length and output length it was refreshed with,
         # whether its SLO is best effort, its row in `rows` (-1 until the pass that made it ends)]
         self._cache: dict[str, list[Any]] = {}
         self.rows = RowCache()
         self.row_slack = 4096  # rows of departed requests kept before the cache is rebuilt
         self.queue = QueueSnapshot()  # the waiting requests no pass needs to look at again
         self._batch: _RunningBatch | None = None  # the running requests as the last pass saw them
+        self.cached_tokens_read = 0  # cached prefix tokens read from SGLang's requests, summed per read
 
     def forget(self, rid: str) -> None:
         self._cache.pop(rid, None)
@@ -98,17 +99,17 @@ class ViewBuilder:
                 view = self.request_view(req)
                 entry = self._cache[req.rid] = [
                     view,
-                    req.prefix_indices,
+                    req.prefix_len,
                     len(req.output_ids),
                     view.slo.is_best_effort,
                     -1,
                 ]
                 rows.new.append(entry)
             else:
-                prefix, n_out = req.prefix_indices, len(req.output_ids)
-                if prefix is entry[1] and n_out == entry[2]:
+                prefix, n_out = req.prefix_len, len(req.output_ids)
+                if prefix == entry[1] and n_out == entry[2]:
                     pass  # unchanged: most of the waiting queue
-                elif prefix is entry[1] and plain and entry[0].first_token_time is not None:
+                elif prefix == entry[1] and plain and entry[0].first_token_time is not None:
                     view = entry[0]  # a running request one step further: most of the batch
                     view.generated = entry[2] = n_out
                     view.attained_service = float(view.prompt_len + n_out)
@@ -197,8 +198,8 @@ class ViewBuilder:
     def _refresh(self, view: RequestView, req: Any, n_out: int) -> None:
         view.generated = n_out
         view.attained_service = float(view.prompt_len + n_out)
-        prefix = getattr(req, "prefix_indices", None)
-        view.prefix_cached = len(prefix) if prefix is not None else 0
+        view.prefix_cached = req.prefix_len
+        self.cached_tokens_read += view.prefix_cached
         if view.first_token_time is None:
             stamps = (req.customized_info or {}).get(TOKEN_TS_KEY) or []
             view.first_token_time = stamps[0] if stamps else None
@@ -229,7 +230,6 @@ class ViewBuilder:
                         spec.program_id, spec.stage, program_arrival, spec.deadline_ms / 1000.0, self.clock.now()
                     )
                 stage_deadline = state.stage_deadline
-        prefix = getattr(req, "prefix_indices", None)
         view = RequestView(
             rid=req.rid,
             slo=spec,
@@ -238,7 +238,7 @@ class ViewBuilder:
             generated=len(req.output_ids),
             max_new_tokens=state.client_cap if state.hinted else req.sampling_params.max_new_tokens,
             first_token_time=stamps[0] if stamps else None,
-            prefix_cached=len(prefix) if prefix is not None else 0,
+            prefix_cached=req.prefix_len,
             program_arrival=program_arrival,
             attained_service=float(len(req.origin_input_ids) + len(req.output_ids)),
             stage_deadline=stage_deadline,
@@ -249,6 +249,7 @@ class ViewBuilder:
         )
         if self.lengths is not None:
             view.predicted_output_len = self._bound(req, view)
+        self.cached_tokens_read += view.prefix_cached
         return view
 
     def engine_view(self, waiting: Sequence[Any], running: Sequence[Any], limits: EngineLimits) -> EngineView:
@@ -283,12 +284,12 @@ class ViewBuilder:
 
 
 _VIEW, _ROW = itemgetter(0), itemgetter(4)  # of a builder's entry
-_OUTPUT_IDS, _PREFIX = attrgetter("output_ids"), attrgetter("prefix_indices")  # of a SGLang Req
+_OUTPUT_IDS, _PREFIX = attrgetter("output_ids"), attrgetter("prefix_len")  # of a SGLang Req
 
 
 class _RunningBatch:
     """The running requests a pass saw, every one started: their builder entries, rows, prefix
-    objects and output counts, to tell the next pass whether only counts changed."""
+    lengths and output counts, to tell the next pass whether only counts changed."""
 
     def __init__(self, reqs: Sequence[Any], views: list[RequestView], entries: list[list[Any]]) -> None:
         self.reqs, self.views, self.entries = list(reqs), views, entries
@@ -307,9 +308,7 @@ class _RunningBatch:
     def holds(self, reqs: Sequence[Any]) -> bool:
         """These are the same requests, in order, none re-matched since."""
         return (
-            len(reqs) == len(self.reqs)
-            and all(map(is_, reqs, self.reqs))
-            and all(map(is_, map(_PREFIX, reqs), self.prefixes))
+            len(reqs) == len(self.reqs) and all(map(is_, reqs, self.reqs)) and list(map(_PREFIX, reqs)) == self.prefixes
         )
 
 

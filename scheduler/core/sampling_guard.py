@@ -164,6 +164,7 @@ CHECKS: dict[str, Callable[[str, Any, int | None], None]] = {
     "logit_bias": _logit_bias,
     "sampling_seed": _integer(-(2**63), MAX_INT64),
     "custom_params": _custom_params,
+    "watermark": _custom_params,  # an object (None from OpenAI routes); SGLang checks its fields
 }
 
 

@@ -4,10 +4,12 @@ SGLang's `intel_amx` attention backend is the only CPU backend with speculative-
 (draft decode over an expanded req->token table, tree-masked target verify), but it calls two
 AMX C++ kernels through `torch.ops.sgl_kernel`. The CUDA sgl-kernel wheel does not ship them, so
 this module registers plain-torch equivalents under the same namespace and argument order
-(see `IntelAMXAttnBackend.forward_decode` / `forward_extend` in SGLang 0.5.17).
+(see `IntelAMXAttnBackend.forward_decode` / `forward_extend` in SGLang 0.5.23).
 
 Semantics (checked against SGLang's Triton decode/extend kernels):
 
+* `key_scale`/`value_scale` dequantise what is read from the KV pools (an fp8 cache's per-layer
+  scales; 1.0 otherwise); the new tokens' K/V given as arguments are not scaled.
 * Scores are `sm_scale * q.k`, then `logit_cap * tanh(s / logit_cap)` when `logit_cap > 0`;
   softmax and accumulation run in float32 whatever the input dtype.
 * GQA: query head `h` reads KV head `h // (Hq // Hkv)`.
@@ -19,7 +21,8 @@ Semantics (checked against SGLang's Triton decode/extend kernels):
 * Decode writes `key`/`value` into the KV pools at `loc` first (the backend does not), then
   attends to `req_to_token[req_pool_indices[b], :seq_lens[b]]`.
 * Extend: `seq_lens` = prefix + extend; the prefix is fully visible, the extend part is causal,
-  or follows `tree_mask` when one is given (speculative verify).
+  or follows `tree_mask` when one is given (speculative verify); with `is_causal=False`
+  (encoder-only layers) every new token sees every other.
 
 `tree_mask` layouts (flat bool, one block per request, concatenated in batch order):
 
@@ -41,18 +44,20 @@ import torch
 NAMESPACE = "sgl_kernel"
 
 DECODE_SCHEMA = (
-    "decode_attention_cpu(Tensor query, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor(c!) output, "
-    "Tensor? key, Tensor? value, Tensor loc, Tensor attn_logits, Tensor req_to_token, "
+    "decode_attention_cpu(Tensor query, Tensor(a!) k_cache, Tensor(b!) v_cache, float key_scale, "
+    "float value_scale, Tensor(c!) output, Tensor? key, Tensor? value, Tensor loc, Tensor attn_logits, "
+    "Tensor req_to_token, "
     "Tensor req_pool_indices, Tensor seq_lens, float sm_scale, float logit_cap, bool is_cross_attn=False, "
     "int sliding_window_size=0, Tensor? encoder_lens=None, Tensor? sinks=None) -> ()"
 )
 
 EXTEND_SCHEMA = (
     "extend_attention_cpu(Tensor q_extend, Tensor? k_extend, Tensor? v_extend, Tensor(a!) o_extend, "
-    "Tensor k_buffer, Tensor v_buffer, Tensor req_to_token, Tensor req_pool_indices, Tensor seq_lens, "
+    "Tensor k_buffer, Tensor v_buffer, float key_scale, float value_scale, Tensor req_to_token, "
+    "Tensor req_pool_indices, Tensor seq_lens, "
     "Tensor extend_seq_lens, Tensor extend_start_loc, int max_len_extend, float sm_scale, float logit_cap, "
     "bool is_cross_attn=False, int sliding_window_size=0, Tensor? encoder_lens=None, Tensor? sinks=None, "
-    "Tensor? tree_mask=None) -> ()"
+    "Tensor? tree_mask=None, bool is_causal=True) -> ()"
 )
 
 # Upper bound on gathered K+V elements per decode chunk, so long contexts x big batches do not
@@ -85,6 +90,12 @@ def _softmax_with_sink(scores: torch.Tensor, visible: torch.Tensor, sink: torch.
     return p / denom.clamp_min(torch.finfo(torch.float32).tiny)
 
 
+def _scaled(cached: torch.Tensor, scale: float) -> torch.Tensor:
+    """KV read from a pool, in float32, dequantised by the layer's scale."""
+    values = cached.to(torch.float32)
+    return values if scale == 1.0 else values * scale
+
+
 def _as_list(t: torch.Tensor | None, n: int) -> list[int] | None:
     if t is None or t.numel() == 0:
         return None
@@ -112,6 +123,8 @@ def decode_attention_cpu(
     query: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    key_scale: float,
+    value_scale: float,
     output: torch.Tensor,
     key: torch.Tensor | None,
     value: torch.Tensor | None,
@@ -181,8 +194,8 @@ def decode_attention_cpu(
         visible = cols[None, :] < lengths[begin:end, None]
         positions = torch.where(visible, starts[begin:end, None] + cols[None, :], torch.zeros_like(cols)[None, :])
         slots = req_to_token[rows[begin:end, None], positions].to(torch.long)
-        k = k_cache[slots].to(torch.float32)  # [b, L, Hkv, D]
-        v = v_cache[slots].to(torch.float32)
+        k = _scaled(k_cache[slots], key_scale)  # [b, L, Hkv, D]
+        v = _scaled(v_cache[slots], value_scale)
         scores = _scores(q[begin:end], k, "bhgd,blhd->bhgl", sm_scale, logit_cap)
         weights = _softmax_with_sink(scores, visible[:, None, None, :], sink)
         out = torch.einsum("bhgl,blhd->bhgd", weights, v)
@@ -222,6 +235,8 @@ def extend_attention_cpu(
     o_extend: torch.Tensor,
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
+    key_scale: float,
+    value_scale: float,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
@@ -235,6 +250,7 @@ def extend_attention_cpu(
     encoder_lens: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     tree_mask: torch.Tensor | None = None,
+    is_causal: bool = True,
 ) -> None:
     """Prefill/verify attention: each request's new tokens see its cached prefix (via
     req_to_token) plus the new tokens (causal, or `tree_mask` in speculative verify). The new
@@ -272,8 +288,8 @@ def extend_attention_cpu(
         if is_cross_attn:
             assert enc is not None
             slots = req_to_token[row, : enc[b]].to(torch.long)
-            k = k_buffer[slots].to(torch.float32)
-            v = v_buffer[slots].to(torch.float32)
+            k = _scaled(k_buffer[slots], key_scale)
+            v = _scaled(v_buffer[slots], value_scale)
             visible = torch.ones(e, k.shape[0], dtype=torch.bool)
         else:
             prefix = lens[b] - e
@@ -288,13 +304,13 @@ def extend_attention_cpu(
             else:
                 new_slots = req_to_token[row, offset + prefix : offset + prefix + e].to(torch.long)
                 k_new, v_new = k_buffer[new_slots], v_buffer[new_slots]
-            k = torch.cat([k_buffer[slots].to(torch.float32), k_new.to(torch.float32)])
-            v = torch.cat([v_buffer[slots].to(torch.float32), v_new.to(torch.float32)])
+            k = torch.cat([_scaled(k_buffer[slots], key_scale), k_new.to(torch.float32)])
+            v = torch.cat([_scaled(v_buffer[slots], value_scale), v_new.to(torch.float32)])
             num_prefix = prefix - first
             visible = torch.ones(e, num_prefix + e, dtype=torch.bool)
             if blocks is not None:
                 visible[:, num_prefix:] = blocks[b]
-            else:
+            elif is_causal:
                 visible[:, num_prefix:] = torch.ones(e, e, dtype=torch.bool).tril()
             if sliding_window_size > 0:
                 q_pos = torch.arange(prefix, prefix + e)

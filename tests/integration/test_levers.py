@@ -19,6 +19,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from server.process import ServerProcess
+from tests.integration.adapter_health import assert_policy_in_charge
 from tests.integration.engine_calls import generate, wait_until_running
 
 SLOWDOWN = 10  # an H100 decode step (~7 ms) takes ~70 ms here; a 4k-token prefill ~1 s
@@ -73,6 +74,7 @@ def test_the_prefill_gate_keeps_a_streams_tokens_on_time_through_a_prefill_burst
         assert meta["completion_tokens"] == STREAM_TOKENS and [m["completion_tokens"] for m in burst] == [4] * BURST
         assert all(m["slo"]["attained"]["overall"] is True for m in burst), (levers, burst)  # loose TTFTs: all met
         assert status["emulation"]["late_share"] <= 0.1, (levers, status["emulation"])  # paced: times are the card's
+        assert_policy_in_charge(status)
 
     gated, _, gated_status = runs[True]
     plain, _, plain_status = runs[False]

@@ -117,6 +117,11 @@ def test_a_pd_pair_returns_the_tokens_of_a_co_located_server(pd: PdPool, tiny_se
         assert engine["disaggregation_mode"] == "decode" and engine["dynamic_chunking"] is None
     roles = {w["worker_id"]: w["role"] for w in status["workers"]}
     assert roles == {"prefill-0": "prefill", "prefill-1": "prefill", "decode-0": "decode", "decode-1": "decode"}
+    engines = {wid: w.status_when(lambda s: bool(s["engine"]))["engine"] for wid, w in pd.workers.items()}
+    for wid, engine in engines.items():  # no worker's pass fell back to SGLang's own scheduling
+        assert engine["plan_errors"] == 0 and engine["fallbacks"] == 0, (wid, engine)
+    for role in ("prefill", "decode"):  # and the policy planned both halves of the pairs
+        assert any(e["planned_passes"] > 0 for wid, e in engines.items() if wid.startswith(role)), role
 
 
 def _kill(process: ServerProcess) -> None:
@@ -146,6 +151,15 @@ def _partner_of(pd: PdPool, rid: str, key: str, timeout: float = 30.0) -> str:
             return found
         time.sleep(0.05)
     raise AssertionError(f"{rid} never showed up in {key}")
+
+
+def test_prefill_workers_start_sglang_at_twice_their_chunk(pd: PdPool) -> None:
+    """PD start-up sizing: a prefill worker asked for chunks of B (1024) starts SGLang at 2B, so
+    that a whole-finish step fits the buffers sized at start-up, and plans normal passes at B."""
+    for wid in ("prefill-0", "prefill-1"):
+        engine = pd.workers[wid].status_when(lambda s: bool(s["engine"]))["engine"]
+        assert (engine["startup_chunk_size"], engine["chunk_budget"]) == (2048, 1024), (wid, engine)
+        assert engine["dynamic_chunking"] is not None
 
 
 def test_a_prefill_worker_killed_mid_prefill_loses_nothing(pd: PdPool) -> None:

@@ -22,6 +22,7 @@ import pytest
 import requests
 
 from server.process import ServerProcess
+from tests.integration.adapter_health import assert_policy_in_charge
 from tests.integration.test_policies_on_engine import assert_serves_mixed_workload
 
 MIXED_ON_ENGINE = ("las",)  # test_policies_on_engine's engine run for LAS happens here
@@ -142,6 +143,24 @@ def test_preempted_request_resumes_token_identical(las_two_slots: ServerProcess)
     # The adapter counts exactly the retractions SGLang reports per request.
     status = server.status_when(lambda s: s["engine"].get("preempted", 0) >= retractions)
     assert status["engine"]["preempted"] == retractions
+    assert_policy_in_charge(status["engine"])
+
+
+def test_the_policys_views_count_the_running_requests_cached_tokens(las_two_slots: ServerProcess) -> None:
+    """A running request's KV (its prompt, after its prefill) is cached prefix to the policy: the
+    views read it from SGLang's request (a view that read none would price every running request
+    as if its prompt were still to prefill). Three requests for two slots: a newcomer waits while
+    the others run, so the policy plans passes over running requests."""
+    before = las_two_slots.status_when(lambda s: bool(s["engine"]))["engine"]["view_cached_prefix_tokens"]
+    prompts = [f"the cached prefix request number {i} " * 4 for i in range(3)]
+    threads = [threading.Thread(target=_generate, args=(las_two_slots, p, 32)) for p in prompts]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    engine = las_two_slots.status_when(lambda s: s["engine"]["running"] == 0)["engine"]
+    assert engine["view_cached_prefix_tokens"] > before
+    assert_policy_in_charge(engine)
 
 
 def test_no_preemption_without_contention(las_two_slots: ServerProcess) -> None:
@@ -170,12 +189,15 @@ class _Mode:
 
 class _Req:
     def __init__(self, rid: str, generated: int = 3, finished: bool = False) -> None:
+        from sglang.srt.managers.schedule_batch import ReqKvInfo
+
         self.rid = rid
         self.origin_input_ids = [1, 2]
         self.output_ids = list(range(generated))
         self._finished = finished
         self.is_retracted = False
-        self.req_pool_idx = 0
+        self.kv = ReqKvInfo(req_pool_idx=0)  # SGLang's own record of the request's KV row
+        self.beam_group = None
 
     def finished(self) -> bool:
         return self._finished
@@ -191,10 +213,10 @@ class _Batch:
     def is_empty(self) -> bool:
         return not self.reqs
 
-    def release_req(self, idx: int, remaining: int, server_args: object) -> None:
+    def release_req(self, idx: int, remaining: int) -> None:
         req = self.reqs[idx]
         self.released.append(req.rid)
-        req.req_pool_idx = None
+        req.kv.req_pool_idx = None
         req.is_retracted = True
 
     def filter_batch(self, keep_indices: list[int]) -> None:
@@ -256,3 +278,15 @@ def test_nothing_to_retract_leaves_the_batch_alone() -> None:
     assert retract_requests(sched, batch, {"b", "zzz"}) == []
     assert retract_requests(sched, batch, set()) == []
     assert [r.rid for r in batch.reqs] == ["a", "b"] and batch.batch_is_full and not sched.queued
+
+
+def test_a_request_without_a_kv_row_is_not_retracted_and_one_with_it_is() -> None:
+    """The blocker reads SGLang's own KV record of the request (`Req.kv`): a decoding request
+    that holds its row is retracted, one whose row is gone is skipped."""
+    from scheduler.sglang_preemption import retraction_blocker
+
+    holding, released = _Req("holding"), _Req("released")
+    released.kv.req_pool_idx = None
+    sched = _Scheduler(False, None, None)
+    assert retraction_blocker(sched, holding) is None
+    assert retraction_blocker(sched, released) == "holds no KV"

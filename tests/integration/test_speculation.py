@@ -70,6 +70,14 @@ def eagle(request: pytest.FixtureRequest) -> Iterator[ServerProcess]:
         yield server
 
 
+def _attention_backend(server: ServerProcess) -> str:
+    """What SGLang resolved: on a CPU without AMX it silently falls back to torch_native, which has no
+    tree mask or draft backend, unless our platform override keeps intel_amx (our pure-torch ops)."""
+    r = requests.get(server.url + "/server_info", headers=server.headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["attention_backend"]
+
+
 def _reference(tiny_server: ServerProcess) -> list[list[int]]:
     return [_generate(tiny_server.url, ids, 24)["output_ids"] for ids in PROMPTS]
 
@@ -85,6 +93,7 @@ def test_standalone_returns_the_plain_servers_tokens(standalone: ServerProcess, 
     assert spec["verifies"] > 0
     assert 0.2 < spec["alpha"] < 0.98  # a perturbed draft: real acceptance, not a self-draft's 1.0
     assert spec["draft_cost_ratio"] == pytest.approx(0.1)  # the emulated card's draft, not the tiny copy
+    assert _attention_backend(standalone) == "intel_amx"
 
 
 def test_ngram_returns_the_plain_servers_tokens(ngram: ServerProcess, tiny_server: ServerProcess) -> None:
@@ -93,6 +102,8 @@ def test_ngram_returns_the_plain_servers_tokens(ngram: ServerProcess, tiny_serve
     assert [g["output_ids"] for g in got] == reference
     spec = _speculation(ngram)
     assert spec["algorithm"] == "NGRAM" and spec["slo_adaptive"] is False
+    assert sum(g["meta_info"]["spec_verify_ct"] for g in got) > 0  # drafts were verified
+    assert _attention_backend(ngram) == "intel_amx"
 
 
 def test_eagle_heads_return_the_plain_servers_tokens(eagle: ServerProcess, tiny_server: ServerProcess) -> None:

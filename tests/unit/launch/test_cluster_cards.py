@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from launch_cluster import Cluster, ClusterConfigError, load_cluster_spec, parse_cluster
+from launch_cluster import Cluster
+from launch_cluster_spec import ClusterConfigError, load_cluster_spec, parse_cluster
 
 ROOT = Path(__file__).resolve().parents[3]
 

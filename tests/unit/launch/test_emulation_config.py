@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from launch_cluster import ClusterConfigError, load_cluster, load_cluster_spec, parse_cluster, parse_cluster_spec
+from launch_cluster_spec import ClusterConfigError, load_cluster, load_cluster_spec, parse_cluster, parse_cluster_spec
 from server.emulation import available, is_tiny_model, resolve, stand_in_applies, startup_flags
 from server.models import TINY_MODEL_NAME, cache_dir
 

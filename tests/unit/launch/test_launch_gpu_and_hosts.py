@@ -13,8 +13,11 @@ from typing import Any
 import pytest
 import zmq.auth
 
+import launch_argv
+import launch_checks
 import launch_server
-from launch_server import cpu_threads_binding, kv_host_ip, resolve_server_args
+from launch_argv import cpu_threads_binding, kv_host_ip
+from launch_server import resolve_server_args
 
 # ---- tensor parallelism on CPU ---------------------------------------------------------------------
 
@@ -31,58 +34,76 @@ def test_each_tp_rank_gets_its_own_cores_past_the_numa_nodes() -> None:
 def test_the_binding_is_set_for_tp_on_cpu_unless_the_user_set_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    monkeypatch.setattr(launch_server, "_numa_nodes", lambda: 1)
-    launch_server._with_cpu_defaults(["--tp-size", "2"])
+    monkeypatch.setattr(launch_argv, "_numa_nodes", lambda: 1)
+    launch_argv._with_cpu_defaults(["--tp-size", "2"])
     assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "1|0")
-    launch_server._with_cpu_defaults(["--tp-size", "2"])
+    launch_argv._with_cpu_defaults(["--tp-size", "2"])
     assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "1|0"
 
 
 # ---- PD prefill: the start-up chunk is resolved by SGLang at 2B ------------------------------------
 
 
-class _Resolver:
-    """SGLang's from_cli_args: records what it resolved; None chunk resolves to `default`."""
+class _Records:
+    """SGLang's from_cli_args and resolution: records stay unresolved (None chunk) until resolved,
+    where a None chunk becomes `default`, divided among `attn_dp` attention-DP ranks."""
 
-    def __init__(self, default: int = 4096, mode: str = "prefill", dp_attention: bool = False, dp: int = 1) -> None:
-        self.default, self.mode, self.dp_attention, self.dp = default, mode, dp_attention, dp
-        self.resolved: list[int | None] = []
+    def __init__(self, default: int = 4096, mode: str = "prefill", attn_dp: int = 1) -> None:
+        self.default, self.mode, self.attn_dp = default, mode, attn_dp
+        self.built: list[int | None] = []
 
     def __call__(self, args: Any) -> Any:
-        self.resolved.append(args.chunked_prefill_size)
-        chunk = args.chunked_prefill_size or self.default
-        if self.dp_attention:
-            chunk //= self.dp
-        return SimpleNamespace(
-            disaggregation_mode=self.mode,
-            chunked_prefill_size=chunk,
-            enable_dp_attention=self.dp_attention,
-            dp_size=self.dp,
-        )
+        self.built.append(args.chunked_prefill_size)
+        return SimpleNamespace(disaggregation_mode=self.mode, chunked_prefill_size=args.chunked_prefill_size)
+
+    def resolved(self, record: Any, *names: str) -> tuple[Any, ...]:
+        chunk = (record.chunked_prefill_size or self.default) // self.attn_dp
+        return tuple({"chunked_prefill_size": chunk, "attn_dp_size": self.attn_dp}[n] for n in names)
 
 
-def test_a_prefill_worker_is_resolved_at_twice_its_chunk() -> None:
-    resolve = _Resolver(default=4096)
-    server_args = resolve_server_args(SimpleNamespace(chunked_prefill_size=None, slo_policy="slos"), resolve)
-    assert resolve.resolved == [None, 8192]  # SGLang's default found first, then memory sized at 2B
-    assert server_args.chunked_prefill_size == 8192
-    resolve = _Resolver()
-    assert resolve_server_args(SimpleNamespace(chunked_prefill_size=1024, slo_policy="tempo"), resolve)
-    assert resolve.resolved == [1024, 2048]
+def test_a_prefill_worker_is_declared_at_twice_its_chunk() -> None:
+    records = _Records(default=4096)
+    server_args = resolve_server_args(
+        SimpleNamespace(chunked_prefill_size=None, slo_policy="slos"), records, records.resolved
+    )
+    assert records.built[-1] == 8192 and server_args.chunked_prefill_size == 8192  # SGLang's default, doubled
+    records = _Records()
+    assert resolve_server_args(
+        SimpleNamespace(chunked_prefill_size=1024, slo_policy="tempo"), records, records.resolved
+    )
+    assert records.built[-1] == 2048
 
 
 def test_attention_dp_doubles_the_declared_chunk() -> None:
-    resolve = _Resolver(dp_attention=True, dp=2)
-    server_args = resolve_server_args(SimpleNamespace(chunked_prefill_size=2048, slo_policy="slos"), resolve)
-    assert resolve.resolved == [2048, 4096] and server_args.chunked_prefill_size == 2048  # 2 x 1024 per rank
+    records = _Records(attn_dp=2)
+    server_args = resolve_server_args(
+        SimpleNamespace(chunked_prefill_size=2048, slo_policy="slos"), records, records.resolved
+    )
+    assert server_args.chunked_prefill_size == 4096  # 2 x 1024 per rank
 
 
 @pytest.mark.parametrize(("mode", "policy"), [("prefill", "fcfs"), ("null", "slos"), ("decode", "slos")])
-def test_other_workers_are_resolved_once(mode: str, policy: str) -> None:
-    resolve = _Resolver(mode=mode)
-    resolve_server_args(SimpleNamespace(chunked_prefill_size=1024, slo_policy=policy), resolve)
-    assert resolve.resolved == [1024]
+def test_other_workers_keep_their_arguments(mode: str, policy: str) -> None:
+    records = _Records(mode=mode)
+    assert resolve_server_args(SimpleNamespace(chunked_prefill_size=1024, slo_policy=policy), records, records.resolved)
+    assert records.built == [1024]
+
+
+def test_sglang_resolves_a_prefill_worker_at_twice_its_default_chunk() -> None:
+    """Against the installed SGLang: its records come unresolved (no chunk before resolution),
+    so the sizing must ask its resolution, not the record."""
+    from sglang.srt.server_args import ServerArgs
+
+    from launch_server import build_parser, resolved_fields
+    from server.models import ensure_tiny_model
+
+    argv = ["--model-path", str(ensure_tiny_model()), "--device", "cpu", "--disaggregation-mode", "prefill"]
+    args = build_parser().parse_args([*argv, "--slo-policy", "slos"])
+    (default,) = resolved_fields(ServerArgs.from_cli_args(args), "chunked_prefill_size")
+    assert default > 0
+    server_args = resolve_server_args(args, ServerArgs.from_cli_args)
+    assert resolved_fields(server_args, "chunked_prefill_size") == (2 * default,)
 
 
 # ---- a GPU machine ---------------------------------------------------------------------------------
@@ -94,10 +115,10 @@ def test_a_gpu_server_refuses_a_venv_with_the_cpu_hook(tmp_path: Path, monkeypat
     monkeypatch.setattr(venv_hook, "_target", lambda site_packages: tmp_path / venv_hook.PTH_NAME)
     hook = venv_hook.install_pth()
     with pytest.raises(SystemExit, match="CPU import hook .*run ./slo setup"):
-        launch_server._refuse_cpu_hook_on_gpu()
+        launch_checks._refuse_cpu_hook_on_gpu()
     assert venv_hook.remove_pth() == hook and not hook.exists()  # what ./slo setup does on a GPU machine
     assert venv_hook.remove_pth() is None and venv_hook.installed_pth() is None
-    launch_server._refuse_cpu_hook_on_gpu()
+    launch_checks._refuse_cpu_hook_on_gpu()
 
 
 def test_an_emulated_card_on_a_gpu_serves_the_gpu_sized_tiny_model(
@@ -127,8 +148,8 @@ def test_a_remote_router_needs_its_public_key(tmp_path: Path) -> None:
     zmq.auth.create_certificates(str(tmp_path), "router")
     remote = ("--router-address", "tcp://10.0.0.1:30100", "--router-allow-remote")
     with pytest.raises(SystemExit, match="encrypted: give --router-curve-public-key"):
-        launch_server._router_settings(_parse(*remote), 31000, None, True)
-    settings = launch_server._router_settings(
+        launch_checks._router_settings(_parse(*remote), 31000, None, True)
+    settings = launch_checks._router_settings(
         _parse(*remote, "--router-curve-public-key", str(tmp_path / "router.key"), "--advertise-host", "10.0.0.9"),
         31000,
         None,
@@ -137,9 +158,9 @@ def test_a_remote_router_needs_its_public_key(tmp_path: Path) -> None:
     assert settings["router_curve_public_key"] == str(tmp_path / "router.key")
     assert settings["advertise_host"] == "10.0.0.9"
     with pytest.raises(SystemExit, match="not a readable CURVE certificate"):
-        launch_server._router_settings(_parse(*remote, "--router-curve-public-key", str(tmp_path / "x")), 1, None, True)
+        launch_checks._router_settings(_parse(*remote, "--router-curve-public-key", str(tmp_path / "x")), 1, None, True)
     with pytest.raises(SystemExit, match="only with --router-curve-public-key"):
-        launch_server._router_settings(
+        launch_checks._router_settings(
             _parse(*remote, "--worker-curve-secret-key", str(tmp_path / "router.key_secret")), 1, None, True
         )
 

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-import launch_server
-from launch_server import CPU_PD_ENV, _with_cpu_defaults
+import launch_checks
+from launch_argv import CPU_PD_ENV, _with_cpu_defaults
 
 
 def _value(argv: list[str], flag: str) -> str | None:
@@ -34,7 +34,7 @@ def test_prefill_and_decode_workers_get_mooncake_tcp_and_page_size_one() -> None
 def test_co_located_servers_get_no_pd_settings() -> None:
     argv = _with_cpu_defaults([])
     assert "--disaggregation-transfer-backend" not in argv and "--page-size" not in argv
-    assert _value(argv, "--mem-fraction-static") == "0.05"
+    assert _value(argv, "--mem-fraction-static") == "0.3"  # the CPU share every server gets
     assert "SGLANG_HOST_IP" not in os.environ
 
 
@@ -60,5 +60,5 @@ def test_a_missing_transfer_engine_stops_start_up_with_the_fix(monkeypatch: pyte
 
     monkeypatch.setattr(builtins, "__import__", no_mooncake)
     with pytest.raises(SystemExit, match="slo setup installs it"):
-        launch_server._check_transfer_backend("mooncake_tcp")
-    launch_server._check_transfer_backend("nixl")  # not ours to check
+        launch_checks._check_transfer_backend("mooncake_tcp")
+    launch_checks._check_transfer_backend("nixl")  # not ours to check

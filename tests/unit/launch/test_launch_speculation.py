@@ -7,13 +7,9 @@ import types
 
 import pytest
 
-from launch_server import (
-    DEFAULT_SPEC_STEPS,
-    EMULATED_DRAFT_RATIO,
-    _draft_ratio,
-    _speculation_settings,
-    _with_cpu_defaults,
-)
+from launch_argv import _with_cpu_defaults
+from launch_checks import _draft_ratio, _speculation_settings
+from launch_slo_args import DEFAULT_SPEC_STEPS, EMULATED_DRAFT_RATIO
 from server.cpu_support import speculation
 
 
@@ -40,10 +36,9 @@ def _args(**kw: object) -> types.SimpleNamespace:
     return types.SimpleNamespace(**{**base, **kw})
 
 
-def test_cpu_speculation_gets_intel_amx_and_a_larger_pool() -> None:
+def test_cpu_speculation_gets_intel_amx() -> None:
     argv = _with_cpu_defaults(["--speculative-algorithm", "STANDALONE"])
     assert _value(argv, "--attention-backend") == "intel_amx" and argv.count("--attention-backend") == 1
-    assert _value(argv, "--mem-fraction-static") == "0.2"
     assert _with_cpu_defaults([]).count("--attention-backend") == 1  # plain serving keeps torch_native
     assert _value(_with_cpu_defaults([]), "--attention-backend") == "torch_native"
 
@@ -90,47 +85,59 @@ def test_no_speculation_no_settings() -> None:
     assert _speculation_settings(_args(slo_speculation=False)) is None
 
 
-class _FakeBackend:
-    """The two attributes the fix relies on, recording what the kernels receive."""
+_RESOLVE = """
+import sys
+from server.cpu_support import activate
+activate()
+from launch_server import build_parser, _with_cpu_defaults
+from sglang.srt.arg_groups.overrides import resolution_result
+from sglang.srt.server_args import ServerArgs
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, list]] = []
-        self.extend_metadata = None
-        self.draft_decode_metadata = None
-        self.extend_attention_fwd = lambda *a: self.calls.append(("extend", list(a)))
-        self.decode_attention_fwd = lambda *a: self.calls.append(("decode", list(a)))
+def backend():
+    # what the CPU speculation defaults ask for, without the launcher enabling anything itself
+    argv = _with_cpu_defaults(["--model-path", sys.argv[1], "--attention-backend", "intel_amx"])
+    record = ServerArgs.from_cli_args(build_parser().parse_args(argv))
+    record.resolve_once()
+    return resolution_result(record, "attention_backend")
 
-
-def test_the_fixed_backend_passes_its_own_lengths_to_the_kernels() -> None:
-    import torch
-
-    backend = speculation._fixed_backend_class(_FakeBackend)()
-    args = [f"arg{i}" for i in range(19)]
-    backend.extend_attention_fwd(*args)  # no metadata: arguments untouched
-    assert backend.calls[-1] == ("extend", args)
-    verify_lens = torch.tensor([12, 20], dtype=torch.int32)  # prefix + draft tokens
-    backend.extend_metadata = (verify_lens, None, None, None)
-    backend.extend_attention_fwd(*args)
-    got = backend.calls[-1][1]
-    assert torch.equal(got[8], verify_lens.long()) and got[8].dtype == torch.int64
-    assert got[:8] == args[:8] and got[9:] == args[9:]
-    backend.decode_attention_fwd(*args)
-    assert backend.calls[-1] == ("decode", args)
-    per_candidate = torch.tensor([9, 9, 10], dtype=torch.int64)
-    backend.draft_decode_metadata = (None, per_candidate, None)
-    backend.decode_attention_fwd(*args)
-    got = backend.calls[-1][1]
-    assert got[10] is per_candidate and got[:10] == args[:10] and got[11:] == args[11:]
+print("plain", backend())
+from server.cpu_support.speculation import enable_cpu_speculation
+enable_cpu_speculation()
+print("enabled", backend())
+"""
 
 
-def test_enabling_keeps_intel_amx_and_lets_ngram_compile() -> None:
-    from sglang.kernels.jit.utils import compile as jit_compile
-    from sglang.srt.arg_groups import overrides
-    from sglang.srt.layers.attention import intel_amx_backend
+def test_enabling_keeps_sglang_on_the_intel_amx_backend_through_resolution(tmp_path) -> None:
+    """SGLang's argument resolution rewrites intel_amx to torch_native (no tree mask, no draft
+    backend: speculation would silently run without our ops) on a CPU without AMX, unless the
+    platform says it serves AMX. Resolved in a fresh interpreter: the override is process-wide."""
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    speculation.enable_cpu_speculation()
-    assert intel_amx_backend.IntelAMXAttnBackend._sglang_slo_fixed is True
-    assert overrides.cpu_has_amx_support() is True  # its intel_amx -> torch_native rewrite stays off
-    assert jit_compile.DEFAULT_CFLAGS.count("cstddef") == 1
-    speculation.enable_cpu_speculation()  # idempotent
-    assert jit_compile.DEFAULT_CFLAGS.count("cstddef") == 1
+    from server.models import ensure_tiny_model
+
+    root = Path(__file__).resolve().parents[3]
+    script = tmp_path / "resolve.py"
+    script.write_text(_RESOLVE)
+    env = {**__import__("os").environ, "PYTHONPATH": f"{root}:{root / 'launch'}"}
+    env.pop(speculation.SPECULATION_ENV, None)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(ensure_tiny_model())],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=root,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith(("plain", "enabled"))]
+    has_amx = (
+        "True"
+        in subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cpu._is_amx_tile_supported())"],
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    assert lines == [f"plain {'intel_amx' if has_amx else 'torch_native'}", "enabled intel_amx"]

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from launch_server import _router_settings
+from launch_checks import _router_settings
 from router.worker_auth import SECRET_ENV, legacy_secret
 
 
@@ -48,7 +48,8 @@ def test_a_workers_secret_comes_from_its_flags_or_stands_in_from_the_api_key() -
 
 
 def test_a_cluster_shares_one_secret_made_for_the_run() -> None:
-    from launch_cluster import Cluster, parse_cluster_spec
+    from launch_cluster import Cluster
+    from launch_cluster_spec import parse_cluster_spec
 
     spec = parse_cluster_spec({"router": {}, "workers": [{"gpu": "h100", "count": 2}]})
     first, second = Cluster(spec.workers, spec.router), Cluster(spec.workers, spec.router)  # nothing starts

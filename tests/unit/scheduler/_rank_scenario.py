@@ -15,20 +15,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from sglang.srt.disaggregation.utils import DisaggregationMode
-from sglang.srt.managers import schedule_policy
 
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from tests.unit.scheduler._stand_in_engine import StandInReq, StandInSloScheduler, slo_scheduler
 
 PERF = RooflinePerfModel([RooflineTerm(k_tokens=1e-3, k_spec=0.0, k_kv=0.0, b=0.01)])  # 10 ms + 1 ms/token
 STARTUP_CHUNK = 2048
-
-
-# PrefillAdder asks the (unpublished) parallel config about context parallelism: none here.
-NO_CONTEXT_PARALLEL = {
-    "is_dsa_prefill_cp_in_seq_split": lambda: False,
-    "is_prefill_context_parallel_enabled": lambda: False,
-}
 
 
 def rank_scheduler(leader: bool) -> StandInSloScheduler:
@@ -63,15 +55,13 @@ def outcome(s: StandInSloScheduler) -> dict[str, Any]:
 def _run_rank(rank: int, port: int) -> None:
     import torch.distributed as dist
 
-    from scheduler.sglang_scheduler import _pass_sync
+    from scheduler.sglang_engine import pass_sync
 
-    for name, value in NO_CONTEXT_PARALLEL.items():
-        setattr(schedule_policy, name, value)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     s = rank_scheduler(leader=rank == 0)
     s.dp_tp_group = SimpleNamespace(world_size=2, rank=rank, ranks=[0, 1])  # SGLang's GroupCoordinator fields
     s.dp_tp_cpu_group = dist.group.WORLD
-    s.slo.sync = _pass_sync(s)
+    s.slo.sync = pass_sync(s)
     s.get_new_batch_prefill(s.running_batch)
     s.get_new_batch_prefill(s.running_batch)  # a second pass: the calls stay paired
     print("OUTCOME " + json.dumps(outcome(s)), flush=True)

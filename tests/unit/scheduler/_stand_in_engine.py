@@ -1,6 +1,7 @@
 """A stand-in for SGLang's Scheduler under the adapter's overrides: the engine attributes the
-overrides read, and SGLang 0.5.17's admission around SGLang's real `PrefillAdder`, so the
-budgets the adapter sets are judged by SGLang's own arithmetic. No model, no processes.
+overrides read, and SGLang 0.5.23's admission around SGLang's real `PrefillAdder` (through the
+scheduler's `get_prefill_adder_class` hook) and real `Req`s, so the budgets the adapter sets are
+judged by SGLang's own arithmetic. No model, no processes.
 
 `slo_scheduler(...)` builds `SloSchedulerMixin` over it through the mixin's normal __init__.
 """
@@ -11,10 +12,15 @@ from array import array
 from types import SimpleNamespace
 from typing import Any
 
-import torch
+from sglang.srt.disaggregation.prefill import maybe_release_metadata_buffer
 from sglang.srt.disaggregation.utils import DisaggregationMode
+from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.managers.schedule_policy import AddReqResult, PrefillAdder
+from sglang.srt.mem_cache.allocator.base import BaseTokenToKVPoolAllocator
+from sglang.srt.mem_cache.base_prefix_cache import BasePrefixCache
+from sglang.srt.runtime_context import publish
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
 
 from scheduler.components.assembly import build_components
 from scheduler.config import SloServerConfig
@@ -26,9 +32,12 @@ from wire import ARRIVAL_PARAM, SLO_PARAM
 
 POOL = 1000  # req_to_token_pool slots of the stand-in engine
 
+# SGLang 0.5.23's admission reads its configuration from the process's runtime context.
+publish(ServerArgs(model_path="dummy"), role="scheduler")  # no model is loaded
 
-class StandInReq:
-    """What SGLang's PrefillAdder and the adapter read from a Req."""
+
+class StandInReq(Req):
+    """SGLang's own Req, built from a prompt length and an SLO; `cached` prompt tokens matched."""
 
     def __init__(
         self,
@@ -44,45 +53,40 @@ class StandInReq:
     ) -> None:
         if spec is None:
             spec = SloSpec(ttft_ms=ttft_ms, tpot_ms=tpot_ms, slo_class=SloClass.LATENCY)
-        self.rid = rid
-        self.sampling_params = SamplingParams(
+        params = SamplingParams(
             max_new_tokens=max_new_tokens,
             custom_params={SLO_PARAM: spec.to_dict(), ARRIVAL_PARAM: arrival, **(custom or {})},
         )
-        self.origin_input_ids = array("q", range(prompt))
-        self.full_untruncated_fill_ids = self.origin_input_ids
-        self.output_ids: list[int] = []
-        self.prefix_indices = torch.arange(cached)
-        self.customized_info: dict[str, Any] | None = None
-        self.host_hit_length = self.swa_host_hit_length = 0
-        self.last_node = self.mamba_pool_idx = self.extend_range = None
-        self.retracted_stain = False
-        self.metadata_buffer_index = -1
-        self.done = False
-
-    def needs_host_load_back(self) -> bool:
-        return False
-
-    def set_extend_range(self, start: int, end: int) -> None:
-        self.extend_range = SimpleNamespace(start=start, end=end, length=end - start)
+        super().__init__(rid, "", array("q", range(prompt)), params)
+        self.prefix_len = cached
+        self.refresh_fill_ids()
 
     def finish_chunk(self) -> None:
-        """What the next pass's process_prefill_chunk does: the chunk's KV becomes the prefix."""
-        self.prefix_indices = torch.arange(self.extend_range.end)
-
-    def finished(self) -> bool:
-        return self.done
+        """What the next pass's result processing does: the chunk's KV becomes the prefix."""
+        self.prefix_len = self.extend_end
 
 
-class _Cache:
+class _Cache(BasePrefixCache):
+    """A cache without prefix sharing, whose requests hold their matches as given."""
+
     sliding_window_size = None
     disable = False
+    buffer_pipeline = None
 
-    def supports_mamba(self) -> bool:
-        return False
+    def __init__(self) -> None:
+        pass
 
-    def evictable_size(self) -> int:
-        return 0
+    def reset(self) -> None:
+        pass
+
+    def match_prefix(self, params: Any) -> Any:
+        raise NotImplementedError
+
+    def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
+        pass
+
+    def evict(self, params: Any) -> Any:
+        raise NotImplementedError
 
     def inc_lock_ref(self, node: Any) -> Any:
         return SimpleNamespace(delta=0)
@@ -90,13 +94,49 @@ class _Cache:
     def dec_lock_ref(self, node: Any, params: Any = None) -> Any:
         return SimpleNamespace(delta=0)
 
-    def is_tree_cache(self) -> bool:
+    def supports_mamba(self) -> bool:
         return False
 
+    def supports_prefix_sharing(self) -> bool:
+        return False
 
-class _Allocator:
+    def evictable_size(self) -> int:
+        return 0
+
+    def full_evictable_size(self) -> int:
+        return 0
+
+    def lock(self, node: Any) -> None:
+        return None
+
+    def unlock(self, lock: Any) -> None:
+        pass
+
+
+class _Allocator(BaseTokenToKVPoolAllocator):
+    def __init__(self) -> None:
+        self.page_size, self.size = 1, 10**6
+
     def available_size(self) -> int:
         return 10**6
+
+    def alloc(self, need_size: int) -> Any:
+        raise NotImplementedError
+
+    def free(self, free_index: Any) -> None:
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        pass
+
+    def get_cpu_copy(self, *args: Any) -> Any:
+        return None
+
+    def load_cpu_copy(self, *args: Any) -> None:
+        pass
+
+    def debug_print(self) -> str:
+        return ""
 
 
 class StandInEngine:
@@ -118,6 +158,7 @@ class StandInEngine:
         self.device = "cpu"
         self.draft_worker = None
         self.enable_hicache_storage = False
+        self.released: list[str] = []  # rids whose cache state _release_aborted_request freed
         self.token_to_kv_pool_allocator = _Allocator()
         self.tree_cache = _Cache()
         self.waiting_queue: list[Any] = []
@@ -132,39 +173,57 @@ class StandInEngine:
     def _send(self, out: Any, req: Any) -> None:
         self.sent.append(out)
 
-    def handle_generate_request(self, recv_req: Any) -> None:
+    def send_abort_output(self, abort_req: Any, req: Any) -> None:
+        self.sent.append(abort_req)
+
+    def _release_aborted_request(self, req: Any) -> None:
+        self.released.append(req.rid)
+
+    def release_aborted_prefill_waiting_req(self, req: Any) -> None:
+        """SGLang 0.5.23's (disaggregation/prefill.py), for a request that holds no KV yet."""
+        sender = getattr(req, "disagg_kv_sender", None)
+        if sender is not None and hasattr(sender, "abort"):
+            sender.abort()
+        maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)
+        req.pending_bootstrap = False
+
+    def get_prefill_adder_class(self) -> type:
+        return PrefillAdder
+
+    def handle_generate_request(self, recv_req: Any, **kwargs: Any) -> None:
         self.handled.append(recv_req)
 
     def _abort_on_queued_limit(self, recv_req: Any) -> bool:
-        """SGLang 0.5.17: 503 once the waiting queue holds max_queued_requests."""
+        """SGLang 0.5.23: 503 once the waiting queue holds max_queued_requests."""
         if self.max_queued_requests is None or len(self.waiting_queue) + 1 <= self.max_queued_requests:
             return False
         self.sent.append(SimpleNamespace(rid=recv_req.rid, finished_reason={"type": "abort", "status_code": 503}))
         return True
 
     def _add_request_to_queue(self, req: Any, is_retracted: bool = False) -> None:
-        """SGLang 0.5.17: the queue bound on co-located workers only; PD workers queue elsewhere first."""
+        """SGLang 0.5.23: the queue bound on co-located workers only; PD workers queue elsewhere first."""
         if self.disaggregation_mode == DisaggregationMode.NULL:
             if self._abort_on_queued_limit(req):
+                self._release_aborted_request(req)
                 return
             self.waiting_queue.append(req)
         elif self.disaggregation_mode == DisaggregationMode.PREFILL:
             self.disagg_prefill_bootstrap_queue.queue.append(req)
-        else:
-            self.disagg_decode_prealloc_queue.queue.append(req)
+        else:  # SGLang wraps each in a DecodeRequest there
+            self.disagg_decode_prealloc_queue.queue.append(SimpleNamespace(req=req))
 
-    def get_num_allocatable_reqs(self, running_bs: int) -> int:
+    def get_num_allocatable_reqs(self, running_bs: int, *args: Any, **kwargs: Any) -> int:
         return POOL - running_bs
 
     def get_new_batch_prefill(self, running_batch: Any) -> Any:
-        """Admission of SGLang 0.5.17's _get_new_batch_prefill_raw, with the real PrefillAdder."""
-        self.seen_passes.append((self.chunked_prefill_size, self.get_num_allocatable_reqs(0)))
+        """Admission of SGLang 0.5.23's _get_new_batch_prefill_raw, with the real PrefillAdder
+        of the scheduler's adder class."""
         if not self.waiting_queue and self.chunked_req is None:
             return SimpleNamespace(batch_to_run=None, running_batch=running_batch)
         running_bs = len(running_batch.reqs)
         if self.get_num_allocatable_reqs(running_bs) <= 0 and self.chunked_req is None:
             return SimpleNamespace(batch_to_run=None, running_batch=running_batch)
-        adder = PrefillAdder(
+        adder = self.get_prefill_adder_class()(
             self.page_size,
             _Cache(),
             _Allocator(),
@@ -172,12 +231,17 @@ class StandInEngine:
             1.0,
             self.max_prefill_tokens,
             self.chunked_prefill_size,
+            running_bs if self.is_mixed_chunk else 0,
+            max_running_requests=self.max_running_requests,
         )
+        self.seen_passes.append((self.chunked_prefill_size, adder.prefill_max_requests))
         if self.chunked_req is not None:
+            self.chunked_req.refresh_fill_ids()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         for req in self.waiting_queue:
             if len(adder.can_run_list) >= self.get_num_allocatable_reqs(running_bs):
                 break
+            req.refresh_fill_ids()  # SGLang's init_next_round_input, without re-matching the prefix
             result = adder.add_one_req(req, has_chunked_req=self.chunked_req is not None, truncation_align_size=None)
             if result != AddReqResult.CONTINUE:
                 break
@@ -189,7 +253,7 @@ class StandInEngine:
         return SimpleNamespace(batch_to_run=batch, running_batch=running_batch)
 
     def get_new_prebuilt_batch(self, running_batch: Any) -> Any:
-        """get_new_prebuilt_batch's admission in SGLang 0.5.17 (disaggregation/decode.py)."""
+        """get_new_prebuilt_batch's admission in SGLang 0.5.23 (disaggregation/decode.py)."""
         if not self.waiting_queue:
             return None
         room = max(min(POOL, self.max_running_requests) - len(running_batch.reqs), 0)

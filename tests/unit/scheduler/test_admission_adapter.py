@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 from sglang.srt.disaggregation.utils import DisaggregationMode
-from sglang.srt.managers import schedule_policy
 
 from scheduler.config import SloServerConfig
 from scheduler.core.perf_model import constant_model
@@ -15,13 +14,6 @@ from tests.unit.scheduler._stand_in_engine import StandInReq, StandInSloSchedule
 from wire import PREDICTED_WAIT_KEY, QUEUE_FULL, RETRY_AFTER_KEY, SHED_CLASS_KEY, SHED_REASON_KEY, SLO_INFEASIBLE
 
 STEP_S = 0.5
-
-
-@pytest.fixture(autouse=True)
-def _no_context_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    # PrefillAdder asks the (unpublished) parallel config about context parallelism: none here.
-    monkeypatch.setattr(schedule_policy, "is_dsa_prefill_cp_in_seq_split", lambda: False)
-    monkeypatch.setattr(schedule_policy, "is_prefill_context_parallel_enabled", lambda: False)
 
 
 def _scheduler(mode=DisaggregationMode.NULL, policy="edf", max_requests=None, max_tokens=None) -> StandInSloScheduler:
@@ -55,6 +47,7 @@ def test_a_full_queue_answers_429_with_a_computed_retry_after(mode, policy) -> N
         assert reason[PREDICTED_WAIT_KEY] == pytest.approx(1500.0)
         assert reason[RETRY_AFTER_KEY] == 2
     assert s.slo.shed[QUEUE_FULL] == 2
+    assert s.released == ["r3", "r4"]  # their cache state too, as SGLang releases a refused request's
 
 
 def test_the_token_bound_counts_prompt_tokens_but_takes_one_big_request_alone() -> None:
@@ -110,4 +103,4 @@ def test_a_policys_token_budget_is_the_chunk_sglang_prefills(policy, params, chu
     s.waiting_queue = [StandInReq("long", prompt=4000, ttft_ms=600_000)]
     batch = s.get_new_batch_prefill(s.running_batch).batch_to_run
     assert [r.rid for r in batch.reqs] == ["long"] and s.chunked_req is not None
-    assert s.chunked_req.extend_range.length == chunk
+    assert s.chunked_req.extend_len == chunk

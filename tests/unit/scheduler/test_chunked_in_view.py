@@ -5,17 +5,8 @@ lost_hold.py) into a batch the SLO request still needed."""
 
 from __future__ import annotations
 
-import pytest
-from sglang.srt.managers import schedule_policy
-
 from scheduler.core.perf_model import constant_model
 from tests.unit.scheduler._stand_in_engine import StandInReq, slo_scheduler
-
-
-@pytest.fixture(autouse=True)
-def _no_context_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schedule_policy, "is_dsa_prefill_cp_in_seq_split", lambda: False)
-    monkeypatch.setattr(schedule_policy, "is_prefill_context_parallel_enabled", lambda: False)
 
 
 def _pass_with_chunked(chunked: bool) -> tuple[set[str], int, list[str]]:

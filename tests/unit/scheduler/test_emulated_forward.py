@@ -22,16 +22,13 @@ from scheduler.sglang_emulated_forward import EmulatedForward, install, is_insta
 VOCAB, HIDDEN = 512, 64
 
 
-@pytest.fixture(autouse=True)
-def single_process_context(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The runtime context a one-GPU, no-DP SGLang process publishes, as the processor reads it."""
-    parallel = SimpleNamespace(enable_dp_lm_head=False, tp_size=1, attn_tp_size=1, attn_dp_size=1)
-    execution = SimpleNamespace(
-        features=SimpleNamespace(enable_fp32_lm_head=False, enable_mis=False),
-        deterministic=SimpleNamespace(rl_on_policy_target=None),
-    )
-    monkeypatch.setattr(sglang_logits, "get_parallel", lambda: parallel)
-    monkeypatch.setattr(sglang_logits, "get_exec", lambda: execution)
+@pytest.fixture(autouse=True, scope="module")
+def single_process_context() -> None:
+    """The runtime context a one-process, no-DP SGLang scheduler publishes (the processor reads it)."""
+    from sglang.srt.runtime_context import SpawnRanks, publish
+    from sglang.srt.server_args import ServerArgs
+
+    publish(ServerArgs(model_path="dummy"), role="scheduler", ranks=SpawnRanks(world_rank=0))
 
 
 class TinyCausalLm(torch.nn.Module):

@@ -6,17 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-import pytest
-from sglang.srt.managers import schedule_policy
-
 from scheduler.core.perf_model import constant_model
 from tests.unit.scheduler._stand_in_engine import StandInReq, slo_scheduler
-
-
-@pytest.fixture(autouse=True)
-def _no_context_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(schedule_policy, "is_dsa_prefill_cp_in_seq_split", lambda: False)
-    monkeypatch.setattr(schedule_policy, "is_prefill_context_parallel_enabled", lambda: False)
 
 
 def test_a_request_fitting_in_evictable_cache_is_admitted() -> None:

@@ -13,21 +13,13 @@ from typing import Any
 
 import pytest
 from sglang.srt.disaggregation.utils import DisaggregationMode
-from sglang.srt.managers import schedule_policy
 
 from scheduler.components import pd_chunking
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
-from tests.unit.scheduler._stand_in_engine import POOL, StandInEngine, StandInReq, StandInSloScheduler, slo_scheduler
+from tests.unit.scheduler._stand_in_engine import StandInEngine, StandInReq, StandInSloScheduler, slo_scheduler
 
 PERF = RooflinePerfModel([RooflineTerm(k_tokens=1e-3, k_spec=0.0, k_kv=0.0, b=0.01)])  # 10 ms + 1 ms/token
 B = 1024
-
-
-@pytest.fixture(autouse=True)
-def _no_context_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    # PrefillAdder asks the (unpublished) parallel config about context parallelism: none here.
-    monkeypatch.setattr(schedule_policy, "is_dsa_prefill_cp_in_seq_split", lambda: False)
-    monkeypatch.setattr(schedule_policy, "is_prefill_context_parallel_enabled", lambda: False)
 
 
 def _Req(rid: str, prompt: int, ttft_ms: float, tpot_ms: float = 100.0, cached: int = 0) -> StandInReq:
@@ -76,14 +68,14 @@ def test_the_most_urgent_request_is_finished_whole_and_alone() -> None:
     plan = s.get_new_batch_prefill(s.running_batch)
 
     assert [r.rid for r in plan.batch_to_run.reqs] == ["big"]
-    assert big.extend_range.end == 1500 and s.chunked_req is None  # all 1500 tokens, > max_prefill_tokens
+    assert big.extend_end == 1500 and s.chunked_req is None  # all 1500 tokens, > max_prefill_tokens
     assert s.seen_passes == [(1500, 1)]  # the step's budget, and nothing else admitted
     assert [r.rid for r in s.waiting_queue] == ["small"]
     assert (s.chunked_prefill_size, s.slo.solo_pass) == (B, False)  # restored for the next pass
     assert (s.slo.chunker.whole_finish_passes, s.slo.chunker.finished_whole) == (1, 1)
 
     plan = s.get_new_batch_prefill(s.running_batch)
-    assert [r.rid for r in plan.batch_to_run.reqs] == ["small"] and s.seen_passes[-1] == (B, POOL)
+    assert [r.rid for r in plan.batch_to_run.reqs] == ["small"] and s.seen_passes[-1] == (B, None)
 
 
 def test_a_short_head_leaves_the_budget_to_others() -> None:
@@ -92,8 +84,8 @@ def test_a_short_head_leaves_the_budget_to_others() -> None:
     s.waiting_queue = [_Req("a", 600, ttft_ms=1_000), _Req("b", 600, ttft_ms=2_000)]
     plan = s.get_new_batch_prefill(s.running_batch)
     assert [r.rid for r in plan.batch_to_run.reqs] == ["a", "b"]
-    assert s.chunked_req is plan.batch_to_run.reqs[1] and s.chunked_req.extend_range.end == B - 600
-    assert s.seen_passes == [(B, POOL)] and s.slo.chunker.whole_finish_passes == 0
+    assert s.chunked_req is plan.batch_to_run.reqs[1] and s.chunked_req.extend_end == B - 600
+    assert s.seen_passes == [(B, None)] and s.slo.chunker.whole_finish_passes == 0
 
 
 def test_a_long_prompt_takes_one_step_fewer_than_strict_chunks() -> None:
@@ -103,7 +95,7 @@ def test_a_long_prompt_takes_one_step_fewer_than_strict_chunks() -> None:
     chunks = []
     while s.chunked_req is not None or long in s.waiting_queue:
         plan = s.get_new_batch_prefill(s.running_batch)
-        chunks.append([(r.rid, r.extend_range.length) for r in plan.batch_to_run.reqs])
+        chunks.append([(r.rid, r.extend_len) for r in plan.batch_to_run.reqs])
         if s.chunked_req is not None:
             s.chunked_req.finish_chunk()
     # 3000 = 1024 + 1976 (the rest < 2B, whole and alone); strict chunks would need 1024+1024+952.
@@ -118,7 +110,7 @@ def test_the_chunked_request_is_judged_by_what_it_has_left() -> None:
     s.chunked_req, s.waiting_queue = chunked, [_Req("w", 10, ttft_ms=500)]
     plan = s.get_new_batch_prefill(s.running_batch)
     assert [r.rid for r in plan.batch_to_run.reqs] == ["chunked"]
-    assert chunked.extend_range.length == 1200 and s.chunked_req is None and s.slo.chunker.finished_whole == 1
+    assert chunked.extend_len == 1200 and s.chunked_req is None and s.slo.chunker.finished_whole == 1
 
 
 def test_a_failing_rule_falls_back_to_the_budget(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -129,7 +121,7 @@ def test_a_failing_rule_falls_back_to_the_budget(monkeypatch: pytest.MonkeyPatch
     s = _scheduler(DisaggregationMode.PREFILL)
     s.waiting_queue = [_Req("big", 1500, ttft_ms=1_000)]
     plan = s.get_new_batch_prefill(s.running_batch)
-    assert plan.batch_to_run.reqs[0].extend_range.length == B
+    assert plan.batch_to_run.reqs[0].extend_len == B
     assert s.slo.planner.errors == 1 and s.chunked_prefill_size == B
 
 
@@ -144,6 +136,7 @@ def test_a_queue_timeout_on_a_prefill_worker_frees_the_metadata_buffer() -> None
     s.waiting_queue = [req]
     s.get_new_batch_prefill(s.running_batch)
     assert freed == [7] and req.metadata_buffer_index == -1 and not s.waiting_queue
+    assert s.released == ["late"]  # its cache handle too, as SGLang's abort of a queued request
     assert [out.finished_reason["message"] for out in s.sent] == ["slo_queue_timeout"]
 
 

@@ -15,17 +15,10 @@ import pytest
 from scheduler.components.rank_sync import PassDecision, PassSync
 from scheduler.core.plan_path import FinalPlan
 from server.process import free_port
-from tests.unit.scheduler._rank_scenario import NO_CONTEXT_PARALLEL, STARTUP_CHUNK, outcome, rank_scheduler
+from tests.unit.scheduler._rank_scenario import STARTUP_CHUNK, outcome, rank_scheduler
+from tests.unit.scheduler._stand_in_engine import StandInReq
 
 ROOT = Path(__file__).resolve().parents[3]
-
-
-@pytest.fixture(autouse=True)
-def _no_context_parallel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from sglang.srt.managers import schedule_policy
-
-    for name, value in NO_CONTEXT_PARALLEL.items():
-        monkeypatch.setattr(schedule_policy, name, value)
 
 
 class _Relay:
@@ -77,6 +70,25 @@ def test_a_failing_leader_still_sends_a_decision() -> None:
     sync = PassSync(broadcast, leader=True)
     assert sync.decide(boom, PassDecision()) == PassDecision()
     assert sent == [PassDecision()]  # the followers waiting on the group get SGLang's choice
+    assert sync.failed == 1
+
+
+def test_a_leaders_failed_pass_is_counted_as_a_fallback_in_the_status(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TP leader whose pass raises keeps the group on SGLang's scheduling: /slo/status says so."""
+    s = rank_scheduler(leader=True)
+    s.slo.sync = PassSync(lambda value: value, leader=True)  # a group: the leader's failure is caught
+
+    def broken_view(running_batch: Any) -> Any:
+        raise AttributeError("an SGLang request attribute moved")
+
+    monkeypatch.setattr(s, "_slo_view", broken_view)
+    s.get_new_batch_prefill(s.running_batch)
+    status = s.slo_status_snapshot()
+    assert (status["fallbacks"], status["plan_errors"], status["planned_passes"]) == (1, 1, 0)
+    monkeypatch.undo()
+    s.waiting_queue.append(StandInReq("next", 100, ttft_ms=60_000))  # SGLang admitted the others
+    s.get_new_batch_prefill(s.running_batch)
+    assert s.slo_status_snapshot()["planned_passes"] == 1
 
 
 def test_a_follower_never_decides_itself() -> None:

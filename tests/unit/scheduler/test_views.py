@@ -7,7 +7,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
 
 from scheduler.components.plan_applier import order_waiting
 from scheduler.components.request_state import RequestStates
@@ -36,8 +35,9 @@ def test_an_unchanged_request_keeps_its_view_and_a_changed_one_is_refreshed() ->
     req = StandInReq("a", 100, ttft_ms=500, tpot_ms=50, cached=10)
     first = views.engine_view([req], [], LIMITS).waiting[0]
     assert views.engine_view([req], [], LIMITS).waiting[0] is first and first.prefix_cached == 10
-    req.prefix_indices = torch.arange(60)  # SGLang re-matched its prefix
+    req.prefix_len = 60  # SGLang re-matched its prefix
     assert views.engine_view([req], [], LIMITS).waiting[0].prefix_cached == 60
+    assert views.cached_tokens_read == 10 + 60  # each read of the request counted its cached prefix
     req.output_ids = [1, 2, 3]
     req.customized_info = {TOKEN_TS_KEY: [5.5, 5.6, 5.7]}
     view = views.engine_view([], [req], LIMITS).running[0]
@@ -88,7 +88,7 @@ def test_the_rows_handed_to_the_plan_stay_right_as_requests_arrive_change_and_le
             req.output_ids.append(1)
             req.customized_info[TOKEN_TS_KEY].append(5.1 + step)  # type: ignore[index]
         if step == 4:  # SGLang re-matched a waiting prefix
-            waiting[-1].prefix_indices = torch.arange(33)
+            waiting[-1].prefix_len = 33
         if step in (5, 9):  # the plan moved requests into (and out of) the best-effort tier
             states.mark_tier(
                 [r.rid for r in waiting], frozenset(r.rid for r in waiting[::2]) if step == 5 else frozenset()
@@ -149,7 +149,7 @@ def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> No
             req.output_ids.append(1)
             req.customized_info[TOKEN_TS_KEY].append(clock.now())  # type: ignore[index]
         if waiting and step % 3 == 1:  # the admission walk stopped at the head: re-matched its prefix
-            waiting[0].prefix_indices = torch.arange(step + 1)
+            waiting[0].prefix_len = step + 1
         if step == 5:
             waiting.extend(reqs[24:])
         limits = replace(LIMITS, step=step, max_running_requests=4)
@@ -187,12 +187,12 @@ class _Watched(StandInReq):
         super().__init__(rid, **kwargs)
 
     @property
-    def prefix_indices(self) -> torch.Tensor:
+    def prefix_len(self) -> int:
         self.looked.add(self.rid)
         return self._prefix
 
-    @prefix_indices.setter
-    def prefix_indices(self, value: torch.Tensor) -> None:
+    @prefix_len.setter
+    def prefix_len(self, value: int) -> None:
         self._prefix = value
 
 
@@ -210,7 +210,7 @@ def test_after_an_applied_order_only_what_sglang_may_have_touched_is_looked_at()
     for req in running:
         req.output_ids.append(1)
         req.customized_info = {TOKEN_TS_KEY: [5.5]}
-    waiting[0].prefix_indices = torch.arange(30)
+    waiting[0].prefix_len = 30
     waiting += reqs[10:12]
     looked.clear()
     view = views.engine_view(waiting, running, LIMITS)
@@ -220,7 +220,7 @@ def test_after_an_applied_order_only_what_sglang_may_have_touched_is_looked_at()
     _apply_as_the_adapter_does(views, waiting, FinalPlan(), states)  # nothing reordered
     del waiting[4]  # an abort from inside the queue, and an arrival: the next pass looks at everyone
     waiting.append(reqs[12])
-    waiting[5].prefix_indices = torch.arange(3)
+    waiting[5].prefix_len = 3
     looked.clear()
     view = views.engine_view(waiting, running, LIMITS)
     assert looked >= {r.rid for r in waiting}
@@ -245,7 +245,7 @@ def test_requests_held_out_of_the_admission_walk_are_followed_to_the_tail(hold: 
     kept = [r for r in waiting if r.rid not in hold]
     views.held_to_tail(hold, at, kept, held)  # the adapter's _slo_admit: the walk runs without them
     waiting[:] = kept[1:] + held  # it admitted the head
-    waiting[0].prefix_indices = torch.arange(20)  # and stopped at the next one
+    waiting[0].prefix_len = 20  # and stopped at the next one
     waiting.append(reqs[8])  # an arrival, after the held ones
     looked.clear()
     view = views.engine_view(waiting, [], LIMITS)
@@ -269,8 +269,8 @@ def test_a_running_batch_that_only_decoded_keeps_its_views_current() -> None:
                 req.output_ids.append(1)
         if step == 2:  # the fourth request's first token arrives
             running[3].customized_info = {TOKEN_TS_KEY: [5.4]}
-        if step == 4:  # a running request's prefix object is replaced
-            running[1].prefix_indices = torch.arange(5)
+        if step == 4:  # a running request is re-matched (a new prefix length)
+            running[1].prefix_len = 5
         if step == 6:  # the batch changes: one leaves, another joins at the same length
             running[2] = reqs[4]
             reqs[4].customized_info = {TOKEN_TS_KEY: [5.6]}
@@ -284,7 +284,7 @@ def test_a_running_batch_that_only_decoded_keeps_its_views_current() -> None:
                 len(r.output_ids),
                 30.0 + int(r.rid[1:]) + len(r.output_ids),
                 _first_stamp(r),
-                len(r.prefix_indices),
+                r.prefix_len,
             )
             for r in running
         ]

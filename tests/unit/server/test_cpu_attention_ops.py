@@ -59,7 +59,8 @@ TRITON_CHILD = textwrap.dedent(
         module.__path__ = [path]
         sys.modules[pkg] = module
     probes = types.ModuleType("sglang.srt.utils")
-    probes.is_cuda = probes.is_hip = probes.is_gfx95_supported = lambda: False
+    probes.is_cuda = probes.is_hip = probes.is_gfx95_supported = probes.is_gfx1250_supported = lambda: False
+    probes.get_device_core_count = lambda device_index=0: 0
     sys.modules["sglang.srt.utils"] = probes
     decode_attention_fwd = importlib.import_module("sglang.kernels.ops.attention.decode_attention").decode_attention_fwd
     extend_attention_fwd = importlib.import_module("sglang.kernels.ops.attention.extend_attention").extend_attention_fwd
@@ -170,6 +171,8 @@ def build_extend_case(
         torch.full((total, num_heads, head_dim_v), float("nan"), dtype=dtype),
         k_buffer,
         v_buffer,
+        1.0,  # key_scale
+        1.0,  # value_scale
         req_to_token,
         rows.to(index_dtype),
         seq_lens,
@@ -183,6 +186,7 @@ def build_extend_case(
         None,
         sink_values.to(dtype) if sink_values is not None else None,
         tree_mask,
+        True,  # is_causal
     ]
     triton_args = {
         "q": q.float(),
@@ -262,6 +266,8 @@ def build_decode_case(
         q,
         k_buffer,
         v_buffer,
+        1.0,  # key_scale
+        1.0,  # value_scale
         torch.full((bs, num_heads, head_dim), float("nan"), dtype=dtype),
         k_new,
         v_new,
@@ -349,7 +355,7 @@ def _run_op(case: dict[str, Any]) -> tuple[torch.Tensor, list[Any]]:
         torch.ops.sgl_kernel.extend_attention_cpu(*args)
         return args[3], args
     torch.ops.sgl_kernel.decode_attention_cpu(*args)
-    return args[3], args
+    return args[5], args
 
 
 def _assert_close(actual: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
@@ -377,16 +383,17 @@ def test_register_is_idempotent_with_backend_schemas() -> None:
         "encoder_lens",
         "sinks",
     ]
-    assert len(decode.arguments) == 17
-    assert len(extend.arguments) == 19
-    assert extend.arguments[-1].name == "tree_mask"
+    assert [a.name for a in decode.arguments][3:5] == ["key_scale", "value_scale"]
+    assert len(decode.arguments) == 19
+    assert len(extend.arguments) == 22
+    assert [a.name for a in extend.arguments][-2:] == ["tree_mask", "is_causal"]
 
 
 def test_decode_writes_new_kv_at_loc_only() -> None:
     case = CASES["decode_gqa"]
     _, args = _run_op(case)
     k_before, v_before = case["op_args"][1], case["op_args"][2]
-    k_after, v_after, k_new, v_new, loc = args[1], args[2], args[4], args[5], args[6]
+    k_after, v_after, k_new, v_new, loc = args[1], args[2], args[6], args[7], args[8]
     torch.testing.assert_close(k_after[loc], k_new, atol=0, rtol=0)
     torch.testing.assert_close(v_after[loc], v_new, atol=0, rtol=0)
     untouched = torch.ones(NUM_SLOTS, dtype=torch.bool)
@@ -398,20 +405,57 @@ def test_decode_writes_new_kv_at_loc_only() -> None:
 def test_chain_tree_mask_equals_causal_and_branches_differ() -> None:
     chain = build_extend_case(12, **GQA, **VERIFY, tree="chain")
     causal_args = list(chain["op_args"])
-    causal_args[-1] = None
+    causal_args[-2] = None  # tree_mask
     causal, _ = _run_op({**chain, "op_args": causal_args})
     chained, _ = _run_op(chain)
     torch.testing.assert_close(chained, causal, atol=0, rtol=0)
     branched, _ = _run_op(CASES["verify_tree_qlen_layout"])
     plain_args = list(CASES["verify_tree_qlen_layout"]["op_args"])
-    plain_args[-1] = None
+    plain_args[-2] = None
     plain, _ = _run_op({**CASES["verify_tree_qlen_layout"], "op_args": plain_args})
     assert not torch.allclose(branched, plain, atol=1e-3)
 
 
+def test_cache_scales_dequantise_what_is_read_from_the_pools() -> None:
+    """key_scale/value_scale (an fp8 cache's layer scales) multiply the cached K/V: the same as
+    attending over pools holding the scaled values."""
+    for name in ("extend_gqa_mixed_lengths", "decode_gqa"):
+        case = CASES[name]
+        kbuf, vbuf = (1, 2) if case["kind"] == "decode" else (4, 5)
+        scale_at = 3 if case["kind"] == "decode" else 6
+        scaled_args = list(case["op_args"])
+        scaled_args[scale_at : scale_at + 2] = [0.5, 2.0]
+        pre_scaled = list(case["op_args"])
+        pre_scaled[kbuf] = pre_scaled[kbuf] * 0.5
+        pre_scaled[vbuf] = pre_scaled[vbuf] * 2.0
+        if case["kind"] == "decode":  # the new token is written unscaled, then read back through the scale
+            pre_scaled[6], pre_scaled[7] = pre_scaled[6] * 0.5, pre_scaled[7] * 2.0
+        got, _ = _run_op({**case, "op_args": scaled_args})
+        want, _ = _run_op({**case, "op_args": pre_scaled})
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(got, _run_op(case)[0], atol=1e-3)
+
+
+def test_non_causal_extend_lets_every_new_token_see_every_other() -> None:
+    gen = torch.Generator().manual_seed(5)
+    heads, kv_heads, dim, ext = 2, 1, 4, 3
+    k_buffer, v_buffer, free_slots, req_to_token = _pool(gen, kv_heads, dim, dim, torch.float32)
+    req_to_token[0, :ext] = free_slots[:ext].to(torch.int32)
+    q = torch.randn(ext, heads, dim, generator=gen)
+    k_new, v_new = torch.randn(ext, kv_heads, dim, generator=gen), torch.randn(ext, kv_heads, dim, generator=gen)
+    out = torch.empty(ext, heads, dim)
+    lens = (torch.tensor([0]), torch.tensor([ext]), torch.tensor([ext], dtype=torch.int32))
+    extend_attention_cpu(
+        q, k_new, v_new, out, k_buffer, v_buffer, 1.0, 1.0, req_to_token, *lens,
+        torch.tensor([0], dtype=torch.int32), ext, 0.5, 0.0, False, 0, None, None, None, False,
+    )  # fmt: skip
+    everything = [[True] * ext for _ in range(ext)]
+    torch.testing.assert_close(out, _loop_attention(q, k_new, v_new, everything, 0.5), atol=1e-5, rtol=1e-5)
+
+
 def test_tree_mask_of_unknown_layout_is_rejected() -> None:
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in CASES["verify_tree_qlen_layout"]["op_args"]]
-    args[-1] = args[-1][:-1]
+    args[-2] = args[-2][:-1]
     with pytest.raises(ValueError, match="tree_mask has"):
         extend_attention_cpu(*args)
 
@@ -445,6 +489,8 @@ def test_encoder_offset_and_cross_attention_match_loop_reference() -> None:
     common = (
         k_buffer,
         v_buffer,
+        1.0,
+        1.0,
         req_to_token,
         torch.tensor([row]),
         torch.tensor([prefix + ext]),
@@ -472,6 +518,8 @@ def test_encoder_offset_and_cross_attention_match_loop_reference() -> None:
         q[:1],
         k_buffer,
         v_buffer,
+        1.0,
+        1.0,
         decode_out,
         None,
         None,
@@ -494,6 +542,6 @@ def test_encoder_offset_and_cross_attention_match_loop_reference() -> None:
 
 def test_decode_rejects_per_request_lengths_for_candidate_rows() -> None:
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in CASES["draft_decode_expanded_table"]["op_args"]]
-    args[10] = args[10][:2]  # one length per request instead of one per draft candidate
+    args[12] = args[12][:2]  # one length per request instead of one per draft candidate
     with pytest.raises(ValueError, match="seq_lens"):
         decode_attention_cpu(*args)

@@ -127,6 +127,6 @@ def test_heads_are_deterministic(drafts: dict[str, Path], tmp_path: Path) -> Non
 
 
 def test_launcher_aliases() -> None:
-    from launch_server import MODEL_ALIASES
+    from launch_argv import MODEL_ALIASES
 
     assert {"tiny-eagle", "tiny-eagle3"} <= set(MODEL_ALIASES)

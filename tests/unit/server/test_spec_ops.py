@@ -51,11 +51,15 @@ import torch, triton, triton.language as tl
 kernel_dir, in_path, out_path = sys.argv[1:4]
 
 def load(file, names):
-    # Exec just the named @triton.jit functions, compiled against their real file so triton
-    # can read their source; the modules' own imports (sglang, sgl_kernel) are skipped.
+    # Exec just the named @triton.jit functions and the @triton.jit helpers they may call,
+    # compiled against their real file so triton can read their source; the modules' own
+    # imports (sglang, sgl_kernel) are skipped.
     path = f"{kernel_dir}/{file}"
     tree = ast.parse(open(path).read(), path)
-    body = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
+    def jitted(n):
+        return any("jit" in ast.unparse(d) for d in n.decorator_list)
+    functions = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    body = [n for n in functions if n.name in names or jitted(n)]
     missing = set(names) - {n.name for n in body}
     assert not missing, f"{path} lacks {missing}"
     ns = {"triton": triton, "tl": tl}
