@@ -54,8 +54,8 @@ class Blocker(threading.Thread):
 
 def _blocker(server: ServerProcess, tokens: int = 800, rid: str | None = None) -> Blocker:
     """Occupies the only running slot long enough for the queue to build up behind it. Two
-    300 ms queue timeouts back to back need ~0.8 s: 800 tokens took 2.7–2.9 s here alone
-    (2026-12-01), still ~1.4 s on a CPU twice as fast. Returns once its first token has streamed
+    300 ms queue timeouts back to back need ~0.8 s, and 800 tokens keep a slot busy for longer
+    than that even on a CPU several times faster than ours. Returns once its first token has streamed
     back: then it holds the slot for certain (/slo/status is published periodically, so a
     request that just finished can still show there as running)."""
     t = Blocker(server, tokens, rid)
