@@ -54,7 +54,7 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         "--enable-mixed-chunk; the papers' batch model, and what the per-step chunk knob needs); "
         "'separate' keeps SGLang's prefill-only steps, where decodes wait for each prefill and the "
         "chunk knob is off. 'auto' (default): mixed on a GPU or an emulated one, separate on CPU, where "
-        "mixed steps measured half the throughput (benchmarks/README.md). Speculative decoding runs separate.",
+        "mixed steps measured half the throughput (benchmarks/RESULTS.md). Speculative decoding runs separate.",
     )
     group.add_argument(
         "--slo-quantile",

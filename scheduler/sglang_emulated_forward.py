@@ -4,8 +4,8 @@ paced step.
 Under `--emulate-gpu` every forward pass is paced to the card's time, so the host's work only
 has to finish inside it, and the tiny model's outputs are random anyway. Its full forward did
 not always finish: SGLang's torch_native extend path pads each decode that rides in a mixed
-batch to its whole KV length and runs quadratic attention (measured: ~95 % of a mixed step's
-CPU time; half the steps of an emulated H100 at x10 late, 64 running at 1k context).
+batch to its whole KV length and runs quadratic attention, which dominated a mixed step's CPU
+time and made emulated steps late (benchmarks/RESULTS.md, "Emulated batch shapes").
 
 The stand-in replaces the model's `forward` on the loaded instance: the input tokens'
 embeddings become the last hidden states, handed to the model's own logits processor, so

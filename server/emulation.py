@@ -59,8 +59,8 @@ def startup_flags(emulation: Emulation, has_flag: Callable[..., bool], model: st
         extra += ["--context-length", str(CONTEXT_LEN)]
         os.environ.setdefault(LONGER_CONTEXT_ENV, "1")
     # The tiny model gains nothing from more threads, and several workers sharing a few cores
-    # with spinning OpenMP pools slow each other down many times over (measured: 2 workers on
-    # 2 cores went from on-time to 84 % late steps).
+    # with spinning OpenMP pools slow each other down many times over, which breaks the pacing
+    # (late steps; see the emulation section of benchmarks/RESULTS.md).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return extra
 

@@ -141,7 +141,7 @@ def speculation_line(status: dict[str, Any] | None) -> str:
 
 def warm_up(url: str) -> None:
     """The first forward passes of a fresh server (and its draft) are slow on CPU: spend them
-    before measuring, so no configuration pays them inside a run (measured: 4.7 s, late steps)."""
+    before measuring, so no configuration pays them inside a run (they would show as late steps)."""
     for n_prompt, n_out in ((16, 8), (1500, 8), (16, 48)):
         ids = [5 + (i * 7) % 500 for i in range(n_prompt)]
         body = {"input_ids": ids, "sampling_params": {"max_new_tokens": n_out, "temperature": 0, "ignore_eos": True}}

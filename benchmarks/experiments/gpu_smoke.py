@@ -62,7 +62,7 @@ class Check:
 
 
 def render(checks: list[Check]) -> str:
-    """The one table the command prints (Markdown, so it can go into benchmarks/README.md as is)."""
+    """The one table the command prints (Markdown, so it can go into benchmarks/RESULTS.md as is)."""
     rows = [("check", "result", "measured", "goal")] + [(c.name, c.verdict, c.value, c.goal) for c in checks]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     line = lambda r: "| " + " | ".join(cell.ljust(w) for cell, w in zip(r, widths)) + " |"  # noqa: E731

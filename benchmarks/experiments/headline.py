@@ -552,7 +552,7 @@ def polyserve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
             f"{pd_x:.2f}× ({pd_fresh:.2f}× with 10 ms load reports)",
             _ratio(pd_x, 1.23),
             why + "; most decode placements fall to best effort (least loaded): the decode view counts the "
-            "prefill twice and the prefill chooser packs to the TTFT slack (benchmarks/README.md)",
+            "prefill twice and the prefill chooser packs to the TTFT slack (benchmarks/RESULTS.md)",
         ),
         Row(
             "PolyServe",

@@ -59,7 +59,7 @@ class Target:
 def uniform_length_control(choice: str, targets: list[Target]) -> LengthControl:
     """One mechanism for every target of a run, so none is favoured. `auto`: the hidden hint
     when every target is sglang-slo, client stops otherwise (stock SGLang cannot read the hint).
-    Measured on SmolLM2 under overload, the two differ by about 10 % in throughput."""
+    The two mechanisms do not cost the same throughput, so mixing them would bias a comparison."""
     if choice != "auto":
         return LengthControl(choice)
     speaks = all(t.label != STOCK and (t.url is None or t.ours) for t in targets)

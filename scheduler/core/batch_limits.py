@@ -28,9 +28,9 @@ from scheduler.core.types import EngineView, PerfModel
 
 MIN_CHUNK = 16
 # A chunk is sized so its predicted step fits the slack with this much to spare: one token late
-# loses the request's per-token SLO, and then it protects nothing (measured on an emulated H100:
-# the roofline prior predicts a 7k-token prefill 5 % short, and a chunk sized to the whole slack
-# made the next token late, after which whole-chunk prefills made it seconds late).
+# loses the request's per-token SLO, and then it protects nothing (the roofline prior can predict
+# a long prefill short, and a chunk sized to the whole slack then makes the next token late,
+# after which whole-chunk prefills make it later still).
 STEP_MARGIN = 0.1
 
 

@@ -81,8 +81,8 @@ def _prune_terms(
     """Drop terms the fit is no worse without, and fall back to one term over all samples when
     that fits better. Max-affine regression can leave a term fitted to a handful of samples
     that overshoots every other one (collinear features, e.g. decode-only iterations where
-    tokens = sequences, break its ties by rounding noise: measured, a 5x prediction error on one
-    host and none on another); the max then picks that term everywhere."""
+    tokens = sequences, break its ties by rounding noise, so the fit differs between hosts); the
+    max then picks that term everywhere."""
     terms = list(terms)
     err = _max_affine_error(terms, x, y, w)
     while len(terms) > 1:
