@@ -32,6 +32,12 @@ CPU_PD_DEFAULTS: list[tuple[str, str | None]] = [
     ("--disaggregation-transfer-backend", "mooncake_tcp"),
     ("--page-size", "1"),
 ]
+# PD decode on CPU: SGLang infers the backup that keeps a retracted request's KV from the KV pool
+# and picks a HiCache host pool, which it sizes after a reserve of host memory a CPU serving host
+# rarely has free; per-request CPU tensors keep the KV in the same host memory without the reserve.
+CPU_PD_DECODE_DEFAULTS: list[tuple[str, str | None]] = [
+    ("--disaggregation-decode-retraction-backup", "cpu_tensor"),
+]
 # Speculative decoding on CPU (../shared/notes: speculative section): SGLang's intel_amx backend on
 # our pure-torch ops (server/cpu_support/speculation.py).
 CPU_SPEC_DEFAULTS: list[tuple[str, str | None]] = [
@@ -117,16 +123,27 @@ def _with_defaults(argv: list[str], defaults: list[tuple[str, str | None]]) -> l
     return argv + extra
 
 
-def cpu_threads_binding(tp_size: int, cores: list[int], numa_nodes: int) -> str | None:
-    """SGLANG_CPU_OMP_THREADS_BIND for `tp_size` ranks on CPU: SGLang binds one NUMA node per rank
-    and refuses more ranks than nodes, so past that each rank gets its own share of `cores`
-    ("0|1" on two cores). None: SGLang's per-node default fits, or there are too few cores."""
-    if tp_size <= max(1, numa_nodes) or len(cores) < tp_size:
+def cpu_threads_binding(ranks: int, cores: list[int], numa_nodes: int) -> str | None:
+    """SGLANG_CPU_OMP_THREADS_BIND for `ranks` scheduler ranks on CPU (dp x tp x pp: SGLang binds
+    one NUMA node per rank and refuses more ranks than nodes), so past that each rank gets its own
+    share of `cores` ("0|1" on two cores). None: SGLang's per-node default fits, or there are too
+    few cores (SGLang says so)."""
+    if ranks <= max(1, numa_nodes) or len(cores) < ranks:
         return None
     cores = sorted(cores)
-    share = len(cores) // tp_size
-    groups = [cores[i * share : (i + 1) * share] for i in range(tp_size)]
+    share = len(cores) // ranks
+    groups = [cores[i * share : (i + 1) * share] for i in range(ranks)]
     return "|".join(str(g[0]) if len(g) == 1 else f"{g[0]}-{g[-1]}" for g in groups)
+
+
+def scheduler_ranks(argv: list[str]) -> int:
+    """How many scheduler processes SGLang starts on this node: one per TP rank of each pipeline
+    stage of each data-parallel replica (what SGLang counts against NUMA nodes)."""
+    sizes = (("--tp-size", "--tensor-parallel-size"), ("--dp-size", "--data-parallel-size"), ("--pp-size",))
+    ranks = 1
+    for flags in sizes:
+        ranks *= int(_flag_value(argv, *flags) or 1)
+    return ranks
 
 
 def _numa_nodes() -> int:
@@ -136,8 +153,7 @@ def _numa_nodes() -> int:
 def _with_cpu_defaults(argv: list[str]) -> list[str]:
     import os
 
-    tp_size = int(_flag_value(argv, "--tp-size", "--tensor-parallel-size") or 1)
-    binding = cpu_threads_binding(tp_size, sorted(os.sched_getaffinity(0)), _numa_nodes())
+    binding = cpu_threads_binding(scheduler_ranks(argv), sorted(os.sched_getaffinity(0)), _numa_nodes())
     if binding is not None:
         os.environ.setdefault("SGLANG_CPU_OMP_THREADS_BIND", binding)
     if _flag_value(argv, "--speculative-algorithm"):
@@ -145,12 +161,13 @@ def _with_cpu_defaults(argv: list[str]) -> list[str]:
 
         enable_cpu_speculation()  # before ServerArgs are resolved: keeps intel_amx selected
         argv = _with_defaults(argv, CPU_SPEC_DEFAULTS)
-    if _flag_value(argv, "--disaggregation-mode") in ("prefill", "decode"):
-        import os
-
+    role = _flag_value(argv, "--disaggregation-mode")
+    if role in ("prefill", "decode"):
         for name, value in CPU_PD_ENV.items():
             os.environ.setdefault(name, value)
         argv = _with_defaults(argv, CPU_PD_DEFAULTS)  # before the CPU defaults: they win over those
+    if role == "decode":
+        argv = _with_defaults(argv, CPU_PD_DECODE_DEFAULTS)
     return _with_defaults(argv, CPU_DEFAULTS)
 
 

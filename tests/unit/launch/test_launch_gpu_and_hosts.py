@@ -1,5 +1,5 @@
 """launch_server on GPUs, across machines and with parallelism: the CPU hook refused on a GPU,
-per-rank CPU thread binding for tensor parallelism, the PD prefill chunk resolved at 2B before
+per-rank CPU thread binding for tensor and data parallelism, the PD prefill chunk resolved at 2B before
 SGLang sizes memory, encrypted links to a remote router, and the addresses a worker advertises."""
 
 from __future__ import annotations
@@ -40,6 +40,17 @@ def test_the_binding_is_set_for_tp_on_cpu_unless_the_user_set_one(monkeypatch: p
     monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "1|0")
     launch_argv._with_cpu_defaults(["--tp-size", "2"])
     assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "1|0"
+
+
+def test_every_scheduler_rank_counts_data_parallel_replicas_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert launch_argv.scheduler_ranks([]) == 1
+    assert launch_argv.scheduler_ranks(["--dp-size", "2"]) == 2  # SGLang binds each replica's rank
+    assert launch_argv.scheduler_ranks(["--tp-size=2", "--data-parallel-size", "2", "--pp-size", "2"]) == 8
+    monkeypatch.delenv("SGLANG_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(launch_argv, "_numa_nodes", lambda: 1)
+    launch_argv._with_cpu_defaults(["--dp-size", "2"])
+    assert os.environ["SGLANG_CPU_OMP_THREADS_BIND"] == "0|1"
 
 
 # ---- PD prefill: the start-up chunk is resolved by SGLang at 2B ------------------------------------

@@ -31,6 +31,17 @@ def test_prefill_and_decode_workers_get_mooncake_tcp_and_page_size_one() -> None
         assert os.environ["SGLANG_HOST_IP"] == "127.0.0.1"
 
 
+def test_only_decode_workers_keep_retracted_kv_in_cpu_tensors() -> None:
+    decode = _with_cpu_defaults(["--disaggregation-mode", "decode"])
+    assert _value(decode, "--disaggregation-decode-retraction-backup") == "cpu_tensor"
+    for argv in (["--disaggregation-mode", "prefill"], []):
+        assert "--disaggregation-decode-retraction-backup" not in _with_cpu_defaults(argv)
+    own = ["--disaggregation-mode", "decode", "--disaggregation-decode-retraction-backup", "none"]
+    argv = _with_cpu_defaults(own)
+    assert _value(argv, "--disaggregation-decode-retraction-backup") == "none"
+    assert argv.count("--disaggregation-decode-retraction-backup") == 1
+
+
 def test_co_located_servers_get_no_pd_settings() -> None:
     argv = _with_cpu_defaults([])
     assert "--disaggregation-transfer-backend" not in argv and "--page-size" not in argv
