@@ -1,4 +1,4 @@
-"""Adapter: hands SGLang's speculation length to the SLO controller (speculative/controller.py).
+"""Adapter: hands SGLang's speculation length to the SLO controller (scheduler/core/speculation_controller.py).
 
 SGLang 0.5.23's EAGLE v2 worker (and STANDALONE, its subclass) has an `AdaptiveController` that
 pre-builds one runtime state (attention backends, buffers) per candidate length and asks its
@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from speculative.controller import SloSpeculation
+from scheduler.core.speculation_controller import SloSpeculation
 
 logger = logging.getLogger("sglang_slo.speculation")
 

@@ -5,7 +5,7 @@ the one plan path; every routing decision is made by the router's own policy obj
 (router/policies) over the same `WorkerView`s the live router builds from the workers' load
 reports (the worker agent's own estimator, `server.agent_load.LoadEstimator`, fed in virtual
 time); PD pairs are chosen by the router's `PrefillChooser`; speculation lengths by
-`speculative.controller.SloSpeculation`. Step times come from the GPU profiles the emulator
+`scheduler.core.speculation_controller.SloSpeculation`. Step times come from the GPU profiles the emulator
 paces with. Workloads, SLO mixes, metrics and result files are the live benchmarks' own.
 
   python -m benchmarks.simulator --pool h100:4,a40:4 --routing goodserve --mix goodserve --rates 40

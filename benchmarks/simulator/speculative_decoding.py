@@ -7,10 +7,10 @@ EAGLE heads on Llama-3-8B sit around 0.6-0.8); the engine never sees it, only th
 
 Lengths, as the server runs them (scheduler/sglang_scheduler.py): `fixed:S` drafts S tokens in
 every decode (SGLang's own speculation, levers sized as without it); `slo` is the SLO-adaptive
-controller itself (speculative/controller.py), fed every verify's accepted counts and asked
+controller itself (scheduler/core/speculation_controller.py), fed every verify's accepted counts and asked
 every pass, with levers sized on the speculative cost at its length (EngineMeter.knob_model).
 Every step costs the target's verify pass plus `draft_ratio` x its decode pass per draft step
-(speculative/cost.py).
+(scheduler/core/speculation_cost.py).
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ import numpy as np
 
 from scheduler.core.plan_path import KnobModel
 from scheduler.core.slos_serve.spec_length import acceptance
+from scheduler.core.speculation_controller import SloSpeculation
+from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, PerfModel
-from speculative.controller import SloSpeculation
-from speculative.cost import SpecCost
 
 SLO_CANDIDATES = (0, 1, 2, 3, 4)
 

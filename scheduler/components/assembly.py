@@ -31,8 +31,8 @@ from scheduler.core.perf_model import load_perf_model
 from scheduler.core.plan_path import settings_for
 from scheduler.core.policies import dilated_params, make_policy
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
+from scheduler.core.speculation_controller import SloSpeculation
 from scheduler.core.types import PerfModel
-from speculative.controller import SloSpeculation
 
 logger = logging.getLogger("sglang_slo.scheduler")
 

@@ -18,7 +18,7 @@ from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer
 from scheduler.core.plan_path import KnobModel
 from scheduler.core.slos_serve.spec_length import acceptance
-from speculative.cost import SpecCost
+from scheduler.core.speculation_cost import SpecCost
 
 logger = logging.getLogger("sglang_slo.scheduler")
 

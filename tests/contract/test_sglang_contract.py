@@ -24,7 +24,7 @@ def test_the_installed_sglang_has_it(entry: object) -> None:
 def test_slo_speculation_implements_sglangs_adaptive_policy_protocol() -> None:
     from sglang.srt.speculative.adaptive_runtime_state import AdaptiveSpecPolicy
 
-    from speculative.controller import SloSpeculation
+    from scheduler.core.speculation_controller import SloSpeculation
 
     members = {name for name in vars(AdaptiveSpecPolicy) if not name.startswith("_")}
     assert members and members <= set(dir(SloSpeculation))

@@ -8,8 +8,8 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("server", "router", "scheduler", "speculative", "wire", "benchmarks", "launch")
-OURS = ("server", "router", "scheduler", "speculative", "wire", "benchmarks")
+PACKAGES = ("server", "router", "scheduler", "wire", "benchmarks", "launch")
+OURS = ("server", "router", "scheduler", "wire", "benchmarks")
 
 
 def _owner(module: str) -> str:

@@ -15,7 +15,7 @@ from pathlib import Path
 import grimp
 
 ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("server", "router", "scheduler", "speculative", "launch", "wire")
+PRODUCT = ("server", "router", "scheduler", "launch", "wire")
 MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 300
 

@@ -1,5 +1,5 @@
 """SLO-adaptive speculation length (SLOs-Serve §3.2.3, App. D): the one optimiser behind the
-slos policy's DP and the engine's speculation controller (speculative/controller.py).
+slos policy's DP and the engine's speculation controller (scheduler/core/speculation_controller.py).
 
 Speculating s tokens makes a verify step yield Acc(s) = (1−α^(s+1))/(1−α) tokens on average, so
 with decode requests in TPOT tiers (TPOT_l, n_l) a batch that verifies `sl_l` drafts for tier l
@@ -17,7 +17,7 @@ through feasibility and the per-tier lengths.
 
 `choose_uniform` evaluates one length for the whole batch (what SGLang's verify path runs);
 `choose_per_tier` is the paper's form (a length per tier). The cost of a batch is a
-`SpecStepCost`: the engine's charges draft passes explicitly (speculative/cost.py); the slos
+`SpecStepCost`: the engine's charges draft passes explicitly (scheduler/core/speculation_cost.py); the slos
 policy's perf model already charges them (SLOs-Serve's k2·#SpecStep), see `DraftsInModel`.
 """
 

@@ -31,8 +31,8 @@ from scheduler.core.perf_model import (
     save_profile,
 )
 from scheduler.core.roofline import _features, _prune_terms
+from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.step_time import spec_steps
-from speculative.cost import SpecCost
 
 # memory-bound term (weights read once) and compute-bound term (per-token FLOPs)
 TRUE = [

@@ -19,7 +19,7 @@ from scheduler.core.perf_model import (
     default_model,
     linear_model,
 )
-from speculative.cost import SpecCost
+from scheduler.core.speculation_cost import SpecCost
 
 
 def every_model() -> dict[str, PerfModel]:

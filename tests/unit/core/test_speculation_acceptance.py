@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from speculative.acceptance import AcceptanceTracker, batch_alpha
+from scheduler.core.speculation_acceptance import AcceptanceTracker, batch_alpha
 
 # ---------------------------------------------------------------- batch_alpha: the MLE of one verify
 

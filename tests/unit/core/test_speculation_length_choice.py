@@ -21,7 +21,7 @@ from scheduler.core.slos_serve.spec_length import (
     choose_per_tier,
     choose_uniform,
 )
-from speculative.cost import SpecCost
+from scheduler.core.speculation_cost import SpecCost
 
 UNIT = 2.0**-14  # seconds per token: 1/16384
 B = 64 * UNIT  # 2^-8 s per pass

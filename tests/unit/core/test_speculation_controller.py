@@ -14,9 +14,9 @@ from scheduler.core.estimates import next_token_due
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.slos_serve.spec_length import Tier, best, choose_uniform
+from scheduler.core.speculation_controller import SloSpeculation, effective_tpot_s, tiers_of
+from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, RequestView
-from speculative.controller import SloSpeculation, effective_tpot_s, tiers_of
-from speculative.cost import SpecCost
 
 PERF = RooflinePerfModel([RooflineTerm(k_tokens=2.0**-16, k_spec=0.0, k_kv=0.0, b=2.0**-7)])
 DRAFT_RATIO = 0.25

@@ -16,9 +16,9 @@ from typing import Any
 
 from scheduler.core.estimates import next_token_due
 from scheduler.core.slos_serve.spec_length import LengthChoice, Tier, acceptance, best, choose_per_tier, choose_uniform
+from scheduler.core.speculation_acceptance import AcceptanceTracker
+from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, PerfModel, RequestView
-from speculative.acceptance import AcceptanceTracker
-from speculative.cost import SpecCost
 
 
 def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: float) -> float | None:
