@@ -1,12 +1,14 @@
 """The SLO-driven speculation length: what SGLang's adaptive controller asks each batch.
 
-SGLang 0.5.17's `AdaptiveController` pre-builds one runtime state per candidate length and asks
-its `params` object `get_steps_for_batch(bs)` before every decode, feeding back
-`on_verify_complete(accepted_per_req, bs)`. SGLang's own params pick the length from acceptance
-alone. This object has the same interface but picks the length the SLOs-Serve optimiser gives
-for the running requests' TPOT tiers (`update`, called by the scheduler each pass), the measured
-α and the performance model. It changes length only when the gain is clear for a while
-(hysteresis), or at once when the current length would miss a TPOT that another can keep.
+SGLang's `AdaptiveController` pre-builds one runtime state per candidate length and asks its
+policy (the `AdaptiveSpecPolicy` protocol) `get_steps_for_batch(bs)` before every decode, feeding
+back `on_verify_complete(accepted_per_req, bs)`. SGLang's own policy picks the length from
+acceptance alone. This object has the same interface but picks the length the SLOs-Serve
+optimiser gives for the running requests' TPOT tiers (`update`, called by the scheduler each
+pass), the measured α and the performance model. It changes length only when the gain is clear
+for a while (hysteresis), or at once when the current length would miss a TPOT that another can
+keep. It is policy, so it lives in the core as plain Python; the adapter
+(scheduler/sglang_speculation.py) is what hands it to SGLang.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ class SloSpeculation:
         self.steps_used: dict[int, int] = {}  # verifies run at each length
         self._cuda_graph_bs: list[int] | None = None
 
-    # ---- SGLang's AdaptiveSpeculativeParams interface ----------------------------------------
+    # ---- SGLang's AdaptiveSpecPolicy interface -----------------------------------------------
     @property
     def candidate_steps(self) -> list[int]:
         return self.candidates
