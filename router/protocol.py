@@ -35,7 +35,7 @@ from router.protocol_fields import ProtocolError as ProtocolError  # every decod
 from router.protocol_fields import check_worker_id as check_worker_id  # the worker-id rule, for the CLIs
 from router.routing_views import WorkerView
 from scheduler.core.shed_wire import shed_from
-from scheduler.core.slo import SloValidationError, parse_slo
+from scheduler.core.slo import SloSpec, SloValidationError, parse_slo
 
 PROTOCOL_VERSION = 1
 WORKER_ROLES = ("mixed", "prefill", "decode")
@@ -58,12 +58,13 @@ def _shed(value: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def _slo(value: Any, name: str) -> dict[str, Any]:
+def _slo(value: Any, name: str) -> SloSpec:
+    if isinstance(value, SloSpec):
+        return value  # the router's own: parse_slo validated it at the router's HTTP edge
     try:
-        parse_slo(value, prefix=f"{name}.")
+        return parse_slo(value, prefix=f"{name}.")
     except SloValidationError as exc:
         raise ProtocolError(exc.field, exc.message) from None
-    return value
 
 
 def _bootstrap(value: Any, name: str) -> dict[str, Any]:
@@ -99,7 +100,7 @@ class Message:
         for name in _FIELD_NAMES[type(self)]:
             value = getattr(self, name)
             if value is not None:
-                payload[name] = value
+                payload[name] = value.to_dict() if isinstance(value, SloSpec) else value
         try:
             raw = orjson.dumps(payload)
         except orjson.JSONEncodeError as exc:
@@ -299,7 +300,7 @@ class Submit(Message):
     rid: str
     input_ids: tuple[int, ...]
     sampling_params: dict[str, Any]
-    slo: dict[str, Any] | None = None  # SloSpec.to_dict() form; re-validated with parse_slo
+    slo: SloSpec | None = None  # on the wire as SloSpec.to_dict(); a worker decodes it with parse_slo
     resume_output_ids: tuple[int, ...] = ()
     stream: bool = True
     arrival_unix: float | None = None  # when the client's request reached the router (wall clock)

@@ -315,7 +315,7 @@ class RouterService:
             rid=call.rid,
             input_ids=tuple(call.input_ids),
             sampling_params=call.sampling_params,
-            slo=call.slo.to_dict(),
+            slo=call.slo,
             stream=call.stream,
             arrival_unix=call.arrival_unix,
         )

@@ -154,7 +154,7 @@ class AgentRequests:
             "rid": f"{submit.rid}#{next(self._attempt)}",
         }
         if submit.slo is not None:
-            body["slo"] = submit.slo
+            body["slo"] = submit.slo.to_dict()
         if submit.bootstrap is not None:  # one half of a PD pair: SGLang's own fields
             body["bootstrap_host"] = submit.bootstrap["host"]
             body["bootstrap_port"] = submit.bootstrap["port"]

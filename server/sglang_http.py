@@ -28,6 +28,7 @@ from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
 from scheduler.config import SloServerConfig
 from scheduler.core.sampling_guard import check_sampling_params
 from scheduler.core.shed_wire import shed_from
+from scheduler.core.slo import SloSpec
 from scheduler.core.slo_wire import read_injected
 from scheduler.reporting.metrics import SloMetrics
 from scheduler.reporting.reports import SloReportBook
@@ -50,6 +51,15 @@ def _first_custom_params(obj: Any) -> dict[str, Any] | None:
         if isinstance(p, dict) and isinstance(p.get("custom_params"), dict):
             return p["custom_params"]
     return None
+
+
+def request_slo(ctx: request_context.RequestContext | None, obj: Any) -> tuple[SloSpec, float] | None:
+    """The SLO and arrival of a request: the middleware's parsed object when it handled the
+    request (its route generates), else what the request's custom_params carry, validated
+    here: the scheduler decodes what reaches it without checking it again."""
+    if ctx is not None and ctx.slo is not None and ctx.arrival is not None:
+        return ctx.slo, ctx.arrival
+    return read_injected(_first_custom_params(obj))
 
 
 def _rids(obj: Any) -> list[str]:
@@ -94,9 +104,9 @@ class SloTokenizerManager(TokenizerManager):
         _check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
         if isinstance(obj, GenerateReqInput):  # every route's params (OpenAI's translated), ids in the vocabulary
             check_sampling_params(obj.sampling_params, vocab_size=self.model_config.vocab_size)
-        injected = read_injected(_first_custom_params(obj))
-        started: set[str] = set()
         ctx = request_context.current()
+        injected = request_slo(ctx, obj)
+        started: set[str] = set()
         # The router's agent reads each chunk's new tokens only: SGLang's default stream repeats
         # every token so far in every chunk, O(N^2) bytes over a long answer.
         agent_stream = ctx is not None and ctx.from_agent and bool(getattr(obj, "stream", False))

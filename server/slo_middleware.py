@@ -286,13 +286,15 @@ class SloMiddleware:
         try:
             if not ctx.from_agent:
                 _strip_body(target, kind)
-            spec = extract_slo(target, headers, self.default_slo, native=kind != OPENAI)
+            # an agent's request: the agent's Submit decode validated its SLO (router/protocol.py)
+            spec = extract_slo(target, headers, self.default_slo, native=kind != OPENAI, validated=ctx.from_agent)
             tenant: dict[str, Any] = {}
             principal = None if ctx.from_agent else scope.get(PRINCIPAL_SCOPE_KEY)  # the router held it already
             if principal is not None and principal is not OPEN_ACCESS:
                 spec, ctx.slo_clamped = hold_to_key(spec, principal.name, principal.limits, principal.share, tenant)
             (inject_openai if kind == OPENAI else inject_native)(target, spec, arrival)
             _add_custom(target, kind, tenant)
+            ctx.slo, ctx.arrival = spec, arrival
         except SloLimitError as e:
             return await respond(send, 403, error_body(e.field, e.message, 403))
         except SloValidationError as e:

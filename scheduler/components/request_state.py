@@ -64,9 +64,9 @@ def request_tenant(sampling_params: Any) -> tuple[str | None, float]:
 
 def request_slo(rid: str, sampling_params: Any) -> tuple[SloSpec, float | None]:
     """The SLO and arrival the HTTP layer attached; best-effort if absent or unreadable."""
-    try:
-        injected = read_injected(getattr(sampling_params, "custom_params", None))
-    except SloValidationError:
+    try:  # decoded, not re-validated: this scheduler's HTTP process validated what it injected
+        injected = read_injected(getattr(sampling_params, "custom_params", None), validated=True)
+    except (SloValidationError, KeyError, TypeError, ValueError):
         logger.warning("request %s carried an invalid SLO; treating it as best-effort", rid)
         injected = None
     return injected if injected is not None else (SloSpec(), None)

@@ -111,7 +111,8 @@ def _infer_class(spec: Mapping[str, Any]) -> SloClass:
 
 
 def parse_slo(spec: Any, prefix: str = "slo.") -> SloSpec:
-    """Validate a client-supplied SLO object; raises SloValidationError naming the field."""
+    """Validate a client-supplied SLO object; raises SloValidationError naming the field. Runs
+    once per request at each trust boundary (an HTTP edge, a worker's link to its router)."""
     if not isinstance(spec, Mapping):
         raise SloValidationError(prefix.rstrip("."), f"must be an object, got {type(spec).__name__}")
     unknown = sorted(set(spec) - set(FIELDS))
@@ -121,8 +122,8 @@ def parse_slo(spec: Any, prefix: str = "slo.") -> SloSpec:
     ttft = _positive_number(spec, "ttft_ms", prefix)
     tpot = _positive_number(spec, "tpot_ms", prefix)
     deadline = _positive_number(spec, "deadline_ms", prefix)
-    max_queue = _positive_number(spec, "max_queue_ms", prefix)
-    weight = _positive_number(spec, "weight", prefix)
+    for checked_only in ("max_queue_ms", "weight"):  # decode_slo reads them
+        _positive_number(spec, checked_only, prefix)
 
     raw_class = spec.get("class")
     if raw_class is None:
@@ -149,25 +150,38 @@ def parse_slo(spec: Any, prefix: str = "slo.") -> SloSpec:
             raise SloValidationError(f"{prefix}stage", "needs program_id: a stage belongs to a program")
 
     on_infeasible = spec.get("on_infeasible")
-    if on_infeasible is None:
-        on_infeasible = BEST_EFFORT_WHEN_INFEASIBLE
-    elif on_infeasible not in ON_INFEASIBLE:
+    if on_infeasible is not None and on_infeasible not in ON_INFEASIBLE:
         raise SloValidationError(
             f"{prefix}on_infeasible", f"must be one of {', '.join(ON_INFEASIBLE)}, got {on_infeasible!r}"
         )
 
     _check_combination(slo_class, ttft, tpot, deadline, program_id, prefix)
+    return decode_slo(spec)
+
+
+def _number(wire: Mapping[str, Any], name: str) -> float | None:
+    value = wire.get(name)
+    return None if value is None else float(value)
+
+
+def decode_slo(wire: Mapping[str, Any]) -> SloSpec:
+    """The SloSpec of a form `parse_slo` already accepted, without checking it again: for the
+    hops behind the edge that validated it (the scheduler reading what its HTTP process
+    injected), so a request is validated once per trust boundary, not once per process hop."""
+    raw_class = wire.get("class")
+    on_infeasible = wire.get("on_infeasible")
+    weight = _number(wire, "weight")
     return SloSpec(
-        ttft_ms=ttft,
-        tpot_ms=tpot,
-        deadline_ms=deadline,
-        slo_class=slo_class,
-        program_id=program_id,
-        stage=stage,
+        ttft_ms=_number(wire, "ttft_ms"),
+        tpot_ms=_number(wire, "tpot_ms"),
+        deadline_ms=_number(wire, "deadline_ms"),
+        slo_class=_infer_class(wire) if raw_class is None else SloClass(raw_class),
+        program_id=wire.get("program_id"),
+        stage=wire.get("stage"),
         weight=1.0 if weight is None else weight,
-        max_queue_ms=max_queue,
-        on_infeasible=on_infeasible,
-        explicit=frozenset(k for k, v in spec.items() if v is not None),
+        max_queue_ms=_number(wire, "max_queue_ms"),
+        on_infeasible=BEST_EFFORT_WHEN_INFEASIBLE if on_infeasible is None else on_infeasible,
+        explicit=frozenset(k for k, v in wire.items() if v is not None),
     )
 
 

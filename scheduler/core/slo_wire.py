@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from scheduler.core.slo import SloSpec, SloValidationError, merge_defaults, parse_slo
+from scheduler.core.slo import SloSpec, SloValidationError, decode_slo, merge_defaults, parse_slo
 from wire import ARRIVAL_PARAM, SLO_HEADER_FIELDS, SLO_PARAM
 
 
@@ -54,9 +54,15 @@ def _custom_params_slo(body: dict[str, Any]) -> Any:
     return None
 
 
-def extract_slo(body: dict[str, Any], headers: Mapping[str, str], defaults: SloSpec | None, native: bool) -> SloSpec:
-    """The request's validated SLO; raises SloValidationError naming the bad field."""
+def extract_slo(
+    body: dict[str, Any], headers: Mapping[str, str], defaults: SloSpec | None, native: bool, validated: bool = False
+) -> SloSpec:
+    """The request's validated SLO; raises SloValidationError naming the bad field. `validated`:
+    the body's top-level `slo` was checked on its way into this process (a worker's agent
+    decoding the router's Submit), so it is decoded, not checked again."""
     raw = body.pop(SLO_PARAM, None)
+    if validated and isinstance(raw, dict):
+        return decode_slo(raw)
     prefix = "slo."
     if raw is None and native:
         raw = _custom_params_slo(body)
@@ -90,11 +96,14 @@ def inject_openai(body: dict[str, Any], spec: SloSpec, arrival: float) -> None:
     _set_custom(body, "custom_params", spec, arrival)
 
 
-def read_injected(custom_params: Mapping[str, Any] | None) -> tuple[SloSpec, float] | None:
-    """The SLO and arrival a request carries after injection (None if it has none)."""
+def read_injected(custom_params: Mapping[str, Any] | None, validated: bool = False) -> tuple[SloSpec, float] | None:
+    """The SLO and arrival a request carries after injection (None if it has none). `validated`:
+    the HTTP edge in front of this reader already checked it (the scheduler behind its own
+    HTTP process), so it is decoded, not checked again."""
     if not custom_params or SLO_PARAM not in custom_params:
         return None
     arrival = custom_params.get(ARRIVAL_PARAM)
     if not isinstance(arrival, (int, float)):
         return None
-    return parse_slo(custom_params[SLO_PARAM]), float(arrival)
+    raw = custom_params[SLO_PARAM]
+    return (decode_slo(raw) if validated else parse_slo(raw)), float(arrival)

@@ -58,7 +58,11 @@ def test_native_non_stream_matches_sglang_shape(ctx: zmq.asyncio.Context) -> Non
             assert meta["worker_slo"] == {"tier": "admitted", "from": "w0"}
             assert submit.input_ids == tuple(tiny_hf().encode(PROMPT))
             assert submit.sampling_params == {"max_new_tokens": 64}
-            assert submit.slo == {"class": "best_effort", "weight": 1.0} and submit.arrival_unix is not None
+            assert (
+                submit.slo is not None
+                and submit.slo.to_dict() == {"class": "best_effort", "weight": 1.0}
+                and submit.arrival_unix is not None
+            )
             history = h.service.predictor  # the default history predictor learned this answer's length
             assert list(history._global) == [len(script_ids())]
 
@@ -93,7 +97,8 @@ def test_native_stream_is_cumulative_and_ends_with_done(ctx: zmq.asyncio.Context
             assert last["meta_info"]["slo"]["attained"]["overall"] is True
             (submit,) = h.workers[0].submits
             assert submit.rid == "abc" and submit.input_ids == (5, 6, 7)
-            assert submit.slo == {"class": "latency", "weight": 1.0, "ttft_ms": 5000.0, "tpot_ms": 1000.0}
+            assert submit.slo is not None
+            assert submit.slo.to_dict() == {"class": "latency", "weight": 1.0, "ttft_ms": 5000.0, "tpot_ms": 1000.0}
             assert submit.sampling_params["max_new_tokens"] == DEFAULT_MAX_NEW_TOKENS
 
     run(go)
@@ -119,7 +124,7 @@ def test_slo_comes_from_custom_params_or_headers_and_is_scored_by_the_router(ctx
             assert report["spec"]["ttft_ms"] == 1.0 and report["attained"]["ttft"] is False  # the router's own clock
             submit = h.workers[0].submits[0]
             assert submit.sampling_params["custom_params"] == {"x": 1}  # the SLO travels in Submit.slo only
-            assert submit.slo["ttft_ms"] == 1.0
+            assert submit.slo is not None and submit.slo.ttft_ms == 1.0
             resp = await h.client.post("/generate", json={"input_ids": [5]}, headers={"x-slo-deadline-ms": "60000"})
             assert resp.json()["meta_info"]["slo"]["spec"]["class"] == "deadline"
             status = (await h.client.get("/slo/status")).json()

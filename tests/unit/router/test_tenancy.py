@@ -52,7 +52,7 @@ def _last_submit(h: Harness) -> Submit:
 def _edf_first(submits: list[tuple[Submit, float]]) -> str:
     """The rid edf starts first, given each Submit's SLO as the worker reads it and its arrival."""
     waiting = [
-        RequestView(rid=s.rid, slo=parse_slo(s.slo), arrival=arrival, prompt_len=len(s.input_ids))
+        RequestView(rid=s.rid, slo=s.slo or parse_slo({}), arrival=arrival, prompt_len=len(s.input_ids))
         for s, arrival in submits
     ]
     view = EngineView(0.6, waiting, [], 8, 512, 10**6, 10**6)
@@ -78,7 +78,7 @@ def test_a_limited_key_cannot_jump_ahead_and_is_told_it_was_clamped(ctx: zmq.asy
                 "weight": {"asked": 9.0, "granted": 2.0},
             }
             a_submit = _last_submit(h)
-            assert a_submit.slo is not None and a_submit.slo["ttft_ms"] == 1000.0 and a_submit.slo["weight"] == 2.0
+            assert a_submit.slo is not None and a_submit.slo.ttft_ms == 1000.0 and a_submit.slo.weight == 2.0
             assert a_submit.sampling_params["custom_params"] == {TENANT_PARAM: "tenant-a", SHARE_PARAM: 2.0}
             # b arrived first with 1 s; a half a second later: under edf a no longer goes first
             assert _edf_first([(b_submit, 0.0), (a_submit, 0.5)]) == "b-patient"
@@ -124,14 +124,14 @@ def test_program_ids_are_per_key_and_a_client_cannot_forge_its_tenant(ctx: zmq.a
             resp = await a.post("/generate", json=body)
             assert resp.status_code == 200, resp.text
             a_submit = _last_submit(h)
-            assert a_submit.slo is not None and a_submit.slo["program_id"] == "tenant-a/p1"
+            assert a_submit.slo is not None and a_submit.slo.program_id == "tenant-a/p1"
             assert a_submit.sampling_params["custom_params"] == {TENANT_PARAM: "tenant-a", SHARE_PARAM: 2.0, "mine": 1}
             # the report scores what was scheduled: the spec names the namespaced program
             assert resp.json()["meta_info"]["slo"]["spec"]["program_id"] == "tenant-a/p1"
             assert (await b.post("/generate", json=body)).status_code == 200
             b_submit = _last_submit(h)
-            assert b_submit.slo is not None and b_submit.slo["program_id"] == "tenant-b/p1"
-            assert parse_slo(b_submit.slo).slo_class is SloClass.COMPOUND
+            assert b_submit.slo is not None and b_submit.slo.program_id == "tenant-b/p1"
+            assert b_submit.slo.slo_class is SloClass.COMPOUND
             await a.aclose()
             await b.aclose()
 
