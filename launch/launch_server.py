@@ -172,7 +172,23 @@ def main(argv: list[str] | None = None) -> None:
     from server.sglang_http import RouterMembership, launch
 
     watch_parent()  # started by a launcher: never outlive it
-    launch(server_args, config, RouterMembership(**membership) if membership else None, access)
+    try:
+        launch(server_args, config, RouterMembership(**membership) if membership else None, access)
+    except Exception as e:
+        _exit_failed(e)
+
+
+def _exit_failed(error: Exception) -> None:
+    """Stop this server's processes and exit with the error. SGLang raises when a scheduler rank
+    dies during start-up but leaves its other processes (detokenizer, the surviving ranks) running,
+    and the interpreter would wait on them at exit: the server would hang instead of failing."""
+    import os
+
+    from server.process import kill_tree
+
+    logging.getLogger("sglang_slo.launch").exception("the server failed")
+    kill_tree(os.getpid(), include_self=False)
+    raise SystemExit(f"sglang-slo: the server failed: {error} (the failing process's own error is logged above)")
 
 
 if __name__ == "__main__":
