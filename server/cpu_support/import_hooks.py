@@ -1,5 +1,6 @@
-"""Import-time fixes for CPU machines: a substitute `sgl_kernel`, a torchvision guard, and a
-pure-Python `mooncake.engine` where Mooncake's native engine cannot load (PD disaggregation).
+"""Import-time fixes for CPU machines: a substitute `sgl_kernel`, a torchvision guard, a
+pure-Python `mooncake.engine` where Mooncake's native engine cannot load (PD disaggregation), and
+fixes applied to an SGLang module right after it loads (server/cpu_support/pd_transfer.py).
 
 All are meta-path finders, so they cost nothing until the module is imported and step aside
 when the real thing works (a real `sgl_kernel` install, a torchvision whose C extension loads).
@@ -12,11 +13,13 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 SUBSTITUTE_NAME = "sgl_kernel"
 MOONCAKE, MOONCAKE_ENGINE = "mooncake", "mooncake.engine"
+PATCHED_PREFIX = "sglang.srt.disaggregation."  # where the modules fixed after loading live
 
 
 class _SubstituteLoader(importlib.abc.Loader):
@@ -52,6 +55,35 @@ class _ModuleLoader(importlib.abc.Loader):
 
     def exec_module(self, module: ModuleType) -> None:
         return None
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Runs the real loader, then `patch` on the loaded module; everything else is the real one's."""
+
+    def __init__(self, real: importlib.abc.Loader, patch: Callable[[ModuleType], None]) -> None:
+        self.real, self.patch = real, patch
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
+        return self.real.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.real.exec_module(module)
+        self.patch(module)
+
+    def __getattr__(self, name: str) -> object:  # get_source, get_code, ... (tracebacks, inspect)
+        return getattr(self.real, name)
+
+
+def _patched_spec(fullname: str, path: object) -> importlib.machinery.ModuleSpec | None:
+    """The module's own spec with a loader that applies our fix after it runs; None: not ours."""
+    from server.cpu_support.pd_transfer import AFTER_IMPORT
+
+    patch = AFTER_IMPORT.get(fullname)
+    spec = importlib.machinery.PathFinder.find_spec(fullname, path) if patch else None  # type: ignore[arg-type]
+    if patch is None or spec is None or spec.loader is None:
+        return None
+    spec.loader = _PatchingLoader(spec.loader, patch)
+    return spec
 
 
 def _python_engine() -> dict[str, object]:
@@ -103,6 +135,8 @@ class _CpuImportFinder(importlib.abc.MetaPathFinder):
             return None
         if fullname in (MOONCAKE, MOONCAKE_ENGINE):
             return _mooncake_spec(fullname, path)
+        if fullname.startswith(PATCHED_PREFIX):
+            return _patched_spec(fullname, path)
         if fullname != SUBSTITUTE_NAME and not fullname.startswith(SUBSTITUTE_NAME + "."):
             return None
         if self._real_sgl_kernel is None:

@@ -6,8 +6,9 @@ Grouped by the part of ours that uses them; `why` says what breaks without it.
 from __future__ import annotations
 
 from scheduler.core.sampling_guard import CHECKS
+from server.cpu_support.pd_transfer import MOONCAKE_CONN
 from server.cpu_support.sgl_kernel_substitute import IMPLEMENTED, SUBMODULES
-from tests.contract.sglang_contract import CallArity, Entry, Exists, Fields, ImportsFrom, SetsAttrs, Takes
+from tests.contract.sglang_contract import CallArity, Entry, Exists, Fields, ImportsFrom, Reads, SetsAttrs, Takes
 
 SCHED = "sglang.srt.managers.scheduler"
 BATCH = "sglang.srt.managers.schedule_batch"
@@ -174,6 +175,24 @@ CPU: list[Entry] = [
     ),
 ]
 
+# PD disaggregation on CPU (server/cpu_support/pd_transfer.py, launch/launch_argv.py): the sender switch
+# that keeps a prefill's KV send off pinned memory and CUDA events, and the decode retraction backup.
+PD_CPU: list[Entry] = [
+    Exists(MOONCAKE_CONN, "MooncakeKVSender.supports_host_tensor_indices", "the switch we turn off on CPU"),
+    Reads(
+        "sglang.srt.disaggregation.prefill",
+        "SchedulerDisaggregationPrefillMixin._send_kv_chunk",
+        "supports_host_tensor_indices",
+        "a CPU prefill would allocate pinned memory and a CUDA event for every KV send and crash",
+    ),
+    Fields(
+        ARGS,
+        "ServerArgs",
+        ("disaggregation_decode_retraction_backup",),
+        "CPU decode workers keep retracted KV in CPU tensors, not a HiCache host pool",
+    ),
+]
+
 # Speculation (scheduler/sglang_speculation.py): our length policy plugs into SGLang's controller.
 SPECULATION: list[Entry] = [
     Takes(ADAPTIVE, "AdaptiveController.__init__", ("worker", "policy"), "SloSpeculation is the controller's policy"),
@@ -193,7 +212,7 @@ SPECULATION: list[Entry] = [
     ),
 ]
 
-CONTRACT: list[Entry] = SCHEDULER + HTTP + CPU + SPECULATION
+CONTRACT: list[Entry] = SCHEDULER + HTTP + CPU + PD_CPU + SPECULATION
 
 # SamplingParams fields our sampling guard does not accept from clients: SGLang's internal ones,
 # and beam search (not offered through this server). A field outside CHECKS and this set is new

@@ -15,6 +15,8 @@ Kinds of entries (each names what breaks when it goes):
   class body or defined on the class), read without building one.
 - `CallArity(module, cls, method, callee, count)`: `method` calls `self.<callee>(...)` with
   `count` positional arguments (the CPU attention ops we substitute take them positionally).
+- `Reads(module, name, attr)`: the function `name` reads `attr` (as `x.attr` or `getattr(x, "attr")`):
+  the switch we set is still the one SGLang's code consults.
 - `ImportsFrom(module, source, names)`: what `module` imports from `source` is among `names` (the
   `sgl_kernel` ops of SGLang's CPU path, `*_cpu`, must be ones our CPU substitute provides).
 """
@@ -123,6 +125,26 @@ class CallArity:
 
 
 @dataclass(frozen=True)
+class Reads:
+    module: str
+    name: str
+    attr: str
+    why: str
+
+    def problems(self) -> list[str]:
+        found, missing = _resolve(self.module, self.name)
+        if missing is not None:
+            return [f"{self.module}.{self.name}: missing ({missing}); {self.why}"]
+        tree = ast.parse(textwrap.dedent(inspect.getsource(found)))
+        reads = any(
+            (isinstance(node, ast.Attribute) and node.attr == self.attr)
+            or (isinstance(node, ast.Constant) and node.value == self.attr)
+            for node in ast.walk(tree)
+        )
+        return [] if reads else [f"{self.module}.{self.name}: no longer reads {self.attr}; {self.why}"]
+
+
+@dataclass(frozen=True)
 class ImportsFrom:
     module: str
     source: str
@@ -153,7 +175,7 @@ class ImportsFrom:
         )
 
 
-Entry = Exists | Takes | Fields | SetsAttrs | CallArity | ImportsFrom
+Entry = Exists | Takes | Fields | SetsAttrs | CallArity | Reads | ImportsFrom
 
 
 def _resolve(module: str, dotted: str) -> tuple[Any, str | None]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tests.contract.internals import CONTRACT, SAMPLING_FIELDS_NOT_FROM_CLIENTS
-from tests.contract.sglang_contract import CallArity, Exists, Fields, ImportsFrom, SetsAttrs, Takes, check
+from tests.contract.sglang_contract import CallArity, Exists, Fields, ImportsFrom, Reads, SetsAttrs, Takes, check
 
 
 def _id(entry: object) -> str:
@@ -81,6 +81,23 @@ def test_missing_fields_attributes_and_ops_are_reported() -> None:
     served_without_one = frozenset({"assign_req_to_token_pool_cpu"}) - {"assign_req_to_token_pool_cpu"}
     assert check([ImportsFrom("sglang.srt.mem_cache.allocation", "sgl_kernel", served_without_one, "w")]) == [
         "sglang.srt.mem_cache.allocation imports assign_req_to_token_pool_cpu from sgl_kernel, which we do not serve; w"
+    ]
+
+
+def test_a_switch_sglang_stopped_reading_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.disaggregation import prefill
+
+    entries = [e for e in CONTRACT if isinstance(e, Reads)]
+    assert entries and check(entries) == []
+
+    def send_always_pinned(self: object) -> None:  # a release that pins without asking the sender
+        return None
+
+    mixin = prefill.SchedulerDisaggregationPrefillMixin
+    monkeypatch.setattr(mixin, "_send_kv_chunk", send_always_pinned)
+    assert check(entries) == [
+        f"sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin._send_kv_chunk: no longer reads "
+        f"supports_host_tensor_indices; {entries[0].why}"
     ]
 
 
