@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from scheduler.components.assembly import SloComponents
@@ -39,10 +40,10 @@ class SloPlanMixin:
         engine: Any = self
         limits = EngineLimits(
             max_running_requests=engine.max_running_requests,
-            chunk_size=self.slo.chunk_budget or 0,  # the last pass's value would only ratchet down
+            chunk_size=self.slo.started.chunk_budget or 0,  # the last pass's value would only ratchet down
             free_kv_tokens=self._slo_free_kv_tokens(),
             total_kv_tokens=int(engine.max_total_num_tokens),
-            step=self.slo.step,
+            step=self.slo.pass_state.step,
             card_busy_s=self.slo.meter.card_busy_s(),
         )
         return self.slo.views.engine_view(self.waiting_queue, self._slo_running_reqs(running_batch), limits)
@@ -68,10 +69,8 @@ class SloPlanMixin:
         return [*reqs, chunked]
 
     def _slo_apply(self, plan: FinalPlan, running_batch: Any) -> None:
-        slo = self.slo
-        slo.planned_passes += 1
-        if plan.preempt:
-            slo.pending_preempt = set(plan.preempt)
+        slo, counters = self.slo, self.slo.counters
+        counters.planned_passes += 1
         queue = slo.views.queue
         if plan.drop:
             keep, dropped = split_dropped(self.waiting_queue, plan.drop)
@@ -82,17 +81,22 @@ class SloPlanMixin:
         viewed = slo.views.waiting_rids(self.waiting_queue)  # None: not the queue this rank viewed
         perm = order_waiting(self.waiting_queue, plan, slo.states, viewed)
         queue.applied(self.waiting_queue, perm)
-        slo.best_effort_waiting = len(plan.best_effort)
-        slo.hold, slo.held_waiting = plan.hold, len(plan.hold)
+        counters.best_effort_waiting = len(plan.best_effort)
+        counters.held_waiting = len(plan.hold)
+        counters.lost_held_passes += bool(plan.hold)
+        hold_at = None
         if plan.hold and viewed is not None:  # _slo_admit sets them aside next, from this queue
-            slo.hold_at = held_positions(plan, perm, len(self.waiting_queue))
-        slo.lost_held_passes += bool(plan.hold)
-        if not slo.knobs_on or slo.chunker is not None:
+            hold_at = held_positions(plan, perm, len(self.waiting_queue))
+        applied = replace(slo.pass_state.applied, preempt=frozenset(plan.preempt), hold=plan.hold, hold_at=hold_at)
+        levers = slo.knobs_on and slo.chunker is None  # fcfs and PD dynamic chunking keep SGLang's
+        if levers:
+            applied = replace(
+                applied, batch_cap=plan.batch_cap, prefill_tokens=plan.chunk_size, prefill_open=plan.prefill
+            )
+        slo.pass_state.applied = applied  # set once: the hooks read this pass's plan whole
+        if not levers:
             return
-        slo.batch_cap = plan.batch_cap
-        slo.prefill_tokens = plan.chunk_size
-        slo.prefill_open = plan.prefill
-        if slo.startup_chunk:
+        if slo.started.startup_chunk:
             self.chunked_prefill_size = self._slo_sglang_chunk(plan.chunk_size, len(running_batch.reqs))
         if plan.batch_cap is not None and len(running_batch.reqs) < plan.batch_cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
@@ -104,7 +108,7 @@ class SloPlanMixin:
         a budget smaller than the running batch left SGLang a negative chunk, and a request
         with a negative extend length crashed the scheduler (torch.arange in compute_position).
         Never above the start-up size, which SGLang sized its buffers on."""
-        startup = self.slo.startup_chunk
+        startup = self.slo.started.startup_chunk
         assert startup
         if prefill_tokens is None:
             return startup
@@ -115,15 +119,17 @@ class SloPlanMixin:
         """How many requests this pass's prefill may hold at most (the resumed chunk counts):
         the plan's batch cap less the running requests, one in a PD whole-finish pass; None:
         no limit of ours."""
-        limit = None if self.slo.batch_cap is None else self.slo.batch_cap - running_bs
-        if self.slo.solo_pass:
+        applied = self.slo.pass_state.applied
+        limit = None if applied.batch_cap is None else applied.batch_cap - running_bs
+        if applied.solo_pass:
             limit = 1 if limit is None else min(limit, 1)
         return limit
 
     def _slo_admit(self, admit: Callable[[], Any]) -> Any:
         """SGLang's admission with the plan's held requests out of the waiting queue while it
         runs; they go back to the queue's tail, where their tier already stood."""
-        hold, at = self.slo.hold, self.slo.hold_at
+        applied = self.slo.pass_state.applied
+        hold, at = applied.hold, applied.hold_at
         if not hold:
             return admit()
         held = set_aside(self.waiting_queue, hold, at)
@@ -148,15 +154,18 @@ class SloPlanMixin:
                 return chunker.step(None if target is None else uncached_len(target))
             except Exception:  # never let the rule take the engine down: chunk at B
                 self.slo.planner.errors += 1
-                logger.exception("dynamic chunking failed at step %d", self.slo.step)
+                logger.exception("dynamic chunking failed at step %d", self.slo.pass_state.step)
                 return ChunkStep(chunker.budget, True)
 
         step = self.slo.sync.decide(choose, ChunkStep(chunker.budget, True))
-        self.chunked_prefill_size, self.slo.solo_pass = step.chunk, not step.admit_others
+        current = self.slo.pass_state
+        self.chunked_prefill_size = step.chunk
+        current.applied = replace(current.applied, solo_pass=not step.admit_others)
         try:
             out = admit()
         finally:
-            self.chunked_prefill_size, self.slo.solo_pass = chunker.budget, False
+            self.chunked_prefill_size = chunker.budget
+            current.applied = replace(current.applied, solo_pass=False)
         batch = getattr(out, "batch_to_run", None)
         whole = batch is not None and any(r is target for r in batch.reqs) and self.chunked_req is not target
         chunker.record(step, whole)

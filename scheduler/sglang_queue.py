@@ -14,7 +14,6 @@ from scheduler.components.request_state import request_slo
 from scheduler.components.shedding import shed_finish_reason
 from scheduler.core.admission import backlog, queue_is_full
 from scheduler.core.plan_path import MIXED, PREFILL
-from scheduler.core.types import EngineView
 from scheduler.sglang_engine import disagg_role
 from wire import QUEUE_FULL
 
@@ -52,7 +51,7 @@ class SloQueueMixin:
         slo, _ = request_slo(recv_req.rid, recv_req.sampling_params)
         finished = shed_finish_reason(QUEUE_FULL, self._slo_queue_drain_s(), slo)
         self.send_abort_output(AbortReq(finished_reason=finished, rid=recv_req.rid), recv_req)  # type: ignore[attr-defined]
-        self.slo.shed[QUEUE_FULL] += 1
+        self.slo.counters.shed[QUEUE_FULL] += 1
         self.slo.states.forget(recv_req.rid)
         return True
 
@@ -77,16 +76,16 @@ class SloQueueMixin:
     def _slo_queue_drain_s(self) -> float | None:
         """Seconds until every request queued now has started (a newcomer's wait), from the
         perf model; computed at most once per pass."""
-        slo = self.slo
-        if slo.drain_step != slo.step:
+        current = self.slo.pass_state
+        if current.drain_step != current.step:
             try:
                 view = self._slo_view(self.running_batch)  # type: ignore[attr-defined]
-                slo.drain_s = backlog(view, slo.perf).drain_s
+                current.drain_s = backlog(view, self.slo.perf).drain_s
             except Exception:  # an estimate must never take the engine down
-                logger.exception("queue drain estimate failed at step %d", slo.step)
-                slo.drain_s = None
-            slo.drain_step, slo.drain_at = slo.step, time.monotonic()
-        return slo.drain_s
+                logger.exception("queue drain estimate failed at step %d", current.step)
+                current.drain_s = None
+            current.drain_step, current.drain_at = current.step, time.monotonic()
+        return current.drain_s
 
     def _slo_abort_waiting(self, req: Any, reason: str, wait_s: float | None = None) -> None:
         """End a queued request with a 503, `reason` and its predicted wait, freeing what
@@ -98,8 +97,8 @@ class SloQueueMixin:
         state = self.slo.states.get(req.rid)
         finished = shed_finish_reason(reason, wait_s, None if state is None else state.slo)
         self.send_abort_output(AbortReq(finished_reason=finished, rid=req.rid), req)  # type: ignore[attr-defined]
-        self.slo.dropped += 1
-        self.slo.shed[finished["reason"]] += 1
+        self.slo.counters.dropped += 1
+        self.slo.counters.shed[finished["reason"]] += 1
         self.slo.states.forget(req.rid)
         self.slo.views.forget(req.rid)
         logger.debug("dropped %s: %s", req.rid, reason)

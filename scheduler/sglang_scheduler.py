@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
 from sglang.srt.managers import scheduler as sglang_scheduler_module
@@ -81,8 +82,8 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         if slo.knobs_on and getattr(self, "prefill_decode_interval", 0):
             # SGLang's interval skips get_new_batch_prefill, where each pass is planned: refused
             raise ValueError("--prefill-decode-interval cannot be combined with an SLO policy (fcfs only)")
-        slo.startup_chunk = self.chunked_prefill_size  # a plan never exceeds it
-        slo.max_running = self.max_running_requests  # configured; a decode cap lowers it per pass
+        slo.started.startup_chunk = self.chunked_prefill_size
+        slo.started.max_running = self.max_running_requests
         tokenizer = getattr(self, "tokenizer", None)
         if tokenizer is not None:  # a text-reading length predictor sees prompts and outputs as text
             slo.views.decode_text = tokenizer.decode
@@ -99,12 +100,12 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
             role=role,
             tenant_fairness=slo.config.tenant_fairness,
         )
-        slo.chunk_budget = self.chunked_prefill_size
+        slo.started.chunk_budget = self.chunked_prefill_size
         if role == PREFILL and slo.knobs_on and self.chunked_prefill_size:
             # PD prefill: PolyServe dynamic chunking; the launcher started SGLang at 2B so that a
             # whole-finish step fits the buffers sized at start-up, and normal passes run at B.
             slo.start_dynamic_chunking(self.chunked_prefill_size, self.page_size)
-            self.chunked_prefill_size = slo.chunk_budget
+            self.chunked_prefill_size = slo.started.chunk_budget
         # On a GPU run_batch returns once the forward is launched (with or without overlap
         # scheduling): its wall time is not the pass's, CUDA events on the forward's stream are.
         slo.meter.timing_ok = self.device == "cpu"
@@ -121,7 +122,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         """Changes: marks the loop iteration's socket read, which tells the intake lag's engine
         part (waiting for this read) from host transit (missing the read before). No hook
         serves: SGLang offers none at the socket read."""
-        self.slo.intake.loop(time.time())
+        self.slo.counters.intake.loop(time.time())
         return super().process_input_requests(recv_reqs)
 
     def handle_generate_request(self, recv_req: Any, **kwargs: Any) -> Any:
@@ -129,7 +130,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         would (the tiny model and an emulated card have no meaningful EOS); policies keep seeing
         the client's own cap. Records how late the request reached the scheduler. No hook
         serves: the cap must be lowered before SGLang builds the Req from the sampling params."""
-        self.slo.intake.record(injected_arrival(recv_req.sampling_params), time.time())
+        self.slo.counters.intake.record(injected_arrival(recv_req.sampling_params), time.time())
         self.slo.states.lower_cap_to_hint(recv_req.rid, recv_req.sampling_params)
         return super().handle_generate_request(recv_req, **kwargs)
 
@@ -153,25 +154,23 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         plan that defers prefill makes this pass a decode pass. No hook serves: the adder class
         sees one pass's admission walk, not the queue's order, drops and the chunk size."""
         slo = self.slo
-        slo.step += 1
-        slo.pending_preempt = set()  # a plan's preemptions hold for its own pass only
-        slo.hold, slo.hold_at = frozenset(), None  # and so does its hold
-        slo.prefill_open = True
+        current = slo.pass_state
+        current.begin()  # a plan's preemptions and hold are its own pass's; its levers carry over
         decision = slo.sync.decide(lambda: self._slo_decide(running_batch), PassDecision())
         if decision.plan is not None:
             self._slo_apply(decision.plan, running_batch)
         if decision.spec_steps is not None and slo.spec is not None:
             slo.spec.current = decision.spec_steps  # the leading rank's choice (its own on that rank)
-        if self.waiting_queue and time.monotonic() - slo.drain_at > DRAIN_REFRESH_S:
+        if self.waiting_queue and time.monotonic() - current.drain_at > DRAIN_REFRESH_S:
             self._slo_queue_drain_s()  # what /slo/status and the router's Retry-After read
-        elif not self.waiting_queue and slo.drain_s:
-            slo.drain_s = 0.0
+        elif not self.waiting_queue and current.drain_s:
+            current.drain_s = 0.0
         admit = lambda: super(SloSchedulerMixin, self).get_new_batch_prefill(running_batch)  # noqa: E731
         if slo.chunker is not None:
             return self._slo_admit(lambda: self._prefill_dynamic_chunk(running_batch, admit))
-        if not slo.prefill_open and running_batch.reqs:
+        if not current.applied.prefill_open and running_batch.reqs:
             # no prefill fits the running requests' slack this pass: SGLang decodes instead
-            slo.prefill_deferred += 1
+            slo.counters.prefill_deferred += 1
             return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
         return self._slo_admit(admit)
 
@@ -181,15 +180,16 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         cap (PolyServe §3.4) lowers that bound for this pass. No hook serves: SGLang reads the
         bound from max_running_requests inside this call."""
         slo = self.slo
-        slo.step += 1  # SGLang's decode loop never calls get_new_batch_prefill
+        current = slo.pass_state
+        current.step += 1  # SGLang's decode loop never calls get_new_batch_prefill
         cap = None
         plan = slo.sync.decide(lambda: self._slo_plan(running_batch)[0], None)
         if plan is not None:
-            slo.planned_passes += 1
+            slo.counters.planned_passes += 1
             order_waiting(self.waiting_queue, plan, slo.states)
-            slo.best_effort_waiting = len(plan.best_effort)
+            slo.counters.best_effort_waiting = len(plan.best_effort)
             cap = plan.batch_cap
-        slo.decode_cap = cap
+        current.applied = replace(current.applied, decode_cap=cap)
         if cap is None or cap >= self.max_running_requests:
             return super().get_new_prebuilt_batch(running_batch)
         configured, self.max_running_requests = self.max_running_requests, cap
@@ -206,9 +206,11 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         before an in-flight (overlap) result for it is processed. Retracted requests wait in the
         queue and resume from their generated tokens (KV recomputed) when the policy admits them.
         No hook serves: --retraction-policy only orders SGLang's memory-driven retraction."""
-        pending, self.slo.pending_preempt = self.slo.pending_preempt, set()
+        current = self.slo.pass_state
+        pending = current.applied.preempt
         if pending:
-            self.slo.preempted += len(retract_requests(self, batch, pending))
+            current.applied = replace(current.applied, preempt=frozenset())  # taken once
+            self.slo.counters.preempted += len(retract_requests(self, batch, pending))
         return super().update_running_batch(batch)
 
     # ---- SGLang's forward pass and its results -------------------------------------------------
@@ -245,7 +247,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
             if req.finished():
                 answered = not isinstance(req.finished_reason, FINISH_ABORT)  # an abort's length says nothing
                 slo.on_finished(req.rid, len(req.origin_input_ids), len(req.output_ids), now, answered)
-        if slo.step % EXPIRE_EVERY_STEPS == 0:
+        if slo.pass_state.step % EXPIRE_EVERY_STEPS == 0:
             slo.compound.expire(now)
             slo.forget_departed({r.rid for r in self.waiting_queue} | {r.rid for r in self.running_batch.reqs})
         return out
@@ -284,7 +286,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
             slo.spec.update(view or self._slo_view(running_batch), slo.perf)
         except Exception:  # the length choice must not take the engine down: keep the current one
             slo.planner.errors += 1
-            logger.exception("SLO speculation failed at step %d", slo.step)
+            logger.exception("SLO speculation failed at step %d", slo.pass_state.step)
 
     def _slo_decide(self, running_batch: Any) -> PassDecision:
         """The plan, and the speculation length for the next decode batches (the leading rank's

@@ -46,31 +46,33 @@ class SloStatusMixin:
 
     def slo_status_snapshot(self) -> dict[str, Any]:
         slo = self.slo
+        started, current, counters = slo.started, slo.pass_state, slo.counters
+        applied = current.applied
         engine: Any = self
         role = disagg_role(self)
         return SchedulerStatus(
             policy=slo.config.policy,
             waiting=len(engine.waiting_queue),
             running=running_requests(self),
-            max_running_requests=slo.max_running,
+            max_running_requests=started.max_running,
             disaggregation_mode=role if role != MIXED else "null",
             chunked_prefill_size=engine.chunked_prefill_size,
-            steps=slo.step,
+            steps=current.step,
             kv_capacity_tokens=int(engine.max_total_num_tokens),
             kv_used_tokens=self._slo_kv_used_tokens(),
             prefill_ms_per_token=slo.meter.prefill_ms_per_token(),
-            dropped_in_queue=slo.dropped,
-            prefill_deferred=slo.prefill_deferred,
-            batch_cap=slo.batch_cap,
-            prefill_tokens=slo.prefill_tokens,
-            startup_chunk_size=slo.startup_chunk,
-            chunk_budget=slo.chunk_budget,
+            dropped_in_queue=counters.dropped,
+            prefill_deferred=counters.prefill_deferred,
+            batch_cap=applied.batch_cap,
+            prefill_tokens=applied.prefill_tokens,
+            startup_chunk_size=started.startup_chunk,
+            chunk_budget=started.chunk_budget,
             dynamic_chunking=None if slo.chunker is None else slo.chunker.status(),
-            decode_cap=slo.decode_cap if role == DECODE else None,
+            decode_cap=applied.decode_cap if role == DECODE else None,
             mixed_batching=bool(engine.is_mixed_chunk),
-            best_effort_waiting=slo.best_effort_waiting,
-            held_waiting=slo.held_waiting,
-            lost_held_passes=slo.lost_held_passes,
+            best_effort_waiting=counters.best_effort_waiting,
+            held_waiting=counters.held_waiting,
+            lost_held_passes=counters.lost_held_passes,
             perf_model=slo.meter.perf_status(),
             predictor_accuracy=slo.accuracy.summary(),
             compound={
@@ -80,15 +82,15 @@ class SloStatusMixin:
             },
             plan_errors=slo.planner.errors + slo.sync.failed,
             fallbacks=slo.planner.fallbacks + slo.sync.failed,
-            planned_passes=slo.planned_passes,
+            planned_passes=counters.planned_passes,
             view_cached_prefix_tokens=slo.views.cached_tokens_read,
-            queue_drain_s=None if slo.drain_s is None else round(slo.drain_s, 4),
-            shed=dict(slo.shed),
-            intake_lag=slo.intake.summary(),
+            queue_drain_s=None if current.drain_s is None else round(current.drain_s, 4),
+            shed=dict(counters.shed),
+            intake_lag=counters.intake.summary(),
             max_queued_requests=engine.max_queued_requests,
             max_queued_tokens=slo.config.max_queued_tokens,
             max_input_tokens=getattr(self, "max_req_input_len", None),
-            preempted=slo.preempted,
+            preempted=counters.preempted,
             emulation=None
             if slo.meter.pacer is None
             else slo.emulation_status(

@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from scheduler.components.intake_lag import IntakeLag
+from scheduler.components.adapter_state import EngineStart, PassState, SloCounters
 from scheduler.components.meter import EngineMeter
 from scheduler.components.pd_chunking import PrefillChunker
 from scheduler.components.planner import PassPlanner
@@ -39,6 +36,9 @@ logger = logging.getLogger("sglang_slo.scheduler")
 
 @dataclass
 class SloComponents:
+    """The adapter's wired components (set-up), and its state apart: what the engine started
+    with, the pass in progress with its applied plan, and the counters."""
+
     config: SloServerConfig
     clock: Clock
     perf: OnlinePerfModel
@@ -53,38 +53,13 @@ class SloComponents:
     spec: SloSpeculation | None = None  # set when the draft worker is built
     chunker: PrefillChunker | None = None  # PD prefill workers under an SLO policy
     sync: PassSync = field(default_factory=PassSync)  # TP ranks: the leader's decisions on every rank
-    # what the engine started with (set once SGLang's init is done)
-    startup_chunk: int | None = None
-    chunk_budget: int | None = None
-    max_running: int = 0
-    # per pass
-    step: int = 0
-    batch_cap: int | None = None
-    prefill_tokens: int | None = None  # the plan's prefill budget per step (None: SGLang's own)
-    decode_cap: int | None = None  # PD decode: admission cap at the last pass
-    solo_pass: bool = False  # PD prefill: this pass finishes one request whole, alone
-    prefill_open: bool = True  # False: the plan deferred prefill, this pass decodes
-    pending_preempt: set[str] = field(default_factory=set)  # running rids this pass's plan retracts
-    hold: frozenset[str] = frozenset()  # waiting rids this pass's plan keeps from starting (lost_hold)
-    hold_at: np.ndarray | None = None  # their positions in the queue as the plan left it, if known
-    # counters
-    dropped: int = 0
-    prefill_deferred: int = 0  # passes the plan turned into decode passes
-    preempted: int = 0
-    planned_passes: int = 0  # passes whose order and admission came from the policy's plan
-    best_effort_waiting: int = 0
-    held_waiting: int = 0  # of those, past due and held while SLO work runs (last pass)
-    lost_held_passes: int = 0  # passes that held at least one
-    shed: Counter[str] = field(default_factory=Counter)  # public shed reason -> requests
-    intake: IntakeLag = field(default_factory=IntakeLag)  # edge stamp -> scheduler intake
-    # the queue's predicted drain (a newcomer's wait), recomputed at most once per pass
-    drain_s: float | None = None
-    drain_step: int = -1
-    drain_at: float = float("-inf")  # time.monotonic() of the last estimate
+    started: EngineStart = field(default_factory=EngineStart)  # set once SGLang's init is done
+    pass_state: PassState = field(default_factory=PassState)  # the pass in progress, its applied plan
+    counters: SloCounters = field(default_factory=SloCounters)  # what /slo/status publishes
 
     def start_dynamic_chunking(self, startup_chunk: int, page_size: int) -> None:
         self.chunker = PrefillChunker(startup_chunk, page_size)
-        self.chunk_budget = self.chunker.budget
+        self.started.chunk_budget = self.chunker.budget
 
     def spec_alpha(self) -> float | None:
         """The SLO speculation controller's acceptance rate (None without one)."""

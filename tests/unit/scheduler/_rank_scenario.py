@@ -45,8 +45,8 @@ def outcome(s: StandInSloScheduler) -> dict[str, Any]:
         "dropped": sorted(out.rid for out in s.sent),
         "waiting": [r.rid for r in s.waiting_queue],
         "chunk": s.chunked_prefill_size,
-        "batch_cap": s.slo.batch_cap,
-        "prefill_open": s.slo.prefill_open,
+        "batch_cap": s.slo.pass_state.applied.batch_cap,
+        "prefill_open": s.slo.pass_state.applied.prefill_open,
         "passes": [list(p) for p in s.seen_passes],
         "shared": s.slo.sync.shared,
     }

@@ -46,7 +46,7 @@ def test_a_full_queue_answers_429_with_a_computed_retry_after(mode, policy) -> N
     if mode == DisaggregationMode.NULL:  # the waiting queue's drain: 3 prefill steps of 0.5 s ahead
         assert reason[PREDICTED_WAIT_KEY] == pytest.approx(1500.0)
         assert reason[RETRY_AFTER_KEY] == 2
-    assert s.slo.shed[QUEUE_FULL] == 2
+    assert s.slo.counters.shed[QUEUE_FULL] == 2
     assert s.released == ["r3", "r4"]  # their cache state too, as SGLang releases a refused request's
 
 

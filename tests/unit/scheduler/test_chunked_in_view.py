@@ -25,7 +25,7 @@ def _pass_with_chunked(chunked: bool) -> tuple[set[str], int, list[str]]:
     s._slo_view = lambda batch: (v := view_of(batch), seen.extend(r.rid for r in v.running))[0]  # type: ignore[method-assign]
     out = s.get_new_batch_prefill(s.running_batch)
     admitted = {r.rid for r in out.batch_to_run.reqs} if out.batch_to_run is not None else set()
-    return admitted, s.slo.held_waiting, seen
+    return admitted, s.slo.counters.held_waiting, seen
 
 
 def test_the_chunked_request_is_seen_running_and_keeps_the_lost_one_held() -> None:

@@ -20,6 +20,6 @@ def test_a_request_fitting_in_evictable_cache_is_admitted() -> None:
     s._slo_view = lambda batch: (v := view_of(batch), views.append(v))[0]  # type: ignore[method-assign]
     out = s.get_new_batch_prefill(s.running_batch)
     assert views and views[0].free_kv_tokens == 50_100
-    assert s.slo.best_effort_waiting == 0  # admitted, not declined for memory
+    assert s.slo.counters.best_effort_waiting == 0  # admitted, not declined for memory
     assert out.batch_to_run is not None and [r.rid for r in out.batch_to_run.reqs] == ["r"]
     assert s.slo_status_snapshot()["kv_used_tokens"] == s.max_total_num_tokens - 50_100

@@ -35,7 +35,7 @@ def _scheduler(mode: DisaggregationMode, policy: str = "edf", startup_chunk: int
 
 def test_a_prefill_worker_started_at_2b_runs_normal_passes_at_b() -> None:
     s = _scheduler(DisaggregationMode.PREFILL)
-    assert (s.slo.startup_chunk, s.slo.chunk_budget, s.chunked_prefill_size) == (2 * B, B, B)
+    assert (s.slo.started.startup_chunk, s.slo.started.chunk_budget, s.chunked_prefill_size) == (2 * B, B, B)
     assert s._slo_view(s.running_batch).chunk_size == B
 
 
@@ -57,7 +57,7 @@ def test_a_lowered_chunk_does_not_lower_the_next_views_limit() -> None:
 def test_only_slo_policies_on_prefill_workers_chunk_dynamically(mode: DisaggregationMode, policy: str) -> None:
     s = _scheduler(mode, policy)
     assert s.slo.chunker is None
-    assert s.slo.chunk_budget == s.chunked_prefill_size == 2 * B
+    assert s.slo.started.chunk_budget == s.chunked_prefill_size == 2 * B
 
 
 def test_the_most_urgent_request_is_finished_whole_and_alone() -> None:
@@ -71,7 +71,7 @@ def test_the_most_urgent_request_is_finished_whole_and_alone() -> None:
     assert big.extend_end == 1500 and s.chunked_req is None  # all 1500 tokens, > max_prefill_tokens
     assert s.seen_passes == [(1500, 1)]  # the step's budget, and nothing else admitted
     assert [r.rid for r in s.waiting_queue] == ["small"]
-    assert (s.chunked_prefill_size, s.slo.solo_pass) == (B, False)  # restored for the next pass
+    assert (s.chunked_prefill_size, s.slo.pass_state.applied.solo_pass) == (B, False)  # restored for the next pass
     assert (s.slo.chunker.whole_finish_passes, s.slo.chunker.finished_whole) == (1, 1)
 
     plan = s.get_new_batch_prefill(s.running_batch)
@@ -163,7 +163,7 @@ def test_a_tight_tpot_caps_admission_on_a_decode_worker() -> None:
     batch = s.get_new_prebuilt_batch(s.running_batch)
     # 6 admitted (4 running): the plan's EDF order, most urgent first.
     assert [r.rid for r in batch.reqs] == ["w8", "w7", "w6", "w5", "w4", "w3"]
-    assert s.slo.decode_cap == 10 and s.max_running_requests == 64  # lowered for the pass only
+    assert s.slo.pass_state.applied.decode_cap == 10 and s.max_running_requests == 64  # lowered for the pass only
     assert len(s.waiting_queue) == 4
 
 
@@ -171,7 +171,7 @@ def test_loose_tpots_leave_decode_admission_to_sglang() -> None:
     s = _decode_worker()
     s.waiting_queue = [_decoding(f"w{i}", tpot_ms=1_000) for i in range(10)]
     batch = s.get_new_prebuilt_batch(s.running_batch)
-    assert len(batch.reqs) == 10 and not s.waiting_queue and s.slo.decode_cap == 64
+    assert len(batch.reqs) == 10 and not s.waiting_queue and s.slo.pass_state.applied.decode_cap == 64
 
 
 def test_fcfs_decode_workers_stay_stock() -> None:
@@ -185,7 +185,7 @@ def test_a_failing_policy_on_a_decode_worker_falls_back_to_sglang(monkeypatch: p
     monkeypatch.setattr(s.slo.planner.policy, "plan", lambda view: 1 / 0)
     s.waiting_queue = [_decoding(f"w{i}", tpot_ms=20) for i in range(10)]
     assert len(s.get_new_prebuilt_batch(s.running_batch).reqs) == 10
-    assert s.slo.planner.errors == 1 and s.slo.decode_cap is None
+    assert s.slo.planner.errors == 1 and s.slo.pass_state.applied.decode_cap is None
 
 
 def test_the_configured_limit_is_restored_when_sglang_raises(monkeypatch: pytest.MonkeyPatch) -> None:
