@@ -10,7 +10,9 @@ more ranks than NUMA nodes without it).
 - TP=2 with preemption for certain (LAS, test_preemption's scenario): the preempted requests
   resume token-identical to an un-preempted run.
 - DP=2: two replicas, each publishing its scheduler status on its own address (one address for
-  both made the second replica fail to start), merged into one engine status.
+  both made the second replica fail to start), merged into one engine status; every rank gets its
+  own cores (SGLang counts dp x tp ranks against NUMA nodes), and a rank that dies at start-up
+  stops the server with its error instead of leaving it hanging.
 """
 
 from __future__ import annotations
@@ -98,3 +100,18 @@ def test_dp2_replicas_publish_apart_and_are_merged(tiny_server: ServerProcess) -
         with ThreadPoolExecutor(4) as pool:
             outs = list(pool.map(lambda ids: _generate(server.url, ids, n=8), PROMPTS[:4]))
         assert all(len(ids) == 8 for ids in outs)
+        engine = server.status_when(lambda s: s["engine"].get("running") == 0 and s["engine"].get("steps", 0) > 0)
+        assert_policy_in_charge(engine["engine"])  # both replicas' passes planned by EDF
+
+
+def test_a_scheduler_rank_dying_at_start_up_stops_the_server_with_its_error() -> None:
+    """One core list for two DP ranks: SGLang's second rank refuses to bind and dies. The server
+    must exit with the error (SGLang alone left its other processes running and the server hung)."""
+    import os
+
+    env = {**os.environ, "SGLANG_CPU_OMP_THREADS_BIND": "0"}
+    server = ServerProcess("--model-path", "tiny", "--dp-size", "2", name="dp2-dying-rank", env=env)
+    with pytest.raises(RuntimeError, match="server exited with 1") as failed:
+        server.start()
+    assert "sglang-slo: the server failed: Rank" in str(failed.value)
+    assert "SGLANG_CPU_OMP_THREADS_BIND" in server.log_path.read_text(errors="replace")  # the rank's own error
