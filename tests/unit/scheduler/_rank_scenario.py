@@ -68,7 +68,7 @@ def _run_rank(rank: int, port: int) -> None:
     dist.barrier()  # neither rank tears the group down while the other still uses it
     dist.destroy_process_group()
     # gloo's threads can outlive the group into interpreter teardown, where one aborted a rank
-    # that had finished its work ("terminate called without an active exception", CI 2026-12-02)
+    # that had finished its work ("terminate called without an active exception" in CI)
     os._exit(0)
 
 
