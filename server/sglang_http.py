@@ -131,6 +131,15 @@ class SloTokenizerManager(TokenizerManager):
                 _BOOK.on_abort(rid)
             raise
 
+    def _validate_one_request(self, obj: Any, input_ids: Any) -> None:
+        """Changes SGLang's per-request check: a prompt of no tokens (`text: ""` on a tokenizer
+        without BOS, `input_ids: []`) reached the model, whose forward then took the scheduler
+        down; SGLang offers no validation hook, so this override refuses it as a 400."""
+        super()._validate_one_request(obj, input_ids)
+        if input_ids is not None and len(input_ids) == 0 and getattr(obj, "input_embeds", None) is None:
+            field = "input_ids" if getattr(obj, "text", None) is None else "text"
+            raise ValueError(f"{field}: the prompt is empty (no tokens); send at least one token")
+
 
 def _check_token_ids(input_ids: Any, vocab_size: int) -> None:
     """SGLang would pass an id outside the vocabulary to the model, whose embedding lookup then

@@ -105,6 +105,12 @@ HTTP: list[Entry] = [
     Exists("sglang.srt.entrypoints.engine", "init_tokenizer_manager", "builds our TokenizerManager subclass"),
     Takes(TM, "TokenizerManager.generate_request", ("obj", "request"), "SLO reports and delta streams"),
     Takes(TM, "TokenizerManager._handle_abort_finish_reason", ("out", "state", "is_stream"), "shed answers (429/503)"),
+    Takes(
+        TM,
+        "TokenizerManager._validate_one_request",
+        ("obj", "input_ids"),
+        "an empty prompt is a 400, not a dead scheduler",
+    ),
     Exists(TM, "TokenizerManager.auto_create_handle_loop", "our drain handler must win over SGLang's SIGTERM handler"),
     Exists("sglang.srt.managers.io_struct", "GenerateReqInput", "the fields a native request may carry"),
     Fields(

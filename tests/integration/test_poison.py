@@ -32,6 +32,16 @@ def test_a_catastrophic_stop_regex_is_refused_and_the_worker_keeps_serving(tiny_
     assert plain.json()["meta_info"]["completion_tokens"] == 6
 
 
+def test_an_empty_prompt_is_a_400_and_the_worker_keeps_serving(tiny_server: ServerProcess) -> None:
+    """A prompt of no tokens reached the model's forward, which took the scheduler down."""
+    for path, body in (("/generate", {"text": ""}), ("/v1/completions", {"prompt": "", "max_tokens": 4})):
+        r = _post(tiny_server, path, body)
+        assert r.status_code == 400, (path, r.status_code, r.text)
+        assert "empty" in r.text, r.text
+    plain = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 4}})
+    assert plain.status_code == 200, plain.text
+
+
 def test_a_bounded_stop_regex_still_stops_generation(tiny_server: ServerProcess) -> None:
     params = {"max_new_tokens": 48, "temperature": 0}
     free = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": params}).json()
