@@ -336,7 +336,7 @@ class _Req:
         self.output_ids = [0] * view.generated
         stamps = [view.arrival + shift + 0.2 + 0.02 * i for i in range(view.generated)]
         self.customized_info = {TOKEN_TS_KEY: stamps} if stamps else None
-        self.prefix_indices = range(view.prefix_cached)
+        self.prefix_len = view.prefix_cached
 
     def decode_one(self, now_unix: float) -> None:
         """What a decode step does to a running request: one more output token, stamped."""
@@ -384,7 +384,6 @@ def bench_plan_path(
                 limits: EngineLimits = limits,
                 knobs: KnobModel = knobs,
             ) -> None:
-                queue[0].prefix_indices = range(queue[0].prefix_indices.stop)  # the admission walk's stop
                 engine_view = views.engine_view(queue, running_reqs, limits)
                 plan = planner.plan(engine_view, knobs)
                 if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
