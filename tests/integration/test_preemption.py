@@ -149,13 +149,23 @@ def test_preempted_request_resumes_token_identical(las_two_slots: ServerProcess)
 def test_the_policys_views_count_the_running_requests_cached_tokens(las_two_slots: ServerProcess) -> None:
     """A running request's KV (its prompt, after its prefill) is cached prefix to the policy: the
     views read it from SGLang's request (a view that read none would price every running request
-    as if its prompt were still to prefill). Three requests for two slots: a newcomer waits while
-    the others run, so the policy plans passes over running requests."""
+    as if its prompt were still to prefill). Two requests fill the two slots; a third is sent only
+    once both have streamed a token (their prefill is done), so it waits while they run and the
+    policy plans passes over running requests that hold their prompts' KV. Sending all three at
+    once let a slow host's client deliver them one after another, with no pass over a running one."""
     before = las_two_slots.status_when(lambda s: bool(s["engine"]))["engine"]["view_cached_prefix_tokens"]
-    prompts = [f"the cached prefix request number {i} " * 4 for i in range(3)]
-    threads = [threading.Thread(target=_generate, args=(las_two_slots, p, 32)) for p in prompts]
+    prompts = [f"the cached prefix request number {i} " * 4 for i in range(2)]
+    events = [threading.Event() for _ in prompts]
+    threads = [
+        threading.Thread(target=_stream, args=(las_two_slots, p, LONG_TOKENS, e, 1))
+        for p, e in zip(prompts, events, strict=True)
+    ]
     for t in threads:
         t.start()
+    for e in events:
+        assert e.wait(timeout=120), "a request never started streaming"
+    newcomer = _generate(las_two_slots, "the cached prefix newcomer", SHORT_TOKENS)
+    assert newcomer["meta_info"]["completion_tokens"] == SHORT_TOKENS
     for t in threads:
         t.join(timeout=300)
     engine = las_two_slots.status_when(lambda s: s["engine"]["running"] == 0)["engine"]
