@@ -250,6 +250,16 @@ def _no_slo(req: TraceRequest, rng: random.Random, scale: Scale) -> Body:
     return {}
 
 
+# A chat service: interactive answers streamed at reading speed (TTFT 1 s, TPOT 50 ms), some
+# jobs due in Tempo's 20 s, and best-effort traffic (no SLO) that must not starve. It is the
+# mix with best-effort requests, which exercise Tempo's reserve (§4.3).
+CHAT_TTFT_MS, CHAT_TPOT_MS = 1000.0, 50.0
+
+
+def _chat_latency(req: TraceRequest, rng: random.Random, scale: Scale) -> Body:
+    return _latency(CHAT_TTFT_MS, CHAT_TPOT_MS, req, scale)
+
+
 # --------------------------------------------------------------------------------------------
 # Registry
 
@@ -286,6 +296,10 @@ MIXES: dict[str, Mix] = {
     "slos-chatbot": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_LOOSE[1])}),
     "slos-coder": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_TIGHT[1])}),
     "goodserve": Mix({"deadline": 1}, {"deadline": _goodserve}),
+    "chat": Mix(
+        {"latency": 6, "deadline": 2, "none": 2},
+        {"latency": _chat_latency, "deadline": _tempo_deadline, "none": _no_slo},
+    ),
     "none": Mix({"none": 1}, {"none": _no_slo}),
 }
 CHAIN_LENGTHS = (2, 3)  # calls per synthetic compound program in a flat trace

@@ -55,6 +55,37 @@ def reserved_slots(step: int, quantum_steps: int, share: float, batch: int) -> i
     return min(batch, int(math.floor((q + 1) * per_quantum + 1e-9) - math.floor(q * per_quantum + 1e-9)))
 
 
+def reserve_positions(
+    n_slo: int, n_be: int, running: int, be_running: int, step: int, quantum_steps: int, share: float, batch: int
+) -> np.ndarray:
+    """Where in the admission order the waiting best-effort requests with a reserved slot go,
+    among `n_slo` SLO requests (ascending positions, at most `n_be`).
+
+    The reserve is a share of the batch that actually runs, and the policy cannot know that
+    batch: the plan path's cap (the tightest TPOT's, a policy's own), the engine's memory or a
+    prefill budget may stop admission long before `batch` (max_running_requests). So the
+    reserve holds for every prefix of the order: a best-effort request goes at position j only
+    while the best-effort requests in the batch would stay within `reserved_slots` of the
+    batch of `running + j + 1`. Ranked ahead of all SLO work instead, the reserve of the whole
+    `batch` filled a capped batch with best-effort requests alone."""
+    if n_be == 0 or share <= 0.0:
+        return np.zeros(0, dtype=np.int64)
+    j = np.arange(n_slo + n_be, dtype=np.int64)
+    size = np.minimum(running + j + 1, max(batch, 1)).astype(np.float64)
+    per_quantum = share * size
+    q = step // max(1, quantum_steps)
+    allowed = np.floor((q + 1) * per_quantum + 1e-9) - np.floor(q * per_quantum + 1e-9)
+    allowed = np.maximum.accumulate(np.minimum(allowed, size) - be_running)
+    k = int(min(n_be, max(0.0, allowed[-1])))
+    if k == 0:
+        return np.zeros(0, dtype=np.int64)
+    pos = np.searchsorted(allowed, np.arange(1, k + 1), side="left").astype(np.int64)
+    # Two slots opening at one position: the second request takes the next one; a slot opening
+    # past the SLO requests: right after them.
+    i = np.arange(k)
+    return np.minimum(np.maximum.accumulate(pos - i) + i, n_slo + i)
+
+
 @dataclass(frozen=True)
 class TempoParams:
     alpha: float = 1.0  # gain degradation exponent (Eq. 1-3)
@@ -173,12 +204,22 @@ class TempoPolicy:
         lost_w = lost_w[lexsort_fast((a.arrival[lost_w], -prio[lost_w]))]
 
         batch = view.max_running_requests
+        n_running = a.n - nw
         be_running = int(np.count_nonzero(a.cls[nw:] == BEST_EFFORT))
         reserve = reserved_slots(view.step, self.quantum_steps, self.reserve_share, batch)
-        k_be = min(len(be_w), max(0, reserve - be_running))
-        # Work that can still meet its SLO first; lost causes run after it, in the best-effort
-        # tier (deferred, not dropped: their degraded gain is still worth leftover capacity).
-        order_idx = np.concatenate([be_w[:k_be], slo_w, lost_w, be_w[k_be:]]).astype(np.int64)
+        at = reserve_positions(
+            len(slo_w), len(be_w), n_running, be_running, view.step, self.quantum_steps, self.reserve_share, batch
+        )
+        k_be = len(at)
+        # The reserved best-effort requests interleaved with the work that can still meet its
+        # SLO; lost causes run after it, in the best-effort tier (deferred, not dropped: their
+        # degraded gain is still worth leftover capacity).
+        head = np.empty(len(slo_w) + k_be, dtype=np.int64)
+        is_be_slot = np.zeros(head.size, dtype=bool)
+        is_be_slot[at] = True
+        head[is_be_slot] = be_w[:k_be]
+        head[~is_be_slot] = slo_w
+        order_idx = np.concatenate([head, lost_w, be_w[k_be:]]).astype(np.int64)
         plan = StepPlan(
             order=a.rids_at(order_idx),
             best_effort=set(a.rids_at(lost_w)),
@@ -188,7 +229,7 @@ class TempoPolicy:
 
         if self.preempt and view.running and nw and quantum_boundary(view.step, self.quantum_steps):
             free = max(0, batch - len(view.running))
-            contenders = slo_w[max(0, free - k_be) :]
+            contenders = head[free:][~is_be_slot[free:]]  # SLO work the free slots leave waiting
             plan.preempt = self._victims(view, a, sp, prio, dens, contenders, reserve)
         return plan
 

@@ -110,17 +110,37 @@ def test_reserved_slots_average_the_share():
     assert all(reserved_slots(s, 20, 1.0, 3) == 3 for s in range(0, 100, 7))
 
 
-def test_best_effort_goes_first_inside_the_reserve_and_last_otherwise():
+def test_best_effort_is_admitted_inside_the_reserve_and_last_otherwise():
     be = RequestView(rid="be", slo=SloSpec(), arrival=0.0, prompt_len=10)
     slo = deadline_request("slo", deadline_ms=1_000)
-    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(policy_view([slo, be], cap=2)).order == ["be", "slo"]
-    assert TempoPolicy(TempoParams(reserve_share=0.0)).plan(policy_view([slo, be], cap=2)).order == ["slo", "be"]
-    running_be = RequestView(rid="be0", slo=SloSpec(), arrival=0.0, prompt_len=10, generated=1, first_token_time=0.1)
-    # The reserve (one slot) is already used by a running best-effort request: backfill with SLO work.
-    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(policy_view([slo, be], [running_be], cap=2)).order == [
+    # A batch of two, half reserved: the best-effort request has one of the two slots.
+    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(policy_view([slo, be], cap=2)).order[:2] == ["slo", "be"]
+    slo2 = deadline_request("slo2", deadline_ms=1_000)
+    assert TempoPolicy(TempoParams(reserve_share=0.0)).plan(policy_view([slo, be, slo2], cap=2)).order == [
         "slo",
+        "slo2",
         "be",
     ]
+    running_be = RequestView(rid="be0", slo=SloSpec(), arrival=0.0, prompt_len=10, generated=1, first_token_time=0.1)
+    # The reserve (one slot) is already used by a running best-effort request: backfill with SLO work.
+    assert TempoPolicy(TempoParams(reserve_share=0.5)).plan(
+        policy_view([slo, be, slo2], [running_be], cap=3)
+    ).order == ["slo", "slo2", "be"]
+
+
+def test_the_reserve_is_a_share_of_the_batch_that_runs_not_of_max_running():
+    """The engine may admit far fewer requests than max_running_requests (the plan path's
+    TPOT cap, memory, a prefill budget): however many it admits, best-effort requests take
+    their share of that batch, not all of it (ranked ahead of every SLO request with the whole
+    max_running_requests' reserve, they filled a capped batch on their own)."""
+    be = [RequestView(rid=f"be{i}", slo=SloSpec(), arrival=0.0, prompt_len=10) for i in range(30)]
+    slo = [deadline_request(f"s{i}", deadline_ms=1_000) for i in range(30)]
+    order = TempoPolicy(TempoParams(reserve_share=0.1)).plan(policy_view(slo + be, cap=256)).order
+    last_slo = max(i for i, r in enumerate(order) if r.startswith("s"))
+    for admitted in range(1, last_slo + 1):  # beyond the SLO work, best-effort requests backfill
+        head = order[:admitted]
+        assert sum(r.startswith("be") for r in head) <= reserved_slots(0, 20, 0.1, admitted)
+    assert any(r.startswith("be") for r in order[:12])  # and the reserve is still there
 
 
 @pytest.mark.parametrize(("share", "runs"), [(0.0, False), (0.1, True)])
