@@ -4,14 +4,17 @@ and what the decode pool sees of that choice.
 PolyServe §4.2 / §4.7: the prefill pool is shared by every TPOT tier; a request goes to the
 *highest-load* prefill worker that still makes its TTFT, counting the iteration that worker is
 running now (a new prompt waits for it) and every prompt token the router has already sent there
-and not seen finish. Packing the busiest worker that still meets the deadline keeps the others
-free for tight deadlines (and drainable); when none can make it, the one that finishes soonest
-takes it (a predicted violation is rerouted to the fastest, never dropped).
+and not seen finish, `ttft_margin` times over. Packing the busiest worker that still meets the
+deadline keeps the others free for tight deadlines (and drainable); when none can make it, the
+one that finishes soonest takes it (a predicted violation is rerouted to the fastest, never
+dropped).
 
 The decode pools are the routing policy's business (per-tier with `polyserve`): the dispatcher
-shows it only decode (and co-located) workers, with the chosen prefill worker's predicted
-finish added to each decode worker's queueing delay, so a policy's TTFT check covers the whole
-pair (PolyServe §4.6: the wait before the first decode step counts).
+shows it only decode (and co-located) workers. A decode worker's queueing delay is *replaced* by
+the chosen prefill worker's predicted finish: its agent's own measured wait runs from the
+Submit to the first token, so it already holds the remote prefill, and adding the prediction
+counted the prefill twice. The policy checks the rest of the TTFT budget against the decode
+worker's own first pass (PolyServe §4.6: the wait before the first decode step counts).
 """
 
 from __future__ import annotations
@@ -22,9 +25,11 @@ from dataclasses import dataclass, replace
 from urllib.parse import urlparse
 
 from router.routing_views import RouteRequest, WorkerView
+from scheduler.core.registry import require
 
 PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
 ROOM_BITS = 63  # SGLang's bootstrap rooms are random 63-bit integers
+DEFAULT_TTFT_MARGIN = 2.0  # as PolyServePolicy's: one TTFT budget on both sides of a pair
 
 
 @dataclass(frozen=True)
@@ -35,9 +40,18 @@ class PrefillChoice:
 
 
 class PrefillChooser:
-    """Load-gradient placement over the prefill pool; tracks the prompt tokens it sent where."""
+    """Load-gradient placement over the prefill pool; tracks the prompt tokens it sent where.
 
-    def __init__(self) -> None:
+    `ttft_margin`: a prefill worker takes a request only if its predicted finish fits the TTFT
+    slack this many times over. The prediction misses the prompts that arrive after it and the
+    engine's own pacing, so packing to the bare slack left no room for the requests that came
+    next; the decode side reads the same prediction and leaves the rest of the budget to the
+    decode instance's first pass (`decode_side_views`).
+    """
+
+    def __init__(self, ttft_margin: float = DEFAULT_TTFT_MARGIN) -> None:
+        require(ttft_margin >= 1.0, "ttft_margin", "must be >= 1", ttft_margin)
+        self.ttft_margin = ttft_margin
         self._outstanding: dict[str, dict[str, int]] = {}  # prefill worker -> {rid: prompt tokens}
         self._where: dict[str, str] = {}  # rid -> prefill worker
 
@@ -58,7 +72,7 @@ class PrefillChooser:
         if req.slo.ttft_ms is None:  # nothing to pack against: the soonest finish keeps queues short
             return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], True)
         slack = req.arrival_s + req.slo.ttft_ms / 1000.0 - now
-        feasible = [w for w in alive if finish[w.worker_id] <= slack]
+        feasible = [w for w in alive if self.ttft_margin * finish[w.worker_id] <= slack]
         if not feasible:  # a predicted violation goes where it is least late
             return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], False)
         busiest = max(feasible, key=lambda w: self.outstanding_tokens(w.worker_id) + w.queue_len)
@@ -83,7 +97,9 @@ def decode_side_views(views: Sequence[WorkerView], prefill: PrefillChoice | None
     """What the routing policy may place the request on: decode and co-located workers.
 
     Decode workers need a prefill partner: without one they are shown unhealthy. With one, their
-    queueing delay includes the partner's predicted prefill and they prefill nothing themselves.
+    queueing delay is the partner's predicted prefill (not added to the agent's measured wait,
+    which already contains the remote prefills of the requests it is waiting for) and they
+    prefill nothing themselves.
     """
     out = []
     for v in views:
@@ -93,7 +109,7 @@ def decode_side_views(views: Sequence[WorkerView], prefill: PrefillChoice | None
             if prefill is None:
                 v = replace(v, healthy=False)
             else:
-                v = replace(v, queue_delay_s=v.queue_delay_s + prefill.predicted_s, prefill_s_per_token=0.0)
+                v = replace(v, queue_delay_s=prefill.predicted_s, prefill_s_per_token=0.0)
         out.append(v)
     return out
 

@@ -154,6 +154,7 @@ class Grid:
             "wall_s": result.wall_s,
             "decision_us": result.decision_us()["mean"],
             "migrated": result.counters.get("migrated", 0),
+            "reasons": {k[len("reason:") :]: v for k, v in result.counters.items() if k.startswith("reason:")},
         }
         self.results[key] = summary
         self.log(
@@ -533,6 +534,19 @@ def polyserve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
     def best(prefix: str) -> float:
         return max((v or 0.0) for k, v in at90.items() if k.startswith(prefix) and "PolyServe" not in k)
 
+    def tier_share(label: str) -> dict[float, float]:
+        """Share of the label's placements that a TPOT tier decided (its own, a tighter one by lazy
+        promotion, or one it scaled up), not the best-effort fallback; per rate over the seeds."""
+        out = {}
+        for r in rates:
+            counts: defaultdict[str, int] = defaultdict(int)
+            for s in seeds:
+                for k, v in grid.results[(label, "polyserve", round(r, 6), s)]["reasons"].items():
+                    counts[k] += v
+            total = sum(counts.values())
+            out[r] = sum(counts[k] for k in ("tier", "promoted", "scaled_up")) / total if total else 0.0
+        return out
+
     fresh = " (10 ms reports)"
     pd_x = (at90["PD-PolyServe"] or 0.0) / max(best("PD-"), 1e-9)
     co_x = (at90["CO-PolyServe"] or 0.0) / max(best("CO-"), 1e-9)
@@ -551,8 +565,8 @@ def polyserve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
             "1.23×",
             f"{pd_x:.2f}× ({pd_fresh:.2f}× with 10 ms load reports)",
             _ratio(pd_x, 1.23),
-            why + "; most decode placements fall to best effort (least loaded): the decode view counts the "
-            "prefill twice and the prefill chooser packs to the TTFT slack (benchmarks/RESULTS.md)",
+            why + "; TTFT on the prefill pool decides attainment and every PD router shares the prefill "
+            "chooser, while no router misses a TPOT tier on the decode pool (benchmarks/RESULTS.md)",
         ),
         Row(
             "PolyServe",
@@ -572,7 +586,19 @@ def polyserve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
             f"({g_star:.2f} req/s per device, split {n_prefill} prefill : {n - n_prefill} decode)",
         ),
     ]
-    exp.details = {"rate_at_90": at90, "rates": rates, "optimal_rps": optimal, "sizing": sizing, "pd_pool": pd_pool}
+    exp.details = {
+        "rate_at_90": at90,
+        "rates": rates,
+        "optimal_rps": optimal,
+        "sizing": sizing,
+        "pd_pool": pd_pool,
+        "tier_share": {label: tier_share(label) for label in ("PD-PolyServe", "PD-PolyServe" + fresh)},
+    }
+    for label, shares in exp.details["tier_share"].items():
+        grid.log(
+            f"   {label}: decode placements a tier decided, per rate: "
+            + ", ".join(f"{r:g}/s {v:.2f}" for r, v in shares.items())
+        )
     return exp
 
 

@@ -30,6 +30,13 @@ per-tier autoscaling signals.
   `check_every_s` over all instances (the paper checks the last instance of each tier
   periodically); pending itself is read live from the resident counts.
 
+PD (§4.7 with §4.6): a decode view's queue delay is the prefill partner's predicted finish,
+which the prefill chooser already held to `ttft_margin` times the TTFT slack (router/pd.py); the
+decode instance then adds the wait for its running pass and the one already formed (overlap),
+at the next iteration's length, `ttft_margin` times over, so both halves of a pair share one
+TTFT budget. A decode instance whose engine holds transferred requests back (a reported queue)
+is at its admission cap and takes no more.
+
 Why the TTFT margin (default 2): the estimate leaves out the pass already formed under SGLang's
 overlap schedule and the engine's own prefill deferrals (the prefill gate that protects running
 TPOTs), so packing instances to the bare estimate missed TTFTs. Stale reports used to hide this:
@@ -47,6 +54,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from router.pd import DECODE
 from router.pd_sizing import tpot_tier
 from router.policies.base import RoutingPolicy, healthy_workers, least_loaded
 from router.policies.request_estimates import output_tokens
@@ -131,11 +139,20 @@ class PolyServePolicy(RoutingPolicy):
         """Can `w` take `req` while keeping its tier's TPOT (`tier_ms`) and the request's TTFT?"""
         if w.load + 1 > w.max_running or w.kv_free_tokens < req.prompt_tokens + l_out:
             return False
+        if w.role == DECODE and w.queue_len > 0:
+            return False  # transferred requests wait: the engine's admission cap binds already
         first_due = token_due(req.slo, req.arrival_s, 0)
         if first_due is not None:
-            prompts = req.prompt_tokens + self._queued_prompt_tokens(w)
-            first = w.queue_delay_s + w.iteration_s + w.prefill_s_per_token * prompts
-            if now + self.ttft_margin * first > first_due:
+            if w.role == DECODE:
+                # PD: the view's queue delay is the prefill partner's predicted finish, which the
+                # prefill chooser already held to the TTFT with its own margin; this instance adds
+                # the wait for its current pass and the one already formed (overlap schedule)
+                first = w.queue_delay_s + self.ttft_margin * 2.0 * self.next_iteration_s(w)
+            else:
+                prompts = req.prompt_tokens + self._queued_prompt_tokens(w)
+                own = w.queue_delay_s + w.iteration_s + w.prefill_s_per_token * prompts
+                first = self.ttft_margin * own
+            if now + first > first_due:
                 return False
         return tier_ms is None or self.next_iteration_s(w) <= tier_ms / 1000.0
 
