@@ -83,6 +83,7 @@ class SloStatusMixin:
             plan_errors=slo.planner.errors + slo.sync.failed,
             fallbacks=slo.planner.fallbacks + slo.sync.failed,
             planned_passes=counters.planned_passes,
+            budget_fallbacks=slo.planner.budget_fallbacks,
             view_cached_prefix_tokens=slo.views.cached_tokens_read,
             queue_drain_s=None if current.drain_s is None else round(current.drain_s, 4),
             shed=dict(counters.shed),

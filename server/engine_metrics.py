@@ -45,6 +45,11 @@ COUNTERS = (
     ("sglang_slo_engine_preempted", "preempted", "Running requests the policy preempted"),
     ("sglang_slo_engine_lost_held_passes", "lost_held_passes", "Passes that held past-due best-effort requests"),
     ("sglang_slo_engine_plan_errors", "plan_errors", "Passes whose plan failed (SGLang's own choice kept)"),
+    (
+        "sglang_slo_engine_budget_fallbacks",
+        "budget_fallbacks",
+        "Passes whose policy search ran out of its per-pass budget (its fallback plan applied)",
+    ),
 )
 
 

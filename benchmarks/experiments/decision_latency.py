@@ -43,8 +43,19 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.experiments.plan_path_states import (  # noqa: E402
+    ENGINE_NOW,
+    RUNNING,
+    PlanState,
+    adversarial_states,
+    make_view,
+    sglang_reqs,
+    usual_state,
+)
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
 from router.routing_views import RouteRequest, RunningView, WorkerView  # noqa: E402
 from scheduler.components.plan_applier import held_positions, order_waiting, set_aside  # noqa: E402
@@ -58,65 +69,12 @@ from scheduler.core.plan_path import KnobModel, settings_for  # noqa: E402
 from scheduler.core.policies import POLICIES, PolicyContext  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit  # noqa: E402
-from scheduler.core.types import EngineView, RequestView  # noqa: E402
-from wire import ARRIVAL_PARAM, SLO_PARAM, TOKEN_TS_KEY  # noqa: E402
 
 # -- engine side: SLO policies ---------------------------------------------------------------
 
-ENGINE_NOW = 1000.0
 QUEUED = (100, 1_000, 10_000)
 TARGETS_MS = {"tempo": {1_000: 2.0, 10_000: 20.0}, "gmax": {1_000: 2.0, 10_000: 20.0}}
 DP_TARGET_MS = 5.0
-
-# (weight in the mix, SloSpec factory): shares loosely follow a chat-heavy production mix.
-CLASSES = (
-    (0.35, lambda rng, i: SloSpec(ttft_ms=500, tpot_ms=50, slo_class=SloClass.LATENCY)),
-    (0.15, lambda rng, i: SloSpec(ttft_ms=200, tpot_ms=25, slo_class=SloClass.LATENCY)),
-    (0.20, lambda rng, i: SloSpec(deadline_ms=rng.choice([10e3, 30e3, 60e3]), slo_class=SloClass.DEADLINE)),
-    (
-        0.10,
-        lambda rng, i: SloSpec(
-            deadline_ms=30e3, slo_class=SloClass.COMPOUND, program_id=f"p{i % 97}", stage=rng.randrange(4)
-        ),
-    ),
-    (0.20, lambda rng, i: SloSpec()),
-)
-
-
-def engine_request(rng: random.Random, i: int, running: bool) -> RequestView:
-    factory = rng.choices([f for _, f in CLASSES], weights=[w for w, _ in CLASSES])[0]
-    slo = factory(rng, i)
-    arrival = ENGINE_NOW - rng.uniform(0.0, 3.0)
-    prompt = int(min(16_000, rng.lognormvariate(6.2, 1.0)))
-    generated = rng.randrange(1, 300) if running else 0
-    program_arrival = arrival - rng.uniform(0, 5) if slo.slo_class is SloClass.COMPOUND else None
-    return RequestView(
-        rid=f"{'r' if running else 'w'}{i}",
-        slo=slo,
-        arrival=arrival,
-        prompt_len=prompt,
-        generated=generated,
-        max_new_tokens=rng.choice([256, 512, 1024, 2048]),
-        predicted_output_len=rng.lognormvariate(5.0, 0.8) if rng.random() < 0.7 else None,
-        first_token_time=arrival + 0.2 if running else None,
-        prefix_cached=rng.choice([0, 0, 0, prompt // 2]),
-        program_arrival=program_arrival,
-        attained_service=rng.uniform(0, 2000) if slo.slo_class is SloClass.COMPOUND else 0.0,
-    )
-
-
-def make_view(queued: int, running: int, seed: int = 0) -> EngineView:
-    rng = random.Random(seed)
-    return EngineView(
-        now=ENGINE_NOW,
-        waiting=[engine_request(rng, i, False) for i in range(queued)],
-        running=[engine_request(rng, i, True) for i in range(running)],
-        max_running_requests=256,
-        chunk_size=8192,
-        free_kv_tokens=600_000,
-        total_kv_tokens=1_000_000,
-        step=10,
-    )
 
 
 def median_ms(
@@ -316,112 +274,119 @@ def bench_routing(
 # -- report ----------------------------------------------------------------------------------
 
 
-class _Params:
-    """The two SamplingParams fields the adapter reads."""
-
-    def __init__(self, max_new_tokens: int, custom_params: dict[str, Any]) -> None:
-        self.max_new_tokens = max_new_tokens
-        self.custom_params = custom_params
-
-
-class _Req:
-    """An SGLang Req as the adapter's view builder reads it."""
-
-    def __init__(self, view: RequestView, now_unix: float) -> None:
-        self.rid = view.rid
-        shift = now_unix - ENGINE_NOW
-        custom = {SLO_PARAM: view.slo.to_dict(), ARRIVAL_PARAM: view.arrival + shift}
-        self.sampling_params = _Params(view.max_new_tokens or 1024, custom)
-        self.origin_input_ids = list(range(view.prompt_len))
-        self.output_ids = [0] * view.generated
-        stamps = [view.arrival + shift + 0.2 + 0.02 * i for i in range(view.generated)]
-        self.customized_info = {TOKEN_TS_KEY: stamps} if stamps else None
-        self.prefix_len = view.prefix_cached
-
-    def decode_one(self, now_unix: float) -> None:
-        """What a decode step does to a running request: one more output token, stamped."""
-        self.output_ids.append(0)
-        if self.customized_info is None:
-            self.customized_info = {TOKEN_TS_KEY: []}
-        self.customized_info[TOKEN_TS_KEY].append(now_unix)
+def _passes_ms(
+    one_pass: Callable[[int], object], passes: int, between: Callable[[], object], warm: int = 3
+) -> list[float]:
+    """ms of each of `passes` calls of `one_pass(k)` after `warm` untimed ones (a server's passes
+    run warm: its first pass builds every row); `between` runs untimed before each call."""
+    samples = []
+    for k in range(warm + passes):
+        between()
+        t0 = time.perf_counter()
+        one_pass(k)
+        if k >= warm:
+            samples.append((time.perf_counter() - t0) * 1000.0)
+    return samples
 
 
-def _decode_step(running: Sequence[_Req], clock: WallClock) -> Callable[[], None]:
-    def step() -> None:
+def _state_passes(state: PlanState, name: str, passes: int, clock: WallClock) -> dict[str, Any] | str:
+    """p50/p99/max ms of `name`'s adapter passes over `state`, and its budget fallbacks."""
+    waiting, running_reqs = sglang_reqs(state, clock)
+    limits = EngineLimits(RUNNING, 8192, 600_000, 1_000_000, 0)
+    states = RequestStates()
+    views = ViewBuilder(states, clock, CompoundDeadlines())
+    perf = default_model()
+    policy = POLICIES.make(name, {}, PolicyContext(perf))
+    planner = PassPlanner(policy, settings_for(policy))
+    knobs = KnobModel(perf)
+    queue = list(waiting)
+
+    def one_pass(k: int) -> None:
+        engine_view = views.engine_view(queue, running_reqs, replace(limits, step=state.step_of(k)))
+        plan = planner.plan(engine_view, knobs)
+        if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
+            viewed = views.waiting_rids(queue)
+            perm = order_waiting(queue, plan, states, viewed)
+            views.queue.applied(queue, perm)
+            if plan.hold:  # _slo_admit: the held requests wait out the admission walk aside
+                at = held_positions(plan, perm, len(queue)) if viewed is not None else None
+                held = set_aside(queue, plan.hold, at)
+                views.held_to_tail(plan.hold, at, queue, held)
+                queue.extend(held)
+
+    def decode_step() -> None:  # every pass, each running request has one more token
         now = clock.now()
-        for req in running:
+        for req in running_reqs:
             req.decode_one(now)
 
-    return step
+    try:
+        gc.collect()  # the policies timed before leave garbage a server running one never has
+        samples = _passes_ms(one_pass, passes, decode_step)
+    except Exception as exc:  # report, keep measuring the others
+        return f"error: {type(exc).__name__}: {exc}"
+    if planner.errors:
+        return f"error: {planner.errors} failed plans"
+    return {
+        "p50": statistics.median(samples),
+        "p99": float(np.percentile(samples, 99)),
+        "max": max(samples),
+        "passes": passes,
+        "budget_fallbacks": planner.budget_fallbacks,
+    }
 
 
-def bench_plan_path(
-    queued: Sequence[int] = QUEUED, running: int = 256, passes: int = 40
-) -> dict[str, dict[int, float | str]]:
-    """Median ms per adapter pass (views, plan, plan path, applying the order) per policy."""
-    clock = WallClock()
-    out: dict[str, dict[int, float | str]] = {name: {} for name in POLICIES}
-    perf = default_model()
-    for n in queued:
-        view = make_view(n, running, seed=n)
-        waiting = [_Req(r, clock.now()) for r in view.waiting]
-        running_reqs = [_Req(r, clock.now()) for r in view.running]
-        limits = EngineLimits(256, 8192, view.free_kv_tokens, view.total_kv_tokens, 10)
-        for name in POLICIES:
-            states = RequestStates()
-            views = ViewBuilder(states, clock, CompoundDeadlines())
-            policy = POLICIES.make(name, {}, PolicyContext(perf))
-            planner = PassPlanner(policy, settings_for(policy))
-            knobs = KnobModel(perf)
-            queue = list(waiting)
-
-            def one_pass(
-                views: ViewBuilder = views,
-                planner: PassPlanner = planner,
-                queue: list = queue,
-                states: RequestStates = states,
-                running_reqs: list = running_reqs,
-                limits: EngineLimits = limits,
-                knobs: KnobModel = knobs,
-            ) -> None:
-                engine_view = views.engine_view(queue, running_reqs, limits)
-                plan = planner.plan(engine_view, knobs)
-                if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
-                    viewed = views.waiting_rids(queue)
-                    perm = order_waiting(queue, plan, states, viewed)
-                    views.queue.applied(queue, perm)
-                    if plan.hold:  # _slo_admit: the held requests wait out the admission walk aside
-                        at = held_positions(plan, perm, len(queue)) if viewed is not None else None
-                        held = set_aside(queue, plan.hold, at)
-                        views.held_to_tail(plan.hold, at, queue, held)
-                        queue.extend(held)
-
-            try:
-                # Every pass, each running request has one more token (the views refresh them).
-                between = _decode_step(running_reqs, clock)
-                gc.collect()  # the policies timed before leave garbage a server running one never has
-                out[name][n] = median_ms(one_pass, max(3, passes if n < 10_000 else 10), between, warm=3)
-                if planner.errors:
-                    out[name][n] = f"error: {planner.errors} failed plans"
-            except Exception as exc:  # report, keep measuring the others
-                out[name][n] = f"error: {type(exc).__name__}: {exc}"
+def plan_path_states(adversarial: bool = True) -> list[tuple[PlanState, int]]:
+    """(state, timed passes): the usual mix at 1 000 and 10 000 waiting, then the adversarial
+    states at 1 000 waiting."""
+    out = [(usual_state(n), PLAN_PATH_PASSES[n]) for n in PLAN_PATH_QUEUED]
+    if adversarial:
+        out += [(s, PLAN_PATH_PASSES[1_000]) for s in adversarial_states(1_000)]
     return out
 
 
-PLAN_PATH_TARGETS_MS = {1_000: 1.0, 10_000: 10.0}
+def bench_plan_path(
+    states: Sequence[tuple[PlanState, int]] | None = None, policies: Sequence[str] | None = None
+) -> dict[str, dict[str, dict[str, Any] | str]]:
+    """state -> policy -> p50/p99/max ms per adapter pass (views, plan, plan path, applying the
+    order), with the passes timed and the budget fallbacks among them."""
+    clock = WallClock()
+    out: dict[str, dict[str, dict[str, Any] | str]] = {}
+    for state, passes in states if states is not None else plan_path_states():
+        out[state.name] = {name: _state_passes(state, name, passes, clock) for name in policies or list(POLICIES)}
+    return out
 
 
-def print_plan_path(rows: dict[str, dict[int, float | str]]) -> None:
-    print(f"{'policy':<12}" + "".join(f"{n:>12,}" for n in QUEUED) + "   (median ms per adapter pass, 256 running)")
-    for name, row in rows.items():
+PLAN_PATH_QUEUED = (1_000, 10_000)
+PLAN_PATH_PASSES = {1_000: 200, 10_000: 60}
+PLAN_PATH_GOALS_MS = {"10,000": 5.0}  # every other state (1 000 waiting): 1 ms
+MAX_OVER_P99 = 2.0
+
+
+def plan_path_goal_met(state: str, cell: dict[str, Any] | str) -> bool:
+    """p99 within the state's goal and max within MAX_OVER_P99 x p99."""
+    if isinstance(cell, str):
+        return False
+    return cell["p99"] <= PLAN_PATH_GOALS_MS.get(state, 1.0) and cell["max"] <= MAX_OVER_P99 * cell["p99"]
+
+
+def print_plan_path(rows: dict[str, dict[str, dict[str, Any] | str]]) -> None:
+    states = list(rows)
+    names = list(dict.fromkeys(n for row in rows.values() for n in row))
+    print(
+        "p50 / p99 / max ms per adapter pass, 256 running (ok: p99 <= goal and max <= 2 x p99; [n]: budget fallbacks)"
+    )
+    print(f"{'policy':<14}" + "".join(f"{s:>26}" for s in states))
+    for name in names:
         cells = []
-        for n in QUEUED:
-            v = row.get(n, "")
-            flag = ""
-            if isinstance(v, float) and n in PLAN_PATH_TARGETS_MS:
-                flag = " ok" if v <= PLAN_PATH_TARGETS_MS[n] else " !!"
-            cells.append(f"{v:>9.3f}{flag:<3}" if isinstance(v, float) else f"{str(v)[:11]:>12}")
-        print(f"{name:<12}" + "".join(cells))
+        for state in states:
+            c = rows[state].get(name, "")
+            if isinstance(c, str):
+                cells.append(f"{c[:25]:>26}")
+                continue
+            flag = "ok" if plan_path_goal_met(state, c) else "!!"
+            spent = f"[{c['budget_fallbacks']}]" if c["budget_fallbacks"] else ""
+            cells.append(f"{c['p50']:.2f}/{c['p99']:.2f}/{c['max']:.2f} {flag}{spent}".rjust(26))
+        print(f"{name:<14}" + "".join(cells))
 
 
 def print_engine(policies: dict[str, dict[int, float | str]], dp: dict[str, float]) -> None:
@@ -451,12 +416,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--part", choices=("all", "engine", "plan-path", "router"), default="all", help="what to time")
+    parser.add_argument("--passes", type=int, default=0, help="plan path: timed passes per state (0: 200, 60 at 10k)")
+    parser.add_argument("--policies", nargs="*", default=[], help="plan path: only these policies")
+    parser.add_argument("--usual-only", action="store_true", help="plan path: no adversarial states")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
     if args.part in ("all", "engine"):
         report["engine"] = {"queued": list(QUEUED), "policies_ms": bench_policies(), "dp_ms": bench_dp()}
     if args.part in ("all", "plan-path"):
-        report["plan_path"] = {"queued": list(QUEUED), "running": 256, "policies_ms": bench_plan_path()}
+        states = plan_path_states(adversarial=not args.usual_only)
+        if args.passes:
+            states = [(s, args.passes) for s, _ in states]
+        report["plan_path"] = {"running": RUNNING, "states_ms": bench_plan_path(states, args.policies or None)}
     if args.part in ("all", "router"):
         report["router"] = {"workers": list(WORKERS), "policies_us": bench_routing()}
     if args.json:
@@ -467,7 +438,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if "plan_path" in report:
         if "engine" in report:
             print()
-        print_plan_path(report["plan_path"]["policies_ms"])
+        print_plan_path(report["plan_path"]["states_ms"])
     if "router" in report:
         if "engine" in report or "plan_path" in report:
             print()

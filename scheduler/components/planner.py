@@ -35,3 +35,9 @@ class PassPlanner:
             self.fallbacks += 1
             logger.exception("SLO policy %s failed at step %d", self.policy.name, view.step)
             return None
+
+    @property
+    def budget_fallbacks(self) -> int:
+        """Passes whose policy ran out of its search budget and planned its fallback (a valid
+        plan, applied; unlike `fallbacks`, SGLang's own choice is not involved)."""
+        return getattr(self.policy, "budget_fallbacks", 0)

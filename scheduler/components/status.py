@@ -48,6 +48,7 @@ class SchedulerStatus:
     max_input_tokens: int | None = None  # the longest prompt the model takes (the router checks it)
     fallbacks: int = 0  # passes scheduled by SGLang's own choice because our decision failed
     planned_passes: int = 0  # passes whose order and admission came from the policy's plan
+    budget_fallbacks: int = 0  # planned passes whose policy search ran out of budget (its fallback plan)
     view_cached_prefix_tokens: int = 0  # cached prefix tokens the policy's views read (per read)
     time: float = field(default_factory=time.time)
 

@@ -49,6 +49,7 @@ ADDITIVE_FIELDS = (
     "lost_held_passes",
     "plan_errors",
     "fallbacks",
+    "budget_fallbacks",
     "planned_passes",
 )
 

@@ -32,6 +32,10 @@ class OracleVariant:
         self.slo_levers = base.slo_levers
         self.chunk_cap = getattr(base, "chunk_cap", None)
 
+    @property
+    def budget_fallbacks(self) -> int:
+        return getattr(self.base, "budget_fallbacks", 0)
+
     def plan(self, view: EngineView) -> StepPlan:
         if all(r.oracle_output_len is None for r in chain(view.waiting, view.running)):
             return self.base.plan(view)  # nothing to tell: the same views (and the pass's columns)

@@ -8,7 +8,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, predicted_totals
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, lexsort_fast
+from scheduler.core.pass_columns import columns_of
+from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, StepPlan
 
 
@@ -23,16 +25,19 @@ class SjfPolicy:
 
     def __init__(self, params: SjfParams = SjfParams()) -> None:
         self.default_output_len = params.default_output_len
+        self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     def remaining(self, view: EngineView) -> np.ndarray:
         """Predicted remaining output tokens of each waiting request (the sort key)."""
-        waiting = view.waiting
-        generated = np.fromiter((r.generated for r in waiting), np.float64, len(waiting))
-        return predicted_totals(waiting, generated, self.default_output_len) - generated
+        c = columns_of(view, self._slos)
+        nw = c.n_waiting
+        return c.total_out(self.default_output_len)[:nw] - c.generated[:nw]
 
     def plan(self, view: EngineView) -> StepPlan:
+        """The order as positions, on the pass's columns: at 10 000 waiting a Python read of
+        each view's fields was most of a pass."""
         if not view.waiting:
             return StepPlan(order=[])
-        arrival = np.fromiter((r.arrival for r in view.waiting), dtype=np.float64, count=len(view.waiting))
-        idx = np.lexsort((arrival, self.remaining(view)))  # shortest first, ties by arrival
-        return StepPlan(order=[view.waiting[i].rid for i in idx.tolist()])
+        c = columns_of(view, self._slos)
+        order_at = lexsort_fast((c.arrival[: c.n_waiting], self.remaining(view)))  # shortest first, ties by arrival
+        return StepPlan(order=c.rid_array[order_at].tolist(), order_at=order_at)

@@ -26,6 +26,7 @@ from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tiers, expected_outputs
 from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
+from scheduler.core.work_budget import WorkBudget, units_for_ms
 
 
 def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
@@ -75,6 +76,10 @@ class SlosServeParams:
     # decodes without a target): holding every batch that small for one request costs more
     # admissions than it saves (the floor's sweep: benchmarks/RESULTS.md).
     derived_tpot_floor_steps: float = 4.0
+    # The DP's hard budget per pass, in milliseconds of search on the slowest host
+    # (scheduler/core/work_budget.py; None: unbounded). When it runs out the pass keeps the
+    # earlier admissions that still wait, admits nothing new, and counts a budget fallback.
+    search_budget_ms: float | None = 4.0
 
     def __post_init__(self) -> None:
         require(
@@ -83,6 +88,8 @@ class SlosServeParams:
             "must be >= 0",
             self.derived_tpot_floor_steps,
         )
+        ms = self.search_budget_ms
+        require(ms is None or ms > 0.0, "search_budget_ms", "must be > 0 or None", ms)
 
 
 class SlosServePolicy:
@@ -98,6 +105,8 @@ class SlosServePolicy:
         self.prefill_share = params.deadline_prefill_share
         self.idle = params.idle_batch_s
         self.floor_steps = params.derived_tpot_floor_steps
+        self.work_units = units_for_ms(params.search_budget_ms)
+        self.budget_fallbacks = 0  # passes whose DP ran out of budget (/slo/status)
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._admitted_rows: tuple[int, np.ndarray] | None = None  # their rows (ViewColumns.row_keys)
         self._floor = MIN_DERIVED_TPOT_S
@@ -166,7 +175,9 @@ class SlosServePolicy:
             view.free_kv_tokens,
             view.max_running_requests,
             fallback_items=len(prefilling) + self.max_candidates,
+            work=WorkBudget(self.work_units),
         )
+        self.budget_fallbacks += result.exhausted
         # The DP names waiting requests by rid: all of them were forced or candidates.
         at = {rids[i]: i for i in [*candidates, *(i for i, _ in forced)]}
         admitted = np.array([at[rid] for rid in result.admitted if rid in at], dtype=np.int64)

@@ -16,12 +16,19 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from scheduler.core.slos_serve.batch_formation import BatchShape, prefill_capacity
 from scheduler.core.slos_serve.spec_length import Tier, acceptance, optimize_spec_lengths
 from scheduler.core.types import PerfModel
+from scheduler.core.work_budget import BudgetExhausted, WorkBudget
 
 EPS = 1e-9
+# Work units (work_budget.py) of the DP's steps, in the ratio of their costs in this module's
+# Python: one per Pareto entry compared, PAIR_UNITS per (predecessor state, item) extension,
+# SHAPE_UNITS per batch shape computed (a bisection of the perf model).
+PAIR_UNITS = 40
+SHAPE_UNITS = 300
 Counts = tuple[int, ...]  # decoders per tier, tightest first; the last slot has no TPOT target
 
 
@@ -45,6 +52,7 @@ class DpResult:
     counts: Counts  # final decoders per tier (collapsed to the tightest one by TierBudget.canonical)
     forced_ok: bool = True  # False: the forced items were infeasible and were freed
     admitted_items: list[DpItem] = field(default_factory=list)
+    exhausted: bool = False  # True: the work budget ran out; the forced items kept greedily, no others
 
 
 class TierBudget:
@@ -72,6 +80,7 @@ class TierBudget:
         self.max_spec = max_spec
         self.spec_steps = spec_steps  # fixed length (chosen once per step); None: optimise per state
         self._memo: dict[Counts, BatchShape] = {}
+        self.shapes = 0  # shapes computed (memo misses): each costs a bisection of the perf model
 
     def canonical(self, counts: Counts) -> Counts:
         """The shape depends only on the tightest active tier and the number of decoders
@@ -86,6 +95,7 @@ class TierBudget:
         shape = self._memo.get(counts)
         if shape is None:
             shape = self._memo[counts] = self._shape(counts)
+            self.shapes += 1
         return shape
 
     def _shape(self, counts: Counts) -> BatchShape:
@@ -125,6 +135,7 @@ def interval_budget(shape: BatchShape, dt: float) -> float:
 
 # An entry: (value, prefill budget, memory, parent entry or None, item index or -1).
 _Entry = tuple
+_UNSEEN: Any = object()  # a successor not looked up yet
 
 
 def _insert(front: list[_Entry], entry: _Entry) -> None:
@@ -145,6 +156,7 @@ def admit(
     mem_budget: float = math.inf,
     max_decoders: int | None = None,
     fallback_items: int | None = None,
+    work: WorkBudget | None = None,
 ) -> DpResult:
     """Choose the most valuable set of items whose prefill deadlines, TPOTs, memory and batch
     size all hold under the model, the forced ones included (freed if that is impossible).
@@ -152,16 +164,39 @@ def admit(
     Freed items are solved again, but only the `fallback_items` most urgent (None: all); the
     rest are declined. Forced items pin the DP's predecessors, free ones do not: re-solving a
     deep forced set as free items costs the square of its size (seconds at 100 items, a
-    stalled card while the plan runs)."""
-    result = _solve(items, budget, base_counts, now, mem_budget, max_decoders)
-    if result is None:
-        freed = sorted((replace(it, forced=False) for it in items), key=lambda it: it.deadline)
-        limit = len(freed) if fallback_items is None else max(0, fallback_items)
-        result = _solve(freed[:limit], budget, base_counts, now, mem_budget, max_decoders)
-        assert result is not None  # admitting nothing is always a solution
-        result.declined += [it.rid for it in freed[limit:]]
-        result.forced_ok = False
+    stalled card while the plan runs). `work` bounds both solves together: once it runs out,
+    the result is `kept_promises` (exhausted=True), which is linear in the items."""
+    try:
+        result = _solve(items, budget, base_counts, now, mem_budget, max_decoders, work)
+        if result is None:
+            freed = sorted((replace(it, forced=False) for it in items), key=lambda it: it.deadline)
+            limit = len(freed) if fallback_items is None else max(0, fallback_items)
+            result = _solve(freed[:limit], budget, base_counts, now, mem_budget, max_decoders, work)
+            assert result is not None  # admitting nothing is always a solution
+            result.declined += [it.rid for it in freed[limit:]]
+            result.forced_ok = False
+    except BudgetExhausted:
+        return kept_promises(items, now)
     return result
+
+
+def kept_promises(items: Sequence[DpItem], now: float) -> DpResult:
+    """The plan when the search's budget runs out: the earlier promises (forced items) kept as
+    they stand, in prefill-deadline order, and no new item admitted (they wait in the
+    best-effort tier and are decided again next pass). Whether the promises still fit was
+    the question the budget could not afford; the engine's batch cap and memory still bound
+    what starts. One sort of the items: no batch shape is computed."""
+    ordered = sorted(items, key=lambda it: (it.deadline, not it.forced))
+    chosen = [it for it in ordered if it.forced and it.deadline > now]
+    return DpResult(
+        admitted=[c.rid for c in chosen],
+        declined=[it.rid for it in ordered if not (it.forced and it.deadline > now)],
+        value=sum(c.value for c in chosen),
+        slack_tokens=0.0,
+        counts=(),
+        admitted_items=chosen,
+        exhausted=True,
+    )
 
 
 def _solve(
@@ -171,6 +206,7 @@ def _solve(
     now: float,
     mem_budget: float,
     max_decoders: int | None,
+    work: WorkBudget | None = None,
 ) -> DpResult | None:
     order = sorted(range(len(items)), key=lambda k: (items[k].deadline, not items[k].forced))
     seq = [items[k] for k in order]
@@ -184,29 +220,62 @@ def _solve(
         states[0][base_counts] = [(0.0, 0.0, 0.0, None, -1)]
     lo = 0  # states before the last forced item may not be predecessors
     slot_of = len(base_counts) - 1
+    spend = work.spend if work is not None else None
+    shapes = getattr(budget, "shapes", None)  # a TierBudget counts the shapes it computed
+    charged = shapes if shapes is not None else 0
+    # Per solve, what every (state, item) pair would otherwise recompute: a state's successor
+    # in a tier (None: too many decoders or unstable), its batch shape, and a finished
+    # state's most budget left (its front no longer changes once later items are placed).
+    succ: dict[tuple[Counts, int], Counts | None] = {}
+    shape_of: dict[Counts, BatchShape] = {}
+    tops: list[dict[Counts, float] | None] = [None] * (len(seq) + 1)
     for i, it in enumerate(seq):
         s = i + 1
         if it.deadline > now:
             slot = it.tier if it.tier >= 0 else slot_of
+            here = states[s]
             for j in range(lo, s):
+                there = states[j]
+                if not there:
+                    continue
+                top = tops[j]
+                if top is None:
+                    top = tops[j] = {key: max(e[1] for e in front) for key, front in there.items()}
                 dt = times[s] - times[j]
-                for key, front in states[j].items():
-                    new_key = canon(key[:slot] + (key[slot] + 1,) + key[slot + 1 :])
-                    if max_decoders is not None and sum(new_key) > max_decoders:
+                for key, front in there.items():
+                    new_key = succ.get((key, slot), _UNSEEN)
+                    if new_key is _UNSEEN:
+                        new_key = canon(key[:slot] + (key[slot] + 1,) + key[slot + 1 :])
+                        if (max_decoders is not None and sum(new_key) > max_decoders) or not budget(new_key).stable:
+                            new_key = None
+                        succ[(key, slot)] = new_key
+                    if spend is not None:  # the entries extended, each compared with the target's
+                        units = (
+                            PAIR_UNITS
+                            if new_key is None
+                            else PAIR_UNITS + len(front) * (1 + len(here.get(new_key, ())))
+                        )
+                        if shapes is not None:  # and the shapes computed since the last charge
+                            shapes = budget.shapes  # type: ignore[attr-defined]
+                            units += SHAPE_UNITS * (shapes - charged)
+                            charged = shapes
+                        spend(units)
+                    if new_key is None:
                         continue
-                    if not budget(new_key).stable:
+                    shape = shape_of.get(key)
+                    if shape is None:
+                        shape = shape_of[key] = budget(key)
+                    gain = interval_budget(shape, dt) - it.prefill_tokens
+                    if gain + top[key] < -EPS:
                         continue
-                    gain = interval_budget(budget(key), dt) - it.prefill_tokens
-                    if gain + max(e[1] for e in front) < -EPS:
-                        continue
-                    target = states[s].setdefault(new_key, [])
+                    target = here.setdefault(new_key, [])
                     for e in front:
                         pb = e[1] + gain
                         mem = e[2] + it.mem_tokens
                         if pb >= -EPS and mem <= mem_budget + EPS:
                             _insert(target, (e[0] + it.value, pb, mem, e, i))
                     if not target:
-                        del states[s][new_key]
+                        del here[new_key]
         if it.forced:
             lo = s
     best: _Entry | None = None

@@ -22,6 +22,7 @@ from scheduler.core.slos_serve import (
 )
 from scheduler.core.slos_serve.spec_length import DraftsInModel, best, choose_uniform
 from scheduler.core.types import EngineView, RequestView
+from scheduler.core.work_budget import WorkBudget
 from tests.unit.core.slos_serve_alg2 import alg2_batches, form_batch
 
 # ---------------------------------------------------------------- Fig. 3 (§2.3)
@@ -263,16 +264,6 @@ def test_infeasible_forced_items_are_freed_not_kept():
     assert not result.forced_ok and result.admitted == ["ok"]
 
 
-class _CountingBudget(TierBudget):
-    """Counts the DP's budget lookups: a measure of its work that does not depend on the host."""
-
-    calls = 0
-
-    def __call__(self, counts):  # type: ignore[no-untyped-def]
-        self.calls += 1
-        return super().__call__(counts)
-
-
 def _deep_infeasible_forced(n: int) -> list[DpItem]:
     """One forced item nobody can serve in time, then n admissible ones, all forced (earlier
     admissions that the engine has not started): the forced set as a whole is infeasible."""
@@ -295,9 +286,11 @@ def test_a_deep_infeasible_forced_set_costs_linear_dp_work_when_bounded():
     per plan at ~100 waiting admissions in a simulated overload); bounded it stays flat."""
     work = {}
     for n, bound in ((20, None), (80, None), (20, 16), (80, 16)):
-        budget = _CountingBudget(SIX_PER_UNIT, [1.0])
-        admit(_deep_infeasible_forced(n), budget, (3, 0), 0.0, fallback_items=bound)
-        work[n, bound] = budget.calls
+        meter = WorkBudget(None)  # counts the DP's work units: a measure that does not depend on the host
+        admit(
+            _deep_infeasible_forced(n), TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0, fallback_items=bound, work=meter
+        )
+        work[n, bound] = meter.spent
     assert work[80, None] > 8 * work[20, None]  # quadratic: 4x the items, far more than 4x the work
     assert work[80, 16] < 2 * work[20, 16]
 
