@@ -99,8 +99,8 @@ class PlanState:
     prefilling: int = 0  # the first this many running requests stay in prefill (no decode step)
 
 
-def usual_state(queued: int, seed: int | None = None) -> PlanState:
-    view = make_view(queued, RUNNING, seed=queued if seed is None else seed)
+def usual_state(queued: int, seed: int | None = None, running: int = RUNNING) -> PlanState:
+    view = make_view(queued, running, seed=queued if seed is None else seed)
     return PlanState(f"{queued:,}", list(view.waiting), list(view.running))
 
 
@@ -142,8 +142,8 @@ def forced_state(queued: int = 1_000, seed: int = 1) -> PlanState:
 def tiers_state(queued: int = 1_000, seed: int = 2) -> PlanState:
     rng = random.Random(seed)
 
-    def slo(running: bool) -> SloSpec:
-        if rng.random() < 0.5:
+    def slo(running: bool) -> SloSpec:  # running: TPOTs a full batch keeps, so the DP has states
+        if not running and rng.random() < 0.5:
             return SloSpec(deadline_ms=10 ** rng.uniform(3.3, 6.3), slo_class=SloClass.DEADLINE)
         return _latency(rng, (300, 10_000), (90, 400) if running else (8, 400))
 

@@ -249,10 +249,12 @@ class GmaxPolicy:
         out_of_group = out_of_group[prio[out_of_group].argsort(kind="stable")]  # weakest first
         horizon = self.frame_steps * sp.decode_s
         batch_rate = float(prio[nw:].sum())
+        pairs = min(blocked.size, out_of_group.size)
+        blocked, out_of_group = blocked[:pairs], out_of_group[:pairs]
+        stalls = sp.prefill_time(a.prompt[out_of_group] + a.generated[out_of_group])  # one call, not one per pair
         victims: list[str] = []
-        for w, v in zip(blocked, out_of_group, strict=False):
-            stall = float(sp.prefill_time(np.array([a.prompt[v] + a.generated[v]]))[0])
-            if not preemption_pays(prio[w], prio[v], horizon, stall, batch_rate, self.preempt_margin):
+        for w, v, stall in zip(prio[blocked].tolist(), out_of_group.tolist(), stalls.tolist(), strict=True):
+            if not preemption_pays(w, float(prio[v]), horizon, stall, batch_rate, self.preempt_margin):
                 break
             victims.append(a.rids[v])
         return victims

@@ -40,8 +40,10 @@ def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
         in_run = np.zeros(len(order), dtype=bool)
         in_run[ties] = in_run[ties + 1] = True
         slots = in_run.nonzero()[0]
-        members = sorted(zip(ranked[slots].tolist(), (rids[i] for i in order[slots].tolist()), order[slots].tolist()))
-        order[slots] = [i for *_, i in members]
+        # rids are unique, so (key, rid) is the whole tie-break; one lexsort over them as a
+        # string column, not a Python sort of tuples (a burst of equal deadlines ties them all)
+        names = np.array([rids[i] for i in order[slots].tolist()])
+        order[slots] = order[slots][np.lexsort((names, ranked[slots]))]
     return order
 
 

@@ -258,9 +258,10 @@ class TempoPolicy:
         victims = np.concatenate([exposed_be, slo_run]).astype(np.int64)
         horizon = self.quantum_steps * sp.decode_s
         batch_rate = float(dens[nw:].sum())
+        pairs = min(contenders.size, victims.size)
+        stalls = sp.prefill_time(a.prompt[victims[:pairs]] + a.generated[victims[:pairs]]).tolist()  # one call
         out: list[str] = []
-        for w, v in zip(contenders, victims, strict=False):
-            stall = float(sp.prefill_time(np.array([a.prompt[v] + a.generated[v]]))[0])
+        for w, v, stall in zip(contenders[:pairs].tolist(), victims[:pairs].tolist(), stalls, strict=True):
             # Fairness may reorder admission, but a swap must also pay in raw gain terms.
             if prio[w] <= prio[v] or not preemption_pays(
                 dens[w], dens[v], horizon, stall, batch_rate, self.preempt_margin

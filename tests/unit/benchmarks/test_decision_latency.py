@@ -10,6 +10,7 @@ from benchmarks.experiments.decision_latency import (
     bench_policies,
     bench_routing,
 )
+from benchmarks.experiments.plan_path_states import adversarial_states, usual_state
 from router.policies import ROUTING_POLICIES
 from scheduler.core.policies import POLICIES
 
@@ -22,11 +23,17 @@ def test_every_slo_policy_plans_a_synthetic_view() -> None:
     assert set(dp) == {"dp_10_new_200_running_ms", "slos_plan_10_new_200_running_ms"}
 
 
-def test_every_slo_policy_runs_the_adapters_plan_path() -> None:
-    """Views, plan, the order applied and the lost hold set aside, as the adapter does them."""
-    rows = bench_plan_path(queued=(60,), running=8, passes=3)
-    assert list(rows) == list(POLICIES)
-    assert all(isinstance(row[60], float) for row in rows.values()), rows
+def test_every_slo_policy_runs_the_adapters_plan_path_on_every_state() -> None:
+    """Views, plan, the order applied and the lost hold set aside, as the adapter does them, on
+    the usual mix and on every adversarial state; each cell has its tail and its fallbacks."""
+    states = [(usual_state(60, running=8), 3)] + [(s, 2) for s in adversarial_states(30)]
+    rows = bench_plan_path(states)
+    assert list(rows) == ["60", "forced", "tiers", "compound", "ties", "preempt"]
+    for state, cells in rows.items():
+        assert list(cells) == list(POLICIES)
+        for name, cell in cells.items():
+            assert isinstance(cell, dict), (state, name, cell)
+            assert cell["p50"] <= cell["p99"] <= cell["max"] and cell["budget_fallbacks"] >= 0
 
 
 def test_every_routing_policy_decides_on_a_small_pool() -> None:
