@@ -205,7 +205,23 @@ class PolyServePolicy(RoutingPolicy):
             self._tier[target.worker_id] = tier
             self._idle_since.pop(target.worker_id, None)
             return self._place(req, target, tier, "scaled_up", now)
-        return self._place(req, least_loaded(alive), tier, "best_effort", now, best_effort=True)
+        return self._place(req, self._fallback(alive, tier), tier, "best_effort", now, best_effort=True)
+
+    def _fallback(self, alive: Sequence[WorkerView], tier: float) -> WorkerView:
+        """Best effort: the least loaded instance. In a PD decode pool, one whose residents already
+        need `tier` or tighter, when there is one: a decode engine caps its batch at what the
+        tightest TPOT among its requests allows, so a tight request on a looser instance shrinks
+        that instance's batch and its transferred requests queue after their prefill."""
+        decode = [w for w in alive if w.role == DECODE]
+        if decode:
+            tight = [w for w in decode if self._tightest(w.worker_id) <= tier]
+            if tight:
+                return least_loaded(tight)
+        return least_loaded(alive)
+
+    def _tightest(self, wid: str) -> float:
+        residents = self._tiers_on.get(wid, _NONE)
+        return min((t for t, n in residents.items() if t is not None and n > 0), default=math.inf)
 
     def _gradient(
         self, ws: Sequence[WorkerView], req: RouteRequest, l_out: int, tier_ms: float | None, now: float

@@ -122,3 +122,21 @@ def test_the_decode_check_spends_what_the_prefill_chooser_left_of_the_ttft() -> 
     assert not policy.fits(slow, req, 64, 100.0, 10.0)  # 0.12 + 2 x 2 x 0.06 = 0.36 > 0.3
     loose = RouteRequest(rid="r", prompt_tokens=500, slo=SloSpec(ttft_ms=1000.0, tpot_ms=100.0), arrival_s=10.0)
     assert policy.fits(slow, loose, 64, 100.0, 10.0)
+
+
+def test_best_effort_in_a_decode_pool_keeps_a_tight_request_off_looser_instances() -> None:
+    # No instance fits (both engines hold transferred requests back). A 50 ms request then goes
+    # to the instance already serving 50 ms, though the 100 ms one is less loaded: on the looser
+    # one it would shrink the engine's batch cap for all its residents.
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=(50.0, 100.0), release_after_s=None))
+    idle = [_view("d0", DECODE, iteration_s=0.01), _view("d1", DECODE, iteration_s=0.01)]
+    loose = RouteRequest(rid="l", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=100.0), arrival_s=10.0)
+    tight = RouteRequest(rid="t", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=50.0), arrival_s=10.0)
+    assert policy.choose(loose, idle, 10.0).worker_id == "d0"
+    assert policy.choose(tight, [idle[1]], 10.0).worker_id == "d1"  # d1 joins the 50 ms tier
+    full = [
+        _view("d0", DECODE, iteration_s=0.01, queue_len=1, inflight=1),
+        _view("d1", DECODE, iteration_s=0.01, queue_len=1, inflight=5),
+    ]
+    decision = policy.choose(RouteRequest(rid="t2", prompt_tokens=100, slo=tight.slo, arrival_s=10.0), full, 10.0)
+    assert decision.reason == "best_effort" and decision.worker_id == "d1"
