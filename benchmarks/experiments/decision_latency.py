@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import random
 import statistics
 import sys
@@ -53,6 +52,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from benchmarks.experiments.dp_work_rate import dp_units_per_ms  # noqa: E402
 from benchmarks.experiments.plan_path_states import (  # noqa: E402
     ENGINE_NOW,
     RUNNING,
@@ -75,7 +75,6 @@ from scheduler.core.plan_path import KnobModel, settings_for  # noqa: E402
 from scheduler.core.policies import POLICIES, PolicyContext  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit  # noqa: E402
-from scheduler.core.work_budget import UNITS_PER_MS, WorkBudget  # noqa: E402
 
 # -- engine side: SLO policies ---------------------------------------------------------------
 
@@ -147,42 +146,6 @@ def bench_dp(new: int = 10, running: int = 200, seed: int = 7, repeats: int = 50
         "dp_10_new_200_running_ms": median_ms(run, repeats),
         "slos_plan_10_new_200_running_ms": median_ms(lambda: policy.plan(view), repeats),
     }
-
-
-def dp_units_per_ms(cases: int = 40, seed: int = 11) -> dict[str, float]:
-    """The SLOs-Serve DP's work units (scheduler/core/work_budget.py) per ms of this host, over
-    random admissions of 8-48 items in 1-10 tiers, some forced: the rate UNITS_PER_MS assumes.
-    `low` is the slowest case's (a budget in ms holds on this host if UNITS_PER_MS <= it)."""
-    perf = default_model()
-    rates, units, ms = [], 0, 0.0
-    for k in range(cases):
-        rng = random.Random(seed + k)
-        n, tiers_n = rng.choice([8, 16, 24, 32, 48]), rng.choice([1, 3, 6, 10])
-        tiers = sorted(rng.uniform(0.06, 0.3) for _ in range(tiers_n))
-        forced = rng.choice([0.0, 0.3, 0.8])
-        items = [
-            DpItem(
-                f"n{i}",
-                ENGINE_NOW + rng.uniform(0.05, 5.0),
-                rng.randrange(50, 2000),
-                rng.randrange(200, 3000),
-                rng.randrange(-1, tiers_n),
-                1.0,
-                rng.random() < forced,
-            )
-            for i in range(n)
-        ]
-        base = tuple([rng.randrange(0, 30) for _ in range(tiers_n)] + [10])
-        best = math.inf
-        for _ in range(3):
-            meter = WorkBudget(None)
-            t0 = time.perf_counter()
-            admit(items, TierBudget(perf, tiers, 400_000, 8192), base, ENGINE_NOW, 600_000, 512, 24, meter)
-            best = min(best, (time.perf_counter() - t0) * 1000.0)
-        if best > 0.05:  # below that the timer, not the DP, is measured
-            rates.append(meter.spent / best)
-            units, ms = units + meter.spent, ms + best
-    return {"mean": units / ms, "low": min(rates), "p10": float(np.percentile(rates, 10)), "assumed": UNITS_PER_MS}
 
 
 # -- router side: routing policies -----------------------------------------------------------
@@ -339,7 +302,9 @@ def _state_passes(state: PlanState, name: str, passes: int, clock: WallClock) ->
     states = RequestStates()
     views = ViewBuilder(states, clock, CompoundDeadlines())
     perf = default_model()
-    policy = POLICIES.make(name, {}, PolicyContext(perf))
+    base, _, given = name.partition(":")  # "slos:search_budget_ms=1.0": a policy with parameters
+    params = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in given.split(",") if kv)}
+    policy = POLICIES.make(base, params, PolicyContext(perf))
     planner = PassPlanner(policy, settings_for(policy))
     knobs = KnobModel(perf)
     queue = list(waiting)
@@ -460,7 +425,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     parser.add_argument("--part", choices=("all", "engine", "plan-path", "router"), default="all", help="what to time")
     parser.add_argument("--passes", type=int, default=0, help="plan path: timed passes per state (0: 200, 60 at 10k)")
-    parser.add_argument("--policies", nargs="*", default=[], help="plan path: only these policies")
+    parser.add_argument(
+        "--policies", nargs="*", default=[], help="plan path: only these policies (NAME or NAME:KEY=JSON,...)"
+    )
     parser.add_argument("--usual-only", action="store_true", help="plan path: no adversarial states")
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}

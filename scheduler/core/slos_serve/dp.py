@@ -25,10 +25,12 @@ from scheduler.core.work_budget import BudgetExhausted, WorkBudget
 
 EPS = 1e-9
 # Work units (work_budget.py) of the DP's steps, in the ratio of their costs in this module's
-# Python: one per Pareto entry compared, PAIR_UNITS per (predecessor state, item) extension,
-# SHAPE_UNITS per batch shape computed (a bisection of the perf model).
-PAIR_UNITS = 40
-SHAPE_UNITS = 300
+# Python (fitted by benchmarks/experiments/decision_latency.py's dp_units_per_ms cases): one
+# per Pareto entry compared and per predecessor looked at, INSERT_UNITS per entry extended,
+# PAIR_UNITS per (predecessor state, item) pair, SHAPE_UNITS per batch shape computed.
+PAIR_UNITS = 17
+INSERT_UNITS = 7
+SHAPE_UNITS = 180
 Counts = tuple[int, ...]  # decoders per tier, tightest first; the last slot has no TPOT target
 
 
@@ -234,6 +236,8 @@ def _solve(
         if it.deadline > now:
             slot = it.tier if it.tier >= 0 else slot_of
             here = states[s]
+            if spend is not None:  # the predecessors looked at, states or none
+                spend(s - lo)
             for j in range(lo, s):
                 there = states[j]
                 if not there:
@@ -253,7 +257,7 @@ def _solve(
                         units = (
                             PAIR_UNITS
                             if new_key is None
-                            else PAIR_UNITS + len(front) * (1 + len(here.get(new_key, ())))
+                            else PAIR_UNITS + len(front) * (INSERT_UNITS + len(here.get(new_key, ())))
                         )
                         if shapes is not None:  # and the shapes computed since the last charge
                             shapes = budget.shapes  # type: ignore[attr-defined]
