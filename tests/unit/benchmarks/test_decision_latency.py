@@ -34,6 +34,7 @@ def test_every_slo_policy_runs_the_adapters_plan_path_on_every_state() -> None:
         for name, cell in cells.items():
             assert isinstance(cell, dict), (state, name, cell)
             assert cell["p50"] <= cell["p99"] <= cell["max"] and cell["budget_fallbacks"] >= 0
+            assert cell["cpu"]["p50"] <= cell["cpu"]["p99"] <= cell["cpu"]["max"]
 
 
 def test_every_routing_policy_decides_on_a_small_pool() -> None:
