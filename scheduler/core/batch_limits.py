@@ -77,18 +77,17 @@ def _ttft_need(
     if pending.size == 0:
         return need, urgent
     remaining = np.maximum(c.prompt[pending] - c.cached[pending], 1).astype(np.int64)
-    steps: dict[int, float] = {}  # one model call per chunk size
-    for s, rem in zip(slack[pending].tolist(), remaining.tolist()):
-        chunk = min(rem, limit)
-        step = steps.get(chunk)
-        if step is None:
-            step = steps[chunk] = perf.step_time(chunk, decodes, kv)
-        fastest = step * -(-rem // limit)
-        urgent = urgent or s - decode_s < fastest
-        if s <= step:
-            return limit, True  # tight: prefill it as fast as possible
-        steps_left = max(int(s / step), 1)
-        need = max(need, -(-rem // steps_left))
+    s = slack[pending]
+    # One model call per distinct chunk size; the rest on the columns (a deep queue of latency
+    # requests made this a Python step per request, the largest part of a plan-path pass).
+    sizes, at = np.unique(np.minimum(remaining, limit), return_inverse=True)
+    step = np.array([perf.step_time(chunk, decodes, kv) for chunk in sizes.tolist()], dtype=np.float64)[at]
+    if (s <= step).any():
+        return limit, True  # tight: prefill it as fast as possible
+    fastest = step * -(-remaining // limit)
+    urgent = bool((s - decode_s < fastest).any())
+    steps_left = np.maximum(np.floor(s / step).astype(np.int64), 1)
+    need = max(need, int((-(-remaining // steps_left)).max()))
     return need, urgent
 
 
