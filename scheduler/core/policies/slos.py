@@ -21,8 +21,9 @@ from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
 from scheduler.core.row_reads import SloTable
+from scheduler.core.slos_serve.arrival_bound import ArrivalBoundBudget, arrival_chunk
 from scheduler.core.slos_serve.batch_formation import EPS
-from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
+from scheduler.core.slos_serve.dp import DpItem, admit
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tiers, expected_outputs
 from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
@@ -82,6 +83,12 @@ class SlosServeParams:
     # (scheduler/core/work_budget.py; None: unbounded). When it runs out the pass keeps the
     # earlier admissions that still wait, admits nothing new, and counts a budget fallback.
     search_budget_ms: float | None = 4.0
+    # A batch's prefill is at most what alone takes this share of the tightest TTFT among the
+    # requests in view (None: the tightest TPOT alone sizes batches, Alg. 2). Under SGLang's
+    # overlap schedule a request arriving during a pass is first planned after the next one:
+    # batches as long as a loose TPOT allows spend a short prompt's TTFT before admission
+    # sees it (arrival_bound.py; the share's sweep: benchmarks/RESULTS.md, SLOs-Serve headline).
+    arrival_batch_share: float | None = 1.0
 
     def __post_init__(self) -> None:
         require(
@@ -92,6 +99,8 @@ class SlosServeParams:
         )
         ms = self.search_budget_ms
         require(ms is None or ms > 0.0, "search_budget_ms", "must be > 0 or None", ms)
+        share = self.arrival_batch_share
+        require(share is None or share > 0.0, "arrival_batch_share", "must be > 0 or None", share)
 
 
 class SlosServePolicy:
@@ -108,6 +117,7 @@ class SlosServePolicy:
         self.idle = params.idle_batch_s
         self.floor_steps = params.derived_tpot_floor_steps
         self.work_units = units_for_ms(params.search_budget_ms)
+        self.arrival_share = params.arrival_batch_share
         self.budget_fallbacks = 0  # passes whose DP ran out of budget (/slo/status)
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._admitted_rows: tuple[int, np.ndarray] | None = None  # their rows (ViewColumns.row_keys)
@@ -166,7 +176,17 @@ class SlosServePolicy:
                     self._spec_memo.clear()
                 choice = optimize_spec_lengths(self.perf, live, self.alpha, kv, self.max_spec, view.chunk_size, True)
                 spec = self._spec_memo[key] = choice.steps if choice is not None else 0
-        budget = TierBudget(self.perf, tiers, kv, view.chunk_size, self.idle, self.alpha, self.max_spec, spec)
+        budget = ArrivalBoundBudget(
+            self.perf,
+            tiers,
+            arrival_chunk(self.perf, c.ttft_ms, self.arrival_share),
+            kv_tokens=kv,
+            chunk_cap=view.chunk_size,
+            idle_batch_s=self.idle,
+            alpha=self.alpha,
+            max_spec=self.max_spec,
+            spec_steps=spec,
+        )
         # Admissions the engine could not start on time make the forced set infeasible: then the
         # most urgent items are decided again and the rest wait in the best-effort tier.
         result = admit(
@@ -267,7 +287,7 @@ class SlosServePolicy:
             return [i for i in found if rids[i] in self._admitted]
         return [i for i in range(nw) if rids[i] in self._admitted]
 
-    def _batch_shape(self, budget: TierBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
+    def _batch_shape(self, budget: ArrivalBoundBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
         """This step's batch: the largest one keeping the tightest running TPOT (Alg. 2)."""
         shape = budget(counts)
         shaped: dict = {}
@@ -277,7 +297,10 @@ class SlosServePolicy:
             # the most decoders of today's average context that keep the batch time
             decoders = sum(counts)
             most = self.perf.max_batch_within(
-                shape.batch_time + EPS, kv / decoders, spec_tokens_per_req=shape.spec_steps, limit=1 << 16
+                budget.tpot_shape(counts).batch_time + EPS,
+                kv / decoders,
+                spec_tokens_per_req=shape.spec_steps,
+                limit=1 << 16,
             )
             if most > 0:
                 shaped["batch_cap"] = min(view.max_running_requests, most)
