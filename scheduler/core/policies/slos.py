@@ -88,7 +88,7 @@ class SlosServeParams:
     # overlap schedule a request arriving during a pass is first planned after the next one:
     # batches as long as a loose TPOT allows spend a short prompt's TTFT before admission
     # sees it (arrival_bound.py; the share's sweep: benchmarks/RESULTS.md, SLOs-Serve headline).
-    arrival_batch_share: float | None = 1.0
+    arrival_batch_share: float | None = 1.5
 
     def __post_init__(self) -> None:
         require(
