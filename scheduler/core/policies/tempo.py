@@ -91,7 +91,7 @@ class TempoParams:
     alpha: float = 1.0  # gain degradation exponent (Eq. 1-3)
     w_in: float = W_IN
     w_out: float = W_OUT
-    reserve_share: float = 0.1  # of the batch, for best-effort work
+    reserve_share: float = 0.1  # of the batch that runs, for best-effort work (kept in every prefix of the order)
     fairness: float = 0.0
     quantum_steps: int = 20  # decode steps between preemption points
     preempt: bool = True
