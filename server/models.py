@@ -15,6 +15,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Any
 
 DEFAULT_MODEL_NAME = "smollm2-135m-instruct"
 TINY_MODEL_NAME = "tiny-llama"
@@ -62,13 +63,24 @@ def _gguf_path() -> Path:
     return path
 
 
+def _forget_gguf_origin(model: Any) -> None:
+    """transformers (5.x) de-quantizes GGUF tensors on load but keeps marking the model as
+    GGUF-quantized, and then refuses to save it; the saved config would also send SGLang to its
+    GGUF loader. The weights are plain float32 by now, so the marks go."""
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.is_quantized = False
+
+
 def _convert_smollm2(out: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _gguf_path()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    _forget_gguf_origin(model)
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = CHAT_TEMPLATE
     model.save_pretrained(out, safe_serialization=True)
