@@ -102,6 +102,7 @@ class SloTokenizerManager(TokenizerManager):
 
     async def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[Any]:
         _check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
+        _check_rid(obj)
         if isinstance(obj, GenerateReqInput):  # every route's params (OpenAI's translated), ids in the vocabulary
             check_sampling_params(obj.sampling_params, vocab_size=self.model_config.vocab_size)
         ctx = request_context.current()
@@ -151,6 +152,19 @@ def _check_token_ids(input_ids: Any, vocab_size: int) -> None:
         bad = next((t for t in row if not isinstance(t, int) or not 0 <= t < vocab_size), None)
         if bad is not None:
             raise ValueError(f"input_ids: token id {bad!r} is outside the model's vocabulary [0, {vocab_size})")
+
+
+def _check_rid(obj: Any) -> None:
+    """SGLang keys its request table by `rid` before it checks the field: a list (or a list of
+    lists) for one prompt is unhashable there and the request ends in a 500. Refused as a 400."""
+    rid = getattr(obj, "rid", None)
+    if rid is None or isinstance(rid, str):
+        return
+    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
+    single = isinstance(text, str) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], int))
+    if isinstance(rid, list) and not single and all(isinstance(r, str) for r in rid):
+        return
+    raise ValueError("rid: must be a string (a list of strings, one per prompt, for a batch)")
 
 
 def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **kwargs: Any) -> Any:

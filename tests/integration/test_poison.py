@@ -42,6 +42,22 @@ def test_an_empty_prompt_is_a_400_and_the_worker_keeps_serving(tiny_server: Serv
     assert plain.status_code == 200, plain.text
 
 
+def test_a_rid_that_is_not_a_string_is_a_400_and_the_worker_keeps_serving(tiny_server: ServerProcess) -> None:
+    """SGLang keyed its request table by a list rid and answered 500 (found by the schema fuzzer)."""
+    for rid in (["a", "b"], [["a"]], 7):
+        r = _post(tiny_server, "/generate", {"text": PROMPT, "rid": rid, "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 400, (rid, r.status_code, r.text)
+        assert "rid" in r.text, r.text
+    batch = _post(
+        tiny_server,
+        "/generate",
+        {"text": [PROMPT, PROMPT], "rid": ["b1", "b2"], "sampling_params": {"max_new_tokens": 2}},
+    )
+    assert batch.status_code == 200, batch.text
+    plain = _post(tiny_server, "/generate", {"text": PROMPT, "rid": "one", "sampling_params": {"max_new_tokens": 2}})
+    assert plain.status_code == 200, plain.text
+
+
 def test_a_bounded_stop_regex_still_stops_generation(tiny_server: ServerProcess) -> None:
     params = {"max_new_tokens": 48, "temperature": 0}
     free = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": params}).json()
