@@ -20,12 +20,14 @@ from typing import Any
 
 import fastapi
 from sglang.srt.entrypoints import http_server
+from sglang.srt.entrypoints.api_contract import generate_contract_error
 from sglang.srt.entrypoints.engine import init_tokenizer_manager
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
 from scheduler.components.status_channel import ReplicaStatus, remove_ipc_file
 from scheduler.config import SloServerConfig
+from scheduler.core.field_error import FieldError
 from scheduler.core.sampling_guard import check_sampling_params
 from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo import SloSpec
@@ -35,6 +37,7 @@ from scheduler.reporting.reports import SloReportBook
 from server import request_context
 from server.delta_stream import DeltaStream
 from server.draining import Drain, install_drain_handler
+from server.generate_checks import check_per_prompt_fields, check_rid, check_token_ids
 from server.process import kill_tree
 from server.scheduler_process import run_slo_scheduler_process
 from server.slo_middleware import SloMiddleware
@@ -101,8 +104,8 @@ class SloTokenizerManager(TokenizerManager):
         return handled
 
     async def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[Any]:
-        _check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
-        _check_rid(obj)
+        check_token_ids(getattr(obj, "input_ids", None), self.model_config.vocab_size)
+        check_rid(obj)
         if isinstance(obj, GenerateReqInput):  # every route's params (OpenAI's translated), ids in the vocabulary
             check_sampling_params(obj.sampling_params, vocab_size=self.model_config.vocab_size)
         ctx = request_context.current()
@@ -132,6 +135,13 @@ class SloTokenizerManager(TokenizerManager):
                 _BOOK.on_abort(rid)
             raise
 
+    def _init_req_state(self, obj: Any, request: Any = None) -> Any:
+        """Changes SGLang's split of a normalised request: a per-prompt field of the wrong shape
+        (a list for one prompt, a list shorter than the batch) is a 400 here, before SGLang
+        indexes past its end (a 500) or its scheduler ends on it."""
+        check_per_prompt_fields(obj)
+        return super()._init_req_state(obj, request)
+
     def _validate_one_request(self, obj: Any, input_ids: Any) -> None:
         """Changes SGLang's per-request check: a prompt of no tokens (`text: ""` on a tokenizer
         without BOS, `input_ids: []`) reached the model, whose forward then took the scheduler
@@ -142,29 +152,15 @@ class SloTokenizerManager(TokenizerManager):
             raise ValueError(f"{field}: the prompt is empty (no tokens); send at least one token")
 
 
-def _check_token_ids(input_ids: Any, vocab_size: int) -> None:
-    """SGLang would pass an id outside the vocabulary to the model, whose embedding lookup then
-    takes the whole scheduler down: refuse it here as a 400 naming the field."""
-    if not input_ids:
-        return
-    rows = input_ids if isinstance(input_ids[0], list) else [input_ids]
-    for row in rows:
-        bad = next((t for t in row if not isinstance(t, int) or not 0 <= t < vocab_size), None)
-        if bad is not None:
-            raise ValueError(f"input_ids: token id {bad!r} is outside the model's vocabulary [0, {vocab_size})")
-
-
-def _check_rid(obj: Any) -> None:
-    """SGLang keys its request table by `rid` before it checks the field: a list (or a list of
-    lists) for one prompt is unhashable there and the request ends in a 500. Refused as a 400."""
-    rid = getattr(obj, "rid", None)
-    if rid is None or isinstance(rid, str):
-        return
-    text, ids = getattr(obj, "text", None), getattr(obj, "input_ids", None)
-    single = isinstance(text, str) or (isinstance(ids, list) and bool(ids) and isinstance(ids[0], int))
-    if isinstance(rid, list) and not single and all(isinstance(r, str) for r in rid):
-        return
-    raise ValueError("rid: must be a string (a list of strings, one per prompt, for a batch)")
+def generate_contract_refusal(body: dict[str, Any]) -> FieldError | None:
+    """SGLang's /generate route checks a body against SGLang's API contract before anything else
+    and answers a violation as a bare-string error naming no field. The same check, run at our
+    edge first: each top-level field is decoded alone to find the refused one, so the 400 names it."""
+    message = generate_contract_error(body)
+    if message is None:
+        return None
+    field = next((name for name, value in body.items() if generate_contract_error({name: value})), "body")
+    return FieldError(field, message)
 
 
 def init_slo_tokenizer_manager(server_args: Any, port_args: Any, *args: Any, **kwargs: Any) -> Any:
@@ -314,6 +310,7 @@ def launch(
         vertex_fields=frozenset(f.name for f in fields(GenerateReqInput)),
         access=access,
         decompression=bool(envs.SGLANG_ENABLE_REQUEST_DECOMPRESSION.get()),
+        contract=generate_contract_refusal,
     )
     _outermost(http_server.app, SloMiddleware)
     if membership is not None:

@@ -33,6 +33,7 @@ import orjson
 
 from router.access import OPEN_ACCESS, PRINCIPAL_SCOPE_KEY
 from scheduler.core.admission import retry_after_s
+from scheduler.core.field_error import FieldError
 from scheduler.core.json_depth import unforwardable
 from scheduler.core.regex_guard import UnsafeRegex, check_stop_regex
 from scheduler.core.sampling_guard import BadParam, check_generate_fields
@@ -141,8 +142,12 @@ class SloMiddleware:
         vertex_fields: frozenset[str] | None = None,
         access: WorkerAccess | None = None,
         decompression: bool = False,
+        contract: Callable[[dict[str, Any]], FieldError | None] | None = None,
     ) -> None:
         self.app = app
+        # SGLang's own /generate contract check, run here first: SGLang answers a violation with a
+        # bare-string error that names no field; this one names it. None: not checked here.
+        self.contract = contract
         self.access = access  # None: no key check here (SGLang's own, or none)
         self.decompression = decompression  # SGLANG_ENABLE_REQUEST_DECOMPRESSION: open bodies here
         # SGLang spreads a Vertex body's "parameters" into GenerateReqInput(**parameters): a name
@@ -283,6 +288,9 @@ class SloMiddleware:
                 check_generate_fields(target, prefix="parameters." if kind == VERTEX else "")
             except BadParam as e:
                 return await respond(send, 400, error_body(e.field, e.message))
+        refused = self.contract(target) if kind == NATIVE and self.contract is not None else None
+        if refused is not None:
+            return await respond(send, 400, error_body(refused.field, refused.message))
         try:
             if not ctx.from_agent:
                 _strip_body(target, kind)

@@ -1,10 +1,14 @@
 """Poison containment on a real worker (tiny model, CPU, one shared server): a stop_regex that
 would backtrack without end inside SGLang's scheduler loop is a 400 naming the field on the
 native and OpenAI routes, the worker serves the next request as if nothing happened, a bounded
-stop_regex still stops generation in SGLang, and the worker's queue is bounded by default."""
+stop_regex still stops generation in SGLang, a body outside SGLang's own contract is a 400 naming
+its field, and the worker's queue is bounded by default."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
 import requests
 
 from launch_server import DEFAULT_MAX_QUEUED_REQUESTS
@@ -55,6 +59,55 @@ def test_a_rid_that_is_not_a_string_is_a_400_and_the_worker_keeps_serving(tiny_s
     )
     assert batch.status_code == 200, batch.text
     plain = _post(tiny_server, "/generate", {"text": PROMPT, "rid": "one", "sampling_params": {"max_new_tokens": 2}})
+    assert plain.status_code == 200, plain.text
+
+
+@pytest.mark.parametrize(
+    ("extra", "field"),
+    [
+        ({"max_thinking_tokens": -280}, "max_thinking_tokens"),
+        ({"bootstrap_room": "x"}, "bootstrap_room"),
+        ({"text": 5}, "text"),
+    ],
+    ids=["negative_thinking_budget", "string_room", "number_text"],
+)
+def test_a_body_outside_sglangs_contract_is_a_400_naming_the_field(
+    tiny_server: ServerProcess, extra: dict[str, Any], field: str
+) -> None:
+    """SGLang's contract gate answers these with a bare-string error naming no field (found by
+    the schema fuzzer); the edge names the field in the error object, and the worker serves on."""
+    r = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 2}, **extra})
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert isinstance(error, dict) and error["param"] == field and error["message"], r.text
+    plain = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 2}})
+    assert plain.status_code == 200, plain.text
+
+
+@pytest.mark.parametrize("field", ["custom_logit_processor", "bootstrap_room", "lora_id"])
+def test_a_batch_field_with_fewer_entries_than_prompts_is_a_400(tiny_server: ServerProcess, field: str) -> None:
+    """SGLang indexes these per prompt without checking their length: a short list ended in an
+    IndexError and a 500 (found by the schema fuzzer)."""
+    body = {"text": [PROMPT, PROMPT, PROMPT], "sampling_params": {"max_new_tokens": 2}, field: [None]}
+    r = _post(tiny_server, "/generate", body)
+    assert r.status_code == 400, r.text
+    assert field in r.json()["error"]["message"], r.text
+    body[field] = [None, None, None]
+    assert _post(tiny_server, "/generate", body).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("return_hidden_states", [False]), ("return_logprob", [True]), ("top_logprobs_num", [1])]
+)
+def test_a_per_prompt_list_on_one_prompt_is_a_400_and_the_worker_keeps_serving(
+    tiny_server: ServerProcess, field: str, value: list[Any]
+) -> None:
+    """A one-entry list where one prompt takes a value passed SGLang's tokenizer-side checks and
+    reached the scheduler's request, whose check then ended the scheduler (found by the fuzzer)."""
+    r = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 2}, field: value})
+    assert r.status_code == 400, r.text
+    assert field in r.text, r.text
+    plain = _post(tiny_server, "/generate", {"text": PROMPT, "sampling_params": {"max_new_tokens": 2}})
     assert plain.status_code == 200, plain.text
 
 
