@@ -138,12 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--length-predictor",
         default=DEFAULT_LENGTH_PREDICTOR,
-        metavar="PATH|history[:Q]|history-len[:Q]|none",
-        help="output-length predictor the SLO-aware policies plan with: 'history:Q' (default history:0.9: the "
-        "Q-quantile of recent answers' lengths, learned online, an upper bound), 'history' (their mean), "
-        "'history-len[:Q]' (the same among answers to prompts of about its length first), 'none' "
-        "(the client's max_new_tokens), or a saved analyzer artifact (scheduler.core.analyzer.train_cli --out: "
-        "MoE, QRF)",
+        metavar="PATH|trained[:Q]|history[:Q]|history-len[:Q]|none",
+        help="output-length predictor the SLO-aware policies plan with: 'trained:Q' (default trained:0.9: the "
+        "Q-quantile of the answer's length given the prompt's, from a table trained on a public chat trace, until "
+        "recent answers bound better), 'history:Q' (the Q-quantile of recent answers' lengths alone, learned "
+        "online), 'history' (their mean), 'history-len[:Q]' (the same among answers to prompts of about its length "
+        "first), 'none' (the client's max_new_tokens), a table (.json, benchmarks/predictor/train_length.py) or a "
+        "saved analyzer artifact (scheduler.core.analyzer.train_cli --out: MoE, QRF)",
     )
     parser.add_argument(
         "--incremental-streaming-output",

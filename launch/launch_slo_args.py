@@ -63,13 +63,15 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--slo-length-predictor",
-        metavar="PATH|history[:Q]|history-len[:Q]|none",
+        metavar="PATH|trained[:Q]|history[:Q]|history-len[:Q]|none",
         default=DEFAULT_LENGTH_PREDICTOR,
-        help="output-length bound the SLO policies plan with, refined every N generated tokens: 'history:Q' "
-        f"(default {DEFAULT_LENGTH_PREDICTOR}: the Q-quantile of this server's recent answer lengths, learned "
-        "online, no training), 'history' (their mean), 'history-len[:Q]' (the same among answers to prompts "
-        "within half an octave of its length first), 'none' (the client's max_new_tokens bounds every "
-        "answer), or a saved predictor (scheduler.core.analyzer.train_cli --out).",
+        help="output-length bound the SLO policies plan with, refined every N generated tokens: 'trained:Q' "
+        f"(default {DEFAULT_LENGTH_PREDICTOR}: the Q-quantile of the answer's length given the prompt's, from a "
+        "table trained on a public chat trace, until this server's recent answers bound better), 'history:Q' "
+        "(the Q-quantile of this server's recent answer lengths alone, learned online, no training), 'history' "
+        "(their mean), 'history-len[:Q]' (the same among answers to prompts within half an octave of its length "
+        "first), 'none' (the client's max_new_tokens bounds every answer), a table (.json, "
+        "benchmarks/predictor/train_length.py --out) or a saved predictor (scheduler.core.analyzer.train_cli --out).",
     )
     group.add_argument(
         "--slo-program-patterns",

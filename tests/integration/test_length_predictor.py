@@ -87,21 +87,39 @@ def test_unreadable_predictor_stops_start_up(tmp_path: Path) -> None:
     assert "--slo-length-predictor" in proc.stderr
 
 
-def test_a_default_server_learns_its_length_bounds_from_its_own_answers() -> None:
-    """No flag: the history:0.9 default bounds nothing until COLD_START answers are in, then
-    bounds each newcomer by what the answers before it took (all 4 tokens here: no error)."""
-    with ServerProcess("--model-path", "tiny", "--slo-policy", "sjf", name="sjf-default-lengths") as server:
-        for i in range(COLD_START + 3):
-            r = requests.post(
-                server.url + "/generate",
-                json={
-                    "text": f"question {i}",
-                    "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
-                    "slo": {"deadline_ms": 9000},
-                },
-                timeout=60,
-            )
-            assert r.status_code == 200, r.text
+def _ask_four_tokens(server: ServerProcess, n: int) -> None:
+    for i in range(n):
+        r = requests.post(
+            server.url + "/generate",
+            json={
+                "text": f"question {i}",
+                "sampling_params": {"max_new_tokens": 4, "ignore_eos": True},
+                "slo": {"deadline_ms": 9000},
+            },
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+
+
+def test_a_default_server_bounds_from_its_first_request() -> None:
+    """No flag: the trained:0.9 default bounds every request from the first (the bundled table),
+    where the history alone leaves the first COLD_START answers to the client's cap (unscored)."""
+    n = COLD_START + 3
+    with ServerProcess("--model-path", "tiny", "--slo-policy", "sjf", name="sjf-trained-lengths") as server:
+        _ask_four_tokens(server, n)
+        status = server.status_when(lambda s: (s["engine"].get("predictor_accuracy") or {}).get("requests", 0) >= n)
+        engine = status["engine"]
+        assert engine["length_predictor"]["name"] == "trained"
+        assert engine["predictor_accuracy"]["requests"] == n  # every answer had a bound to score
+
+
+def test_a_history_server_learns_its_length_bounds_from_its_own_answers() -> None:
+    """history:0.9 bounds nothing until COLD_START answers are in, then bounds each newcomer by
+    what the answers before it took (all 4 tokens here: no error)."""
+    with ServerProcess(
+        "--model-path", "tiny", "--slo-policy", "sjf", "--slo-length-predictor", "history:0.9", name="sjf-history"
+    ) as server:
+        _ask_four_tokens(server, COLD_START + 3)
         status = server.status_when(lambda s: (s["engine"].get("predictor_accuracy") or {}).get("requests", 0) >= 3)
         engine = status["engine"]
         assert engine["length_predictor"]["name"] == "history"

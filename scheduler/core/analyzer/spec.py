@@ -1,7 +1,10 @@
 """A length predictor named on a command line: the same spelling for the engine and the router.
 
-`history:Q` (the default of both): the Q-quantile of recent answers' lengths, learned online from
-completions, an upper bound in the spirit of Tempo's and JITServe's QRF bounds (§4.1) that needs
+`trained:Q` (the default of both): the Q-quantile of the answer's length given the prompt's length,
+from the bundled table trained on a public chat trace, with the recent-answers quantiles standing
+by for traffic unlike it (`trained.py`), an upper bound in the spirit of Tempo's and JITServe's QRF
+bounds (§4.1); a `.json` path: the same with a table written by benchmarks/predictor/train_length.py;
+`history:Q`: the Q-quantile of recent answers' lengths alone, learned online from completions,
 no training; `history`: their mean; `history-len:Q` / `history-len`: the same, first among
 answers to prompts of about the same length; `none`: no prediction (policies fall back to the client's
 max_new_tokens); anything else: a saved analyzer artifact (QRF, MoE).
@@ -14,7 +17,7 @@ import math
 from scheduler.core.analyzer.base import LengthPredictor, load_predictor
 from scheduler.core.analyzer.online import LiveLengthBounds
 
-DEFAULT_LENGTH_PREDICTOR = "history:0.9"
+DEFAULT_LENGTH_PREDICTOR = "trained:0.9"
 HISTORY_KINDS = {"history": False, "history-len": True}  # spelling -> conditions on prompt length
 COLD_START = 20  # finished answers the history predictor needs before it predicts
 
@@ -25,6 +28,15 @@ def predictor_from_spec(spec: str | None) -> LengthPredictor | None:
     if spec is None or spec == "none":
         return None
     kind, sep, quantile = spec.partition(":")
+    if kind == "trained" or spec.endswith(".json"):
+        from scheduler.core.analyzer.trained import trained_predictor
+
+        try:
+            if kind == "trained":
+                return trained_predictor(float(quantile) if sep else 0.9)
+            return trained_predictor(path=spec)
+        except ValueError as e:
+            raise ValueError(f"{spec}: {e}") from None
     if kind in HISTORY_KINDS:
         # Here, not at module level: the registry imports every predictor, scikit-learn's too.
         from scheduler.core.analyzer.predictors import make_predictor
