@@ -100,5 +100,9 @@ class SloStatusMixin:
             speculation=self._slo_speculation_status(),
             length_predictor=None
             if slo.lengths is None
-            else {"name": slo.lengths.predictor.name, "predictions": slo.lengths.predictions},
+            else {
+                "name": slo.lengths.predictor.name,
+                "predictions": slo.lengths.predictions,
+                **({"bound": slo.lengths.predictor.chosen()} if hasattr(slo.lengths.predictor, "chosen") else {}),
+            },
         ).to_dict()

@@ -111,6 +111,7 @@ def test_a_default_server_bounds_from_its_first_request() -> None:
         engine = status["engine"]
         assert engine["length_predictor"]["name"] == "trained"
         assert engine["predictor_accuracy"]["requests"] == n  # every answer had a bound to score
+        assert engine["length_predictor"]["bound"] == "table"  # the histories have too few answers scored yet
 
 
 def test_a_history_server_learns_its_length_bounds_from_its_own_answers() -> None:
