@@ -12,6 +12,8 @@ beats the stall cost and the App. D.2 margin. Requests past their max_queue_ms a
 Our one addition, `latency_urgency`: a latency request that can still make its SLO is worth a
 little more than deadline work of the same value per second, because its TTFT window closes in
 seconds while deadline work can wait for a later frame (0 gives the paper's priority).
+A best-effort request (no SLO) adds nothing to the goodput being maximised, so its deemed goodput
+is `best_effort_value` (0 by default) and only δ's aging raises it (JITServe §3, §4.2).
 The multi-replica half (§4.3, power-of-K copies) is a routing policy: router/policies/jit.py.
 """
 
@@ -24,6 +26,7 @@ import numpy as np
 from scheduler.core.batch_limits import MIN_CHUNK
 from scheduler.core.columns import ViewColumns, rows_among
 from scheduler.core.estimates import (
+    BEST_EFFORT,
     COMPOUND,
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
@@ -101,12 +104,20 @@ class GmaxParams:
     # prefills pace how fast GMAX starts requests, and its length bounds err long
     # (benchmarks/RESULTS.md).
     chunk_cap: int = 512
+    # goodput(r) of a best-effort request, as a share of a met SLO request's. The objective
+    # (requests or tokens that meet their SLO, as /slo/status counts) has no term for them, so
+    # 0 leaves them to δ's aging, JITServe's guard against their starvation (§4.2), and they run
+    # on what the SLO work leaves. Worth a met request from arrival (1, ours before), a short
+    # best-effort request outranked every longer latency request, and under a per-step prefill
+    # budget those latency requests waited past their TTFT (benchmarks/RESULTS.md).
+    best_effort_value: float = 0.0
 
     def __post_init__(self) -> None:
         require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
         require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)
         require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
         require(self.latency_urgency >= 0.0, "latency_urgency", "must be >= 0", self.latency_urgency)
+        require(self.best_effort_value >= 0.0, "best_effort_value", "must be >= 0", self.best_effort_value)
         require(
             self.chunk_cap == 0 or self.chunk_cap >= MIN_CHUNK,
             "chunk_cap",
@@ -132,6 +143,7 @@ class GmaxPolicy:
         self.stage_deadlines = params.stage_deadlines
         self.latency_urgency = params.latency_urgency
         self.chunk_cap = params.chunk_cap or None
+        self.best_effort_value = params.best_effort_value
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})
         epoch_steps = params.tune_epoch_frames * params.frame_steps
         self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
@@ -158,7 +170,8 @@ class GmaxPolicy:
         # worth its weight, and δ ages it by the same share of its value as in token mode.
         unit = 1.0 / tokens if self.per_request else 1.0
 
-        goodput = a.weight * (1.0 if self.per_request else tokens)  # best effort: full value, no gate
+        goodput = a.weight * (1.0 if self.per_request else tokens)
+        goodput = np.where(a.cls == BEST_EFFORT, goodput * self.best_effort_value, goodput)  # no SLO, no gate
         deadline = a.deadline if self.stage_deadlines else a.end_to_end_deadline
         has_dl = np.isfinite(deadline) & ((a.cls == DEADLINE) | (a.cls == COMPOUND))
         finish = now + group_reduce(t_gen, a.group, "max")  # a stage's calls run side by side
@@ -282,6 +295,7 @@ class GmaxPolicy:
         else:
             worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (c.prompt[run] + generated + 1.0))
         worth = np.where(late, 0.0, worth)
+        worth = np.where(cls == BEST_EFFORT, worth * self.best_effort_value, worth)  # as priorities() counts it
         deadline = (c.deadline if self.stage_deadlines else c.end_to_end_deadline)[run]
         has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(deadline)
         due = np.where(has_due, deadline, np.inf)

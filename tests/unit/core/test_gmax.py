@@ -280,3 +280,35 @@ def test_latency_urgency_scales_a_reachable_latency_requests_value_only():
 def test_negative_latency_urgency_names_the_field():
     with pytest.raises(ValueError, match="latency_urgency"):
         GmaxParams(latency_urgency=-0.1)
+
+
+# -- best effort (no SLO: no goodput of its own, δ's aging keeps it from starving) -----------
+
+
+def _short_best_effort_and_latency() -> list[SimRequest]:
+    """A short best-effort request queued first and a latency request with a 3-iteration TTFT:
+    served second, the latency request misses it; the best-effort request has no SLO to miss."""
+    latency = SloSpec(ttft_ms=3 * TAU * 1000, tpot_ms=2 * TAU * 1000, slo_class=SloClass.LATENCY)
+    return [SimRequest("be", SloSpec(), 0.0, 8, 4, 4, 4), SimRequest("lat", latency, 0.0, 8, 8, 8, 8)]
+
+
+@pytest.mark.parametrize("value, latency_met", [(GmaxParams().best_effort_value, True), (1.0, False)])
+def test_best_effort_runs_on_what_the_slo_work_leaves(value, latency_met):
+    pol = GmaxPolicy(GmaxParams(tune_cutoff=False, best_effort_value=value))
+    result = run_single_slot(pol, _short_best_effort_and_latency())
+    assert result.outcomes()["lat"].attained is latency_met
+    assert result.records["be"].finished  # later, not never
+
+
+def test_best_effort_has_no_goodput_until_it_waits():
+    be = RequestView(rid="be", slo=SloSpec(), arrival=0.0, prompt_len=10, predicted_output_len=10)
+    dl = deadline_request("dl", prompt=10_000, out=1_000)
+    p = GmaxPolicy(GmaxParams(aging_delta=0.0)).priorities(_view([be, dl]))
+    assert p[0] == 0.0 < p[1]  # a hundredfold cheaper, and still behind SLO work that can finish
+    valued = GmaxPolicy(GmaxParams(aging_delta=0.0, best_effort_value=1.0)).priorities(_view([be, dl]))
+    assert valued[0] > valued[1]
+
+
+def test_negative_best_effort_value_names_the_field():
+    with pytest.raises(ValueError, match="best_effort_value"):
+        GmaxParams(best_effort_value=-1.0)
