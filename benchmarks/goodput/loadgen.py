@@ -157,8 +157,8 @@ class LoadGenerator:
         records = {_key(p): self._record(p) for p in planned}
         # One connection per request: a pooled keep-alive connection left idle past the server's
         # keep-alive timeout (uvicorn: 5 s) is closed by the server, and a request written on it
-        # just then fails with "Server disconnected" before the server ever saw it (measured:
-        # compound stages sent after a think time, 3 of 800 requests per run).
+        # just then fails with "Server disconnected" before the server ever saw it (compound
+        # stages sent after a think time are the ones that meet such a connection).
         conn = aiohttp.TCPConnector(limit=0, force_close=True)
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=30)
         async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
