@@ -9,17 +9,23 @@ installed by `install_signal_handlers()`) stops whatever is left after Ctrl-C or
 
 from __future__ import annotations
 
+import argparse
 import atexit
+import contextlib
+import json
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 for _p in (ROOT, ROOT / "launch"):
     if str(_p) not in sys.path:
         sys.path.insert(0, str(_p))
 
+from benchmarks.cli import run_header  # noqa: E402
 from server.process import ServerProcess  # noqa: E402
 
 _LIVE: set[BenchServer] = set()
@@ -83,6 +89,21 @@ def install_signal_handlers() -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit)
     atexit.register(stop_all)
+
+
+@contextlib.contextmanager
+def live_run(args: argparse.Namespace, *, cores: bool = False) -> Iterator[dict[str, Any]]:
+    """A benchmark run that starts servers: a signal stops them, and the run's record (headed by
+    `run_header`, filled in by the caller) goes to `args.json` even when the run fails part way,
+    so what was measured before the failure is kept."""
+    install_signal_handlers()
+    out = run_header(args, cores=cores)
+    try:
+        yield out
+    finally:
+        stop_all()
+        if args.json:
+            args.json.write_text(json.dumps(out, indent=2))
 
 
 def export_paths() -> None:

@@ -33,8 +33,7 @@ from typing import Any
 import aiohttp
 import requests
 
-from benchmarks._server import BenchServer, install_signal_handlers, stop_all
-from benchmarks.cli import run_header
+from benchmarks._server import BenchServer, live_run
 from benchmarks.goodput.emulation_validity import pacing_delta
 from wire import ORACLE_HINT_PARAM
 
@@ -239,14 +238,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    install_signal_handlers()
-    out: dict[str, Any] = run_header(args, cores=True)
-    try:
+    with live_run(args, cores=True) as out:
         out["cells"] = run_grid(args)
-    finally:
-        stop_all()
-        if args.json:
-            args.json.write_text(json.dumps(out, indent=2))
     print(table(out["cells"]))
 
 

@@ -40,8 +40,7 @@ import aiohttp
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from benchmarks._server import BenchServer, install_signal_handlers, stop_all  # noqa: E402
-from benchmarks.cli import run_header  # noqa: E402
+from benchmarks._server import BenchServer, live_run  # noqa: E402
 from benchmarks.goodput.emulation_validity import MAX_LATE_SHARE  # noqa: E402
 from benchmarks.workloads.traces import load  # noqa: E402
 from scheduler.core.perf_model import load_perf_model, profile_path  # noqa: E402
@@ -228,11 +227,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    install_signal_handlers()
     skip = set(filter(None, args.skip.split(",")))
     reqs = trace_requests(2000, args.seed, args.max_output)
-    out: dict[str, Any] = run_header(args)
-    try:
+    with live_run(args) as out:
         if "accuracy" not in skip:
             print("== 1. pacing accuracy per profile", flush=True)
             out["accuracy"] = accuracy(args, reqs)
@@ -242,10 +239,6 @@ def main(argv: list[str] | None = None) -> None:
         if "ratio" not in skip:
             print(f"== 3. A40 / H100 makespan of one {args.batch}-request batch", flush=True)
             out["ratio"] = throughput_ratio(args, reqs[: args.batch])
-    finally:
-        stop_all()
-        if args.json:
-            args.json.write_text(json.dumps(out, indent=2))
 
 
 if __name__ == "__main__":
