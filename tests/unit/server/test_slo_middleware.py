@@ -106,6 +106,16 @@ def _json(obj) -> bytes:
     return orjson.dumps(obj)
 
 
+def refused(path: str, body: bytes, status: int = 400) -> dict:
+    """The error SloMiddleware answers a POST of `body` to `path` with, once it is checked that
+    the status is `status` and the request never reached SGLang (the stand-in app saw no call)."""
+    mw, inner, _ = _make()
+    resp = Response(call(mw, "POST", path, body))
+    assert resp.status == status, resp.body
+    assert inner.calls == []
+    return resp.json()["error"]
+
+
 # --- validation -----------------------------------------------------------------------------------
 
 
