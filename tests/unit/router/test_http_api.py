@@ -16,6 +16,7 @@ import zmq.asyncio
 
 from router.requests import DEFAULT_MAX_NEW_TOKENS
 from router.tokenizer import RouterTokenizer
+from server.asgi_io import replay_body
 from tests.unit.router._fake_worker import until
 from tests.unit.router._router_harness import (
     SCRIPT_TEXT,
@@ -263,15 +264,12 @@ def test_client_disconnect_mid_stream_aborts_on_the_worker(ctx: zmq.asyncio.Cont
             body = orjson.dumps({"input_ids": [1], "stream": True, "rid": "gone"})
             sent: list[dict[str, Any]] = []
             first_body = asyncio.Event()
-            requested = False
 
-            async def receive() -> dict[str, Any]:
-                nonlocal requested
-                if not requested:
-                    requested = True
-                    return {"type": "http.request", "body": body, "more_body": False}
+            async def disconnect_once_streaming() -> dict[str, Any]:
                 await first_body.wait()
                 return {"type": "http.disconnect"}
+
+            receive = replay_body(body, disconnect_once_streaming)
 
             async def send(message: dict[str, Any]) -> None:
                 sent.append(message)
