@@ -12,23 +12,14 @@ from router.policies.polyserve import PolyServeParams, PolyServePolicy
 from router.protocol import LoadReport
 from router.routing_views import RouteRequest, WorkerView
 from scheduler.core.slo import SloSpec
+from tests.unit.router._fake_worker import load_report
 
 PREFILL_S_PER_TOKEN = 1e-4
 
 
 def _report(wid: str, seq: int, *, queue_delay_s: float, iteration_s: float, queue_len: int = 0) -> LoadReport:
-    return LoadReport(
-        worker_id=wid,
-        seq=seq,
-        queue_len=queue_len,
-        running=0,
-        kv_used_tokens=0,
-        queue_delay_s=queue_delay_s,
-        prefill_s_per_token=PREFILL_S_PER_TOKEN,
-        decode_s_per_token=iteration_s,
-        iteration_s=iteration_s,
-        tokens_per_minute=0.0,
-    )
+    measured = {"queue_delay_s": queue_delay_s, "decode_s_per_token": iteration_s, "iteration_s": iteration_s}
+    return load_report(wid, seq, queue_len=queue_len, prefill_s_per_token=PREFILL_S_PER_TOKEN, **measured)
 
 
 def _pd_router(decode_wait_s: float, decode_queue: int = 0) -> SimRouter:
