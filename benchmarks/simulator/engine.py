@@ -108,19 +108,12 @@ def add_workload_args(ap: argparse.ArgumentParser, units: int, rates: str) -> No
     ap.add_argument("--max-prompt", type=int, default=4096)
     ap.add_argument("--max-output", type=int, default=1024)
     ap.add_argument("--json", action="store_true")
+    ap.set_defaults(arrivals="poisson", length_scale=1.0)  # not flags here: Poisson at each --rates, trace lengths
 
 
 def workload_spec(args: argparse.Namespace, seed: int) -> WorkloadSpec:
     """The workload `add_workload_args`' flags describe, for one seed (Poisson arrivals)."""
-    return WorkloadSpec(
-        trace=args.trace,
-        units=args.units,
-        mix=args.mix,
-        seed=seed,
-        max_prompt=args.max_prompt,
-        max_output=args.max_output,
-        arrivals="poisson",
-    )
+    return WorkloadSpec.from_flags(args, seed)
 
 
 def main(argv: list[str] | None = None) -> int:
