@@ -4,14 +4,15 @@ malformed frames dropped without breaking the endpoint, and the loopback guard."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
 
 import pytest
 import zmq
 import zmq.asyncio
 
-from router.protocol import Abort, Ack, Heartbeat, ProtocolError, Register, Submit
+from router.protocol import Abort, Ack, Heartbeat, Message, ProtocolError, Register, Submit
 from router.transport import RouterEndpoint, WorkerEndpoint, check_loopback
 from server.process import free_port
 
@@ -32,6 +33,23 @@ def raw_socket(ctx: zmq.asyncio.Context, kind: int) -> Iterator[zmq.asyncio.Sock
         yield raw
     finally:
         raw.close(linger=0)
+
+
+@asynccontextmanager
+async def worker_facing(
+    raw: zmq.asyncio.Socket, ctx: zmq.asyncio.Context, first: Message, **opts: Any
+) -> AsyncIterator[tuple[WorkerEndpoint, bytes]]:
+    """Worker "w0"'s endpoint (built with `opts`) connected to the raw ROUTER socket `raw`, which
+    plays a router that may misbehave, once its `first` message has arrived: the endpoint and the
+    identity that addresses it. The endpoint is closed at the end."""
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx, **opts)
+    try:
+        await worker.send(first, wait_s=30.0)
+        identity, _ = await raw.recv_multipart()
+        yield worker, identity
+    finally:
+        worker.close()
 
 
 def test_register_and_submit_round_trip(ctx: zmq.asyncio.Context) -> None:
@@ -80,17 +98,11 @@ def test_malformed_frames_dropped_and_endpoint_keeps_working(ctx: zmq.asyncio.Co
 def test_worker_drops_malformed_from_router(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
         with raw_socket(ctx, zmq.ROUTER) as raw:
-            port = raw.bind_to_random_port("tcp://127.0.0.1")
-            worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx)
-            try:
-                await worker.send(REGISTER)
-                identity, _ = await raw.recv_multipart()
+            async with worker_facing(raw, ctx, REGISTER) as (worker, identity):
                 await raw.send_multipart([identity, b"[]"])
                 await raw.send_multipart([identity, Abort(rid="r9").to_wire()])
                 assert await worker.recv() == Abort(rid="r9")
                 assert worker.dropped == 1
-            finally:
-                worker.close()
 
     _run(go)
 

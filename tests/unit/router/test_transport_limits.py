@@ -16,7 +16,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from router.protocol import Heartbeat, Submit, TokenChunk
 from router.transport import CurveKeys, RouterEndpoint, WorkerEndpoint
-from tests.unit.router.test_transport import raw_socket
+from tests.unit.router.test_transport import raw_socket, worker_facing
 
 # Generous: each wait is for something that happens at once unless the code under test blocks.
 TIMEOUT_S = 60.0
@@ -71,16 +71,10 @@ def test_an_oversized_frame_disconnects_its_sender_before_the_router_reads_it(ct
 def test_a_worker_disconnects_a_router_that_sends_an_oversized_frame(ctx: zmq.asyncio.Context) -> None:
     async def go() -> None:
         with _watched(ctx, zmq.ROUTER, zmq.EVENT_DISCONNECTED) as (raw, monitor):
-            port = raw.bind_to_random_port("tcp://127.0.0.1")
-            worker = WorkerEndpoint(f"tcp://127.0.0.1:{port}", "w0", ctx=ctx, max_bytes=4096)
-            try:
-                await worker.send(Heartbeat(worker_id="w0", seq=0), wait_s=30.0)
-                identity, _ = await raw.recv_multipart()
+            async with worker_facing(raw, ctx, Heartbeat(worker_id="w0", seq=0), max_bytes=4096) as (worker, identity):
                 await raw.send_multipart([identity, b"x" * 100_000])
                 await _wait_event(monitor, zmq.EVENT_DISCONNECTED)
                 assert worker.dropped == 0
-            finally:
-                worker.close()
 
     _run(go)
 
