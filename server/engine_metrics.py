@@ -14,43 +14,25 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-GAUGES = (
-    ("sglang_slo_engine_waiting", "waiting", "Requests waiting in the scheduler's queue"),
-    ("sglang_slo_engine_running", "running", "Requests in the running batch"),
-    ("sglang_slo_engine_kv_used_tokens", "kv_used_tokens", "KV-cache tokens held by requests"),
-    ("sglang_slo_engine_kv_capacity_tokens", "kv_capacity_tokens", "KV-cache capacity in tokens"),
-    (
-        "sglang_slo_engine_best_effort_waiting",
-        "best_effort_waiting",
-        "Waiting requests the policy put in the best-effort tier",
-    ),
-    (
-        "sglang_slo_engine_held_waiting",
-        "held_waiting",
-        "Best-effort-tier requests past due, held while SLO work runs",
-    ),
-)
-COUNTERS = (
-    ("sglang_slo_engine_steps", "steps", "Scheduling passes"),
-    (
-        "sglang_slo_engine_dropped_in_queue",
-        "dropped_in_queue",
-        "Requests dropped while queued (503), by the policy or max_queue_ms",
-    ),
-    (
-        "sglang_slo_engine_prefill_deferred",
-        "prefill_deferred",
-        "Passes the plan turned into decode passes (no prefill fitted)",
-    ),
-    ("sglang_slo_engine_preempted", "preempted", "Running requests the policy preempted"),
-    ("sglang_slo_engine_lost_held_passes", "lost_held_passes", "Passes that held past-due best-effort requests"),
-    ("sglang_slo_engine_plan_errors", "plan_errors", "Passes whose plan failed (SGLang's own choice kept)"),
-    (
-        "sglang_slo_engine_budget_fallbacks",
-        "budget_fallbacks",
-        "Passes whose policy search ran out of its per-pass budget (its fallback plan applied)",
-    ),
-)
+PREFIX = "sglang_slo_engine_"
+# A status key and its series' help; the series is PREFIX + the key.
+GAUGES = {
+    "waiting": "Requests waiting in the scheduler's queue",
+    "running": "Requests in the running batch",
+    "kv_used_tokens": "KV-cache tokens held by requests",
+    "kv_capacity_tokens": "KV-cache capacity in tokens",
+    "best_effort_waiting": "Waiting requests the policy put in the best-effort tier",
+    "held_waiting": "Best-effort-tier requests past due, held while SLO work runs",
+}
+COUNTERS = {
+    "steps": "Scheduling passes",
+    "dropped_in_queue": "Requests dropped while queued (503), by the policy or max_queue_ms",
+    "prefill_deferred": "Passes the plan turned into decode passes (no prefill fitted)",
+    "preempted": "Running requests the policy preempted",
+    "lost_held_passes": "Passes that held past-due best-effort requests",
+    "plan_errors": "Passes whose plan failed (SGLang's own choice kept)",
+    "budget_fallbacks": "Passes whose policy search ran out of its per-pass budget (its fallback plan applied)",
+}
 
 
 class _EngineCollector:
@@ -59,12 +41,12 @@ class _EngineCollector:
 
     def collect(self) -> Iterator[Metric]:
         engine = self.engine
-        for name, key, text in GAUGES:
+        for key, text in GAUGES.items():
             if isinstance(engine.get(key), int | float):
-                yield GaugeMetricFamily(name, text, value=float(engine[key]))
-        for name, key, text in COUNTERS:
+                yield GaugeMetricFamily(PREFIX + key, text, value=float(engine[key]))
+        for key, text in COUNTERS.items():
             if isinstance(engine.get(key), int | float):
-                yield CounterMetricFamily(name, text, value=float(engine[key]))
+                yield CounterMetricFamily(PREFIX + key, text, value=float(engine[key]))
         perf = engine.get("perf_model") or {}
         if perf:
             yield GaugeMetricFamily(
