@@ -17,7 +17,7 @@ from scheduler.core.estimates import absolute_deadline, deadline_seconds, next_t
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model, default_model, linear_model
 from scheduler.core.policies import make_policy
-from scheduler.core.policies.gmax import GmaxPolicy
+from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy
 from scheduler.core.policies.slos import SlosServePolicy, _by_key
 from scheduler.core.queue_timeout import expired_in_queue, expired_rids
 from scheduler.core.slo import SloClass
@@ -213,5 +213,7 @@ def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: in
                 worth = r.slo.weight * tokens if on_time else 0.0
             else:
                 worth = r.slo.weight * ((r.prompt_len + r.generated + 1) if objective == "tokens" else 1)
+            if cls is SloClass.BEST_EFFORT:  # no SLO: worth best_effort_value of it
+                worth *= GmaxParams().best_effort_value
             expected[r.rid] = (worth, due if due is not None else math.inf)
         assert policy._seen is not None and policy._seen.booked() == expected
