@@ -10,9 +10,10 @@ simulator apply exactly the same plan and differ only in the engine underneath:
   request's own admission terms, not a policy's choice); each drop carries its predicted wait,
   what its Retry-After is computed from;
 - the batch cap, prefill chunk and prefill gate a plan leaves open come from the performance
-  model (`batch_levers`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack),
-  when one is trusted, in both batching modes, then capped by the policy's own per-step token
-  budget if it has one (`chunk_cap`);
+  model (`batch_levers`: SLOs-Serve Alg. 2, PolyServe §3.4/§4.7 with the DSLO's banked slack;
+  a PD decode worker's cap from `decode_admission`, deadline-based), when one is trusted, in
+  both batching modes, then capped by the policy's own per-step token budget if it has one
+  (`chunk_cap`);
 - under the SLO levers, best-effort-tier requests already past due are held while SLO work is
   in the engine (`lost_hold`: the tier runs on what the SLO requests leave, SLOs-Serve §4.1);
 - when several tenants (API keys) have work waiting, the policy's order is blended with their
@@ -35,6 +36,7 @@ import numpy as np
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
 from scheduler.core.batch_limits import batch_levers
 from scheduler.core.columns import RowCache, ViewColumns
+from scheduler.core.decode_admission import decode_cap
 from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes
 from scheduler.core.pass_columns import columns_of, columns_read, sharing
@@ -216,7 +218,7 @@ def _levers(
         if chunk is None:
             chunk, prefill = derived.chunk_size, derived.prefill
     elif knob_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
-        cap = batch_levers(view, knob_model.perf, knob_model.tokens_per_step, columns=c).batch_cap
+        cap = decode_cap(view, knob_model.perf, knob_model.tokens_per_step, c)
     if settings.chunk_cap and settings.role == MIXED:
         chunk = min(chunk if chunk is not None else view.chunk_size, settings.chunk_cap)
     if cap is not None:

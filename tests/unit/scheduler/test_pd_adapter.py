@@ -149,6 +149,14 @@ def _decoding(rid: str, tpot_ms: float, ttft_ms: float = 1_000) -> _Req:
     return req
 
 
+def _on_pace(rid: str, tpot_ms: float) -> StandInReq:
+    """A transferred request with no slack banked: its first token was due at the clock's 0.0, so
+    the next is due one TPOT from now (deadline-based admission lends only banked slack)."""
+    req = StandInReq(rid, 100, ttft_ms=50_000, tpot_ms=tpot_ms, arrival=-50.0)
+    req.output_ids = [1]
+    return req
+
+
 def _decode_worker(policy: str = "edf") -> StandInSloScheduler:
     s = _scheduler(DisaggregationMode.DECODE, policy)
     s.running_batch = SimpleNamespace(reqs=[_decoding(f"r{i}", tpot_ms=1_000) for i in range(4)])
@@ -159,12 +167,23 @@ def test_a_tight_tpot_caps_admission_on_a_decode_worker() -> None:
     s = _decode_worker()
     # One waiting request needs 20 ms per token: 10 ms + 1 ms/request allows 10 running.
     s.waiting_queue = [_decoding(f"w{i}", tpot_ms=1_000, ttft_ms=1_000 * (10 - i)) for i in range(9)]
-    s.waiting_queue.append(_decoding("tight", tpot_ms=20, ttft_ms=50_000))
+    s.waiting_queue.append(_on_pace("tight", tpot_ms=20))
     batch = s.get_new_prebuilt_batch(s.running_batch)
     # 6 admitted (4 running): the plan's EDF order, most urgent first.
-    assert [r.rid for r in batch.reqs] == ["w8", "w7", "w6", "w5", "w4", "w3"]
+    assert [r.rid for r in batch.reqs] == ["tight", "w8", "w7", "w6", "w5", "w4"]
     assert s.slo.pass_state.applied.decode_cap == 10 and s.max_running_requests == 64  # lowered for the pass only
     assert len(s.waiting_queue) == 4
+
+
+def test_banked_slack_pays_for_a_longer_step_on_a_decode_worker() -> None:
+    s = _decode_worker()
+    # The same tight TPOT, but its next token is due in 50 s: every request stays on its
+    # deadline-based schedule through a longer step, so all of them join.
+    s.waiting_queue = [_decoding(f"w{i}", tpot_ms=1_000, ttft_ms=1_000 * (10 - i)) for i in range(9)]
+    s.waiting_queue.append(_decoding("tight", tpot_ms=20, ttft_ms=50_000))
+    batch = s.get_new_prebuilt_batch(s.running_batch)
+    assert len(batch.reqs) == 10 and not s.waiting_queue
+    assert s.slo.pass_state.applied.decode_cap > 10
 
 
 def test_loose_tpots_leave_decode_admission_to_sglang() -> None:
@@ -195,7 +214,7 @@ def test_the_configured_limit_is_restored_when_sglang_raises(monkeypatch: pytest
 
     monkeypatch.setattr(StandInEngine, "get_new_prebuilt_batch", boom)
     s = _decode_worker()
-    s.waiting_queue = [_decoding("tight", tpot_ms=20)]
+    s.waiting_queue = [_on_pace("tight", tpot_ms=20)]
     with pytest.raises(RuntimeError):
         s.get_new_prebuilt_batch(s.running_batch)
     assert s.max_running_requests == 64
@@ -214,7 +233,7 @@ def test_status_reports_the_pd_role_and_its_mechanism() -> None:
     assert snap["decode_cap"] is None
 
     d = _decode_worker()
-    d.waiting_queue = [_decoding("tight", tpot_ms=20)]
+    d.waiting_queue = [_on_pace("tight", tpot_ms=20)]
     d.get_new_prebuilt_batch(d.running_batch)
     snap = d.slo_status_snapshot()
     assert snap["disaggregation_mode"] == "decode" and snap["decode_cap"] == 10
