@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--length-predictor",
         default=DEFAULT_LENGTH_PREDICTOR,
-        help="the server's --slo-length-predictor (history[:Q], none, or an artifact)",
+        help="the server's --slo-length-predictor (trained[:Q], history[:Q], none, a table or an artifact)",
     )
     ap.add_argument(
         "--policy-param",
