@@ -37,7 +37,8 @@ def order_waiting(
     if rids is not None and plan.order_at is not None and (plan.best_effort_at is not None or not tier):
         ranked = _positions(plan.order_at, plan.best_effort_at, len(waiting), plan.hold_at)
         if ranked is not None:
-            waiting[:] = list(map(waiting.__getitem__, ranked.tolist()))
+            if not _in_place(ranked):  # a queue already in the plan's order (the usual pass) stays as it is
+                waiting[:] = list(map(waiting.__getitem__, ranked.tolist()))
             states.mark_tier(rids, tier)
             return ranked
     if rids is None:
@@ -79,6 +80,12 @@ def _positions(order: np.ndarray, tier: np.ndarray | None, n: int, hold: np.ndar
             last = at_end[ranked]
             ranked = np.concatenate([ranked[~last], ranked[last]])
     return ranked
+
+
+def _in_place(perm: np.ndarray) -> bool:
+    """Whether `perm` leaves every request where it is: one comparison in C, where moving the
+    queue's requests is a Python step each."""
+    return bool(perm.size == 0 or (perm[0] == 0 and (perm[1:] - perm[:-1] == 1).all()))
 
 
 def held_positions(plan: FinalPlan, perm: np.ndarray | None, n: int) -> np.ndarray | None:

@@ -66,6 +66,8 @@ class FairShare:
         if self._vt or (tenant != _NO_TENANT).any():
             self._observe(c, tenant)
         nw = c.n_waiting
+        if nw == 0 or tenant[:nw].min() == tenant[:nw].max():
+            return plan  # one tenant waiting (the usual server): no sort of the queue's tenants
         waiting_tenants, at = np.unique(tenant[:nw], return_inverse=True)
         if waiting_tenants.size < 2:
             return plan

@@ -161,7 +161,7 @@ def finalize_plan(
         assert c is not None  # read above for the levers
         if tier_at is not None and not drop:
             hold_at = held_lost_at(view, tier_at, c)
-            hold = frozenset(c.rid_array[hold_at].tolist()) if hold_at.size else frozenset()
+            hold = _held_rids(c, tier_at, hold_at, best_effort)
         else:
             hold = held_lost_causes(view, best_effort, c)
     return FinalPlan(
@@ -226,3 +226,22 @@ def _levers(
     if chunk is not None:
         chunk = max(1, min(chunk, view.chunk_size)) if view.chunk_size > 0 else None
     return cap, chunk, prefill
+
+
+def _held_rids(c: ViewColumns, tier_at: np.ndarray, hold_at: np.ndarray, tier: frozenset[str]) -> frozenset[str]:
+    """The rids at `hold_at` (a part of the tier's positions `tier_at`, whose rids are `tier`).
+    A set of thousands of rids costs a hash insert each, so where the tier's rids are distinct
+    (as many as its positions) the hold is taken from the tier's set: all of it when the whole
+    tier is held, else without the few rids not held."""
+    if hold_at.size == 0:
+        return frozenset()
+    if len(tier) != len(tier_at):  # a rid at two positions: go by the held positions alone
+        return frozenset(c.rid_array[hold_at].tolist())
+    if hold_at.size == len(tier_at):
+        return tier
+    if 2 * hold_at.size < len(tier_at):
+        return frozenset(c.rid_array[hold_at].tolist())
+    kept = np.ones(c.n_waiting, dtype=bool)
+    kept[tier_at] = False
+    kept[hold_at] = True
+    return tier.difference(c.rid_array[(~kept).nonzero()[0]].tolist())

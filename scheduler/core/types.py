@@ -8,7 +8,7 @@ estimated from a view (deadlines, length bounds) lives in scheduler.core.estimat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -43,7 +43,8 @@ class StepPlan:
     """A policy's decision for one scheduling step; None means "leave SGLang's choice"."""
 
     order: list[str] | None = None  # waiting rids, most urgent first
-    best_effort: set[str] = field(default_factory=set)  # waiting rids declined by admission
+    # waiting rids declined by admission; a frozenset is finished as it is, without a copy
+    best_effort: Set[str] = field(default_factory=set)
     drop: dict[str, str] = field(default_factory=dict)  # rid -> reason (e.g. slo_queue_timeout)
     batch_cap: int | None = None  # running-batch cap for this step
     chunk_size: int | None = None  # prefill chunk budget for this step

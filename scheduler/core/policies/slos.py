@@ -30,10 +30,11 @@ from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 from scheduler.core.work_budget import WorkBudget, units_for_ms
 
 
-def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
+def _by_key(key: np.ndarray, rids: list[str] | np.ndarray, idx: np.ndarray) -> np.ndarray:
     """The positions `idx` sorted as `sorted(zip(key, rid))` sorts their requests: by key, ties
     by rid (then by position). Only the runs of equal keys (a compound stage's calls share
-    their deadline) are sorted again."""
+    their deadline) are sorted again. `rids`: a list, or the columns' object array (the pass
+    then makes no list of every rid)."""
     order = idx[key[idx].argsort(kind="stable")]
     ranked = key[order]
     ties = (ranked[1:] == ranked[:-1]).nonzero()[0]
@@ -43,7 +44,8 @@ def _by_key(key: np.ndarray, rids: list[str], idx: np.ndarray) -> np.ndarray:
         slots = in_run.nonzero()[0]
         # rids are unique, so (key, rid) is the whole tie-break; one lexsort over them as a
         # string column, not a Python sort of tuples (a burst of equal deadlines ties them all)
-        names = np.array([rids[i] for i in order[slots].tolist()])
+        tied = order[slots]
+        names = np.array(rids[tied].tolist() if isinstance(rids, np.ndarray) else [rids[i] for i in tied.tolist()])
         order[slots] = order[slots][np.lexsort((names, ranked[slots]))]
     return order
 
@@ -138,7 +140,7 @@ class SlosServePolicy:
         c = columns_of(view, self._slos)
         decoding, prefilling = self._running_demands(view, c)
         queue = self._triage(view, c)
-        rids = c.rids
+        rids = c.rid_array
         candidates = queue.undecided[: max(0, self.max_candidates)].tolist()
         demands = {i: self._demand(view.waiting[i], now) for i in candidates}
         forced = queue.forced
@@ -211,7 +213,7 @@ class SlosServePolicy:
         self._remember(c, admitted)
         plan = StepPlan(
             order=c.rid_array[order_at].tolist(),
-            best_effort=set(c.rid_array[declined].tolist()),
+            best_effort=frozenset(c.rid_array[declined].tolist()),  # kept as it is by the plan path
             **self._batch_shape(budget, tuple(counts), view, kv),
         )
         plan.order_at, plan.best_effort_at = order_at, declined
@@ -261,7 +263,7 @@ class SlosServePolicy:
         end = now + share * np.maximum(0.0, c.deadline[w] - now)  # nan: no deadline
         due = np.where((cls == DEADLINE) | (cls == COMPOUND), end, math.nan)
         due = np.where(cls == LATENCY, c.token_due(np.zeros(nw), w), due)
-        rids = c.rids
+        rids = c.rid_array
         open_ = due > now
         forced: list[tuple[int, Demand]] = []
         for i in self._admitted_waiting(c):
@@ -281,10 +283,13 @@ class SlosServePolicy:
         rid (a Python step per waiting request)."""
         if not self._admitted:
             return []
-        nw, rids, keys, last = c.n_waiting, c.rids, c.row_keys(), self._admitted_rows
+        nw, keys, last = c.n_waiting, c.row_keys(), self._admitted_rows
         if keys is not None and last is not None and keys[0] == last[0]:
-            found = rows_among(keys[1][:nw], last[1]).nonzero()[0].tolist()
-            return [i for i in found if rids[i] in self._admitted]
+            found = rows_among(keys[1][:nw], last[1]).nonzero()[0]
+            return [
+                i for i, rid in zip(found.tolist(), c.rid_array[found].tolist(), strict=True) if rid in self._admitted
+            ]
+        rids = c.rids
         return [i for i in range(nw) if rids[i] in self._admitted]
 
     def _batch_shape(self, budget: ArrivalBoundBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:

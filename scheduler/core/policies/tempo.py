@@ -183,9 +183,10 @@ class TempoPolicy:
         a = self._arrays(view)
         sp = Speeds.from_view(self.perf, view)
         dens, t_pref = self._densities(view, a, sp)
-        prio = dens.copy()
+        prio = dens
         slo_mask = a.cls != BEST_EFFORT
         if self.fairness > 0 and slo_mask.any():
+            prio = dens.copy()
             prio[slo_mask] = fairness_blend(dens[slo_mask], a.attained[slo_mask], self.fairness)
 
         nw = a.n_waiting
@@ -222,7 +223,7 @@ class TempoPolicy:
         order_idx = np.concatenate([head, lost_w, be_w[k_be:]]).astype(np.int64)
         plan = StepPlan(
             order=a.rids_at(order_idx),
-            best_effort=set(a.rids_at(lost_w)),
+            best_effort=frozenset(a.rids_at(lost_w)),  # the finished plan's tier as it is, not a copy
             order_at=order_idx,
             best_effort_at=lost_w,
         )

@@ -3,6 +3,9 @@ the simulator, and that holding them never loses one."""
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import pytest
 
 from scheduler.core.lost_hold import held_lost_causes, past_due
@@ -87,3 +90,24 @@ def test_a_held_request_starts_when_the_slo_work_is_done_and_is_served_whole(lev
         assert records["lost"].token_times[0] > stream_end
     else:  # the tier alone: a free slot starts it at once
         assert records["lost"].token_times[0] < stream_end - 10 * tau
+
+
+@pytest.mark.parametrize("fresh", [0, 1, 3, 12, 40])
+def test_a_tier_given_as_positions_holds_what_the_same_tier_given_as_rids_holds(fresh: int):
+    # 20 past due and `fresh` that may still make it, all in the tier, shuffled in the queue:
+    # the hold is the whole tier, most of it, or a small part of it.
+    waiting = [_req(f"lost{i}", arrival=0.0) for i in range(20)] + [_req(f"fresh{i}") for i in range(fresh)]
+    waiting += [_req(f"out{i}") for i in range(5)]  # outside the tier: SLO work still to keep
+    random.Random(fresh).shuffle(waiting)
+    view = policy_view(waiting, [_req("stream", arrival=0.0, first_token_time=0.05, generated=20)], now=NOW)
+    tier = {r.rid for r in waiting if not r.rid.startswith("out")}
+    order = [r.rid for r in waiting]
+    at = np.array([i for i, r in enumerate(waiting) if r.rid in tier], dtype=np.int64)
+    by_rids = finalize_plan(view, StepPlan(order=order, best_effort=set(tier)), PlanSettings())
+    by_positions = finalize_plan(
+        view,
+        StepPlan(order=order, best_effort=frozenset(tier), order_at=np.arange(len(order)), best_effort_at=at),
+        PlanSettings(),
+    )
+    assert by_positions.hold_at is not None and len(by_positions.hold_at) == 20
+    assert by_positions.hold == by_rids.hold == {f"lost{i}" for i in range(20)}

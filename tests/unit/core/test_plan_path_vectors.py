@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -16,13 +17,14 @@ from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import absolute_deadline, deadline_seconds, next_token_due, request_deadline, token_due
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model, default_model, linear_model
+from scheduler.core.plan_path import KnobModel, PlanSettings, finalize_plan
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy
 from scheduler.core.policies.slos import SlosServePolicy, _by_key
 from scheduler.core.queue_timeout import expired_in_queue, expired_rids
 from scheduler.core.slo import SloClass
 from scheduler.core.slos_serve.items import demand, prefill_deadline
-from scheduler.core.types import EngineView, PerfModel, RequestView
+from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 from tests.unit.core.view_cases import SHAPES, view_passes, with_duplicate_rids
 
 CASES = [pytest.param(seed, nw, nr, id=f"{nw}w{nr}r") for seed, (nw, nr) in enumerate(SHAPES)]
@@ -105,6 +107,39 @@ def test_the_hold_is_the_per_request_one(seed: int, nw: int, nr: int) -> None:
             at = np.array([i for i, r in enumerate(view.waiting) if r.rid in tier], dtype=np.int64)
             held_at = held_lost_at(view, at).tolist()  # the plan's positions
             assert held_at == sorted(held_at) and {view.waiting[i].rid for i in held_at} == _held(view, tier)
+
+
+def _hold_tiers(view: EngineView, rng: random.Random) -> list[frozenset[str]]:
+    """`_tiers`, and tiers the hold takes whole or nearly whole: the past-due waiting requests,
+    alone and with a few that may still make it."""
+    lost = [r.rid for r in view.waiting if past_due(r, view.now)]
+    others = [r.rid for r in view.waiting if not past_due(r, view.now)]
+    return [*_tiers(view, rng), frozenset(lost), *(frozenset(lost + others[:k]) for k in (1, 2))]
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_a_plan_given_as_positions_is_finished_as_the_same_plan_given_as_rids(seed: int, nw: int, nr: int) -> None:
+    rng = random.Random(seed)
+    knobs = KnobModel(default_model())
+    for base in view_passes(seed, nw, nr):
+        for view in (base, replace(base, now=base.now + 5.0)):  # later: most of the queue past due
+            _check_finished_alike(view, rng, knobs)
+
+
+def _check_finished_alike(view: EngineView, rng: random.Random, knobs: KnobModel) -> None:
+    rids = [r.rid for r in view.waiting]
+    for tier in _hold_tiers(view, rng):
+        order_at = np.array(rng.sample(range(len(rids)), len(rids)), dtype=np.int64)
+        tier_at = np.array([i for i, rid in enumerate(rids) if rid in tier], dtype=np.int64)
+        by_rids = StepPlan(order=[rids[i] for i in order_at.tolist()], best_effort=set(tier))
+        by_positions = StepPlan(
+            order=list(by_rids.order or ()), best_effort=frozenset(tier), order_at=order_at, best_effort_at=tier_at
+        )
+        a = finalize_plan(view, by_rids, PlanSettings(), knobs)
+        b = finalize_plan(view, by_positions, PlanSettings(), knobs)
+        if b.hold_at is not None:  # the positions name the held requests
+            assert b.hold == {rids[i] for i in b.hold_at.tolist()}
+        assert b == a  # order, tier, hold, drops and their waits, preemptions, levers
 
 
 @pytest.mark.parametrize("seed,nw,nr", CASES)

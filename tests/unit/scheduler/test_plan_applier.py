@@ -74,6 +74,11 @@ def test_a_plan_given_as_positions_moves_the_queue_as_its_rids_do(seed: int) -> 
         waiting = [_Req(f"r{i}") for i in range(rng.randrange(1, 14))]
         n = len(waiting)
         listed = rng.sample(range(n), rng.randrange(n + 1))
+        if rng.random() < 0.3:  # the queue already in the plan's order, or one swap away from it
+            listed = list(range(n))
+            if n > 1 and rng.random() < 0.5:
+                i = rng.randrange(n - 1)
+                listed[i], listed[i + 1] = listed[i + 1], listed[i]
         if listed and rng.random() < 0.3:  # listed twice: the rids decide, as without positions
             listed.insert(rng.randrange(len(listed) + 1), rng.choice(listed))
         tier_at = np.array(sorted(rng.sample(sorted(set(listed)), rng.randrange(len(set(listed)) + 1))), dtype=np.int64)
