@@ -64,7 +64,8 @@ def test_native_non_stream_matches_sglang_shape(ctx: zmq.asyncio.Context) -> Non
                 and submit.slo.to_dict() == {"class": "best_effort", "weight": 1.0}
                 and submit.arrival_unix is not None
             )
-            history = h.service.predictor  # the default history predictor learned this answer's length
+            # the default's recent-answers history (beside its trained table) learned this answer's length
+            history = h.service.predictor.histories["history"]
             assert list(history._global) == [len(script_ids())]
 
     run(go)
