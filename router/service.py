@@ -73,8 +73,8 @@ class RouterConfig:
 
 
 def make_length_predictor(spec: str | None) -> Any:
-    """The router's predictor for `spec` (scheduler.core.analyzer.spec: history[:Q], none, or an
-    artifact); the history default learns online from completions (`observe_output`). On the
+    """The router's predictor for `spec` (scheduler.core.analyzer.spec: trained[:Q], history[:Q],
+    none, or an artifact); the default's histories learn online from completions (`observe_output`). On the
     routing benchmark the mean sent long answers to slow cards: GoodServe attained 42 % with it
     and 75 % with the history:0.9 bound."""
     try:
@@ -273,7 +273,7 @@ class RouterService:
         return tier if tier is None or tier in (getattr(self.policy, "tiers_ms", None) or ()) else tpot_tier(tier)
 
     def observe_output(self, call: GenerateCall, completion_tokens: int) -> None:
-        """Teach an online predictor (the history default) what this request's answer took."""
+        """Teach an online predictor (the default's histories) what this request's answer took."""
         self.mix.on_finished(self.tier_of(call.slo), completion_tokens, self.clock())
         observe = getattr(self.predictor, "observe", None)
         if observe is not None:
