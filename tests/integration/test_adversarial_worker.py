@@ -1,8 +1,9 @@
 """Adversarial suite over a real worker's HTTP port with every kind of caller (issue #45).
 
-One real tiny-model worker, its keys from an access file (an admin key, a metrics key, two client
-keys with SLO limits, the worker-link key) and a default SLO tighter than either client key may
-ask for. Its own OpenAPI schema (SGLang's routes, fetched with the admin key) drives schemathesis:
+The session's real tiny-model worker with keys of every role (keyed_worker.py): among them an
+admin key, a metrics key, two client keys with SLO limits ("tenant-a", "tenant-b") and the
+worker-link key, and a default SLO tighter than either client key may ask for. Its own OpenAPI
+schema (SGLang's routes, fetched with the admin key) drives schemathesis:
 every operation that is not a client route answers a client key 403 and a missing or unknown key
 401, whatever body, path or query schemathesis makes up; no info route carries a key; and
 schemathesis's bodies on /generate with a client key never get a 5xx, nor an SLO beyond the key's.
@@ -14,11 +15,8 @@ not read from the code's table: an operation SGLang adds later is expected to be
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -28,6 +26,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from server.process import ServerProcess
+from tests.integration.keyed_worker import KEYS
 from tests.integration.worker_routes import CLIENT_PATHS, OPEN_PATHS
 
 HTTP_TIMEOUT_S = 300.0  # a hang guard only: nothing here bounds how fast the worker answers
@@ -44,28 +43,12 @@ EXTRA_ADMIN = (
     ("GET", "/generate"),
 )
 SECRET_FIELDS = ("api_key", "admin_api_key")
-# What the file grants each client key (the test's own copy, to check answers against).
+# What the access file grants each client key (the test's own copy, to check answers against).
 LIMITS: dict[str, dict[str, Any]] = {
     "tenant-a": {"classes": {"latency", "deadline", "best_effort"}, "ttft_ms": 1000, "tpot_ms": 50,
                  "deadline_ms": 5000, "weight": 2},
     "tenant-b": {"classes": {"latency", "best_effort"}, "ttft_ms": 500, "weight": 1},
 }  # fmt: skip
-ACCESS_FILE = """
-keys:
-  - {{name: ops, role: admin, key_file: {d}/ops}}
-  - {{name: prom, role: metrics, key_file: {d}/prom}}
-  - name: tenant-a
-    role: client
-    key_file: {d}/tenant-a
-    share: 2
-    limits: {{classes: [latency, deadline, best_effort], min_ttft_ms: 1000, min_tpot_ms: 50,
-             min_deadline_ms: 5000, max_weight: 2}}
-  - name: tenant-b
-    role: client
-    key_file: {d}/tenant-b
-    limits: {{classes: [latency, best_effort], min_ttft_ms: 500, max_weight: 1, on_violation: reject}}
-  - {{name: link, role: worker, key_file: {d}/link}}
-"""
 # Derandomized: every run draws the same examples, so a red CI run names a change of the code,
 # not a new draw (each draw costs a real request to a real worker; explore with more examples
 # and another seed by hand, and add what breaks as an @example or a guard test).
@@ -81,7 +64,7 @@ SCHEMATHESIS = settings(
 @dataclass
 class Worker:
     server: ServerProcess
-    keys: dict[str, str]  # name in the access file -> its secret
+    keys: dict[str, str]  # every key's name (keyed_worker.py) -> its secret
     schema: Any  # schemathesis's view of the worker's /openapi.json
     openapi: dict[str, Any]
 
@@ -97,20 +80,14 @@ class Worker:
 
 
 @pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    d = Path(tmp_path_factory.mktemp("keys"))
-    keys = {name: f"{name}-{secrets.token_urlsafe(24)}" for name in ("ops", "prom", "tenant-a", "tenant-b", "link")}
-    for name, secret in keys.items():
-        (d / name).write_text(secret)
-    (d / "access.yaml").write_text(ACCESS_FILE.format(d=d))
-    args = ("--model-path", "tiny", "--auth-config", str(d / "access.yaml"), "--slo-default-ttft-ms", "10")
-    with ServerProcess(*args, name="adversarial-worker", env=dict(os.environ)) as server:
-        resp = requests.get(
-            server.url + "/openapi.json", headers={"Authorization": f"Bearer {keys['ops']}"}, timeout=HTTP_TIMEOUT_S
-        )
-        assert resp.status_code == 200, resp.text
-        openapi = resp.json()
-        yield Worker(server, keys, schemathesis.openapi.from_dict(openapi), openapi)
+def worker(keyed_worker: ServerProcess) -> Worker:
+    """The session's worker with keys of every role (keyed_worker.py) and its schema."""
+    resp = requests.get(
+        keyed_worker.url + "/openapi.json", headers={"Authorization": f"Bearer {KEYS['ops']}"}, timeout=HTTP_TIMEOUT_S
+    )
+    assert resp.status_code == 200, resp.text
+    openapi = resp.json()
+    return Worker(keyed_worker, dict(KEYS), schemathesis.openapi.from_dict(openapi), openapi)
 
 
 def operations(worker: Worker) -> list[Any]:

@@ -2,44 +2,30 @@
 TTFT >= 1 s that asks for 0.001 ms is scheduled at 1000 ms and its SLO report says so, on the
 native and the OpenAI routes; a reject key gets 403 naming the field; program ids are the key's.
 
-One server for the module.
+One worker for the session (keyed_worker.py).
 """
 
 from __future__ import annotations
-
-import os
-from collections.abc import Iterator
 
 import pytest
 import requests
 
 from server.process import ServerProcess
+from tests.integration.keyed_worker import KEYS
 
-LIMITED_KEY = "limited-tenant-key-0123456789"
-STRICT_KEY = "strict-tenant-key-0123456789"
-ADMIN_KEY = "admin-key-for-the-tenancy-test"
+LIMITED = "tenant-l"  # min_ttft_ms 1000, max_weight 2: clamped
+LIMITED_KEY = KEYS[LIMITED]
+STRICT_KEY = KEYS["tenant-s"]  # min_ttft_ms 1000, on_violation reject
 
 
 def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    config = tmp_path_factory.mktemp("keys") / "access.yaml"
-    config.write_text(
-        "keys:\n"
-        "  - {name: tenant-a, role: client, key_env: LIMITED_KEY, share: 2,\n"
-        "     limits: {min_ttft_ms: 1000, max_weight: 2}}\n"
-        "  - {name: tenant-s, role: client, key_env: STRICT_KEY,\n"
-        "     limits: {min_ttft_ms: 1000, on_violation: reject}}\n"
-    )
-    env = {**os.environ, "LIMITED_KEY": LIMITED_KEY, "STRICT_KEY": STRICT_KEY, "SGLANG_SLO_ADMIN_API_KEY": ADMIN_KEY}
-    server = ServerProcess(
-        "--model-path", "tiny", "--auth-config", str(config), name="tenancy", env=env, ready_path="/health"
-    )  # fmt: skip
-    with server:
-        yield server
+@pytest.fixture
+def worker(keyed_worker: ServerProcess) -> ServerProcess:
+    """The session's worker with keys of every role (keyed_worker.py)."""
+    return keyed_worker
 
 
 def _generate(worker: ServerProcess, key: str, slo: dict) -> requests.Response:
@@ -72,4 +58,4 @@ def test_a_reject_key_gets_403_naming_the_field(worker: ServerProcess) -> None:
 def test_program_ids_are_the_keys(worker: ServerProcess) -> None:
     resp = _generate(worker, LIMITED_KEY, {"deadline_ms": 60000, "program_id": "p1", "stage": 0})
     assert resp.status_code == 200, resp.text
-    assert resp.json()["meta_info"]["slo"]["spec"]["program_id"] == "tenant-a/p1"
+    assert resp.json()["meta_info"]["slo"]["spec"]["program_id"] == f"{LIMITED}/p1"

@@ -3,7 +3,8 @@ every admin route SGLang serves and on ours, the admin and metrics keys reach th
 carries no key, no key shows in the process list, a non-ASCII agent token is a 400, a compressed
 body is checked like any other, and the status socket lives in a private directory.
 
-One server for the module: the tests only read, or call routes that change nothing.
+One worker for the session (keyed_worker.py): the tests only read, or call routes that change
+nothing.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import stat
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -21,12 +21,13 @@ import requests
 import zstandard
 
 from server.process import ServerProcess
+from tests.integration.keyed_worker import KEYS
 from tests.integration.worker_routes import CLIENT_PATHS, OPEN_PATHS
 
-CLIENT_KEY = "client-key-for-the-worker-test"
-ADMIN_KEY = "admin-key-for-the-worker-test"
-METRICS_KEY = "metrics-key-for-the-worker-test"
-TENANT_KEY = "tenant-key-for-the-worker-test"
+CLIENT_KEY = KEYS["api-key"]  # --api-key-file
+ADMIN_KEY = KEYS["admin-api-key"]  # from the environment
+METRICS_KEY = KEYS["prom"]  # from a key file named in the access file
+TENANT_KEY = KEYS["open-tenant"]  # a client key the access file reads from the environment
 # The issue's list and more: every one must be refused to the client key, whatever SGLang marks.
 NAMED_ADMIN = [
     ("POST", "/abort_request"), ("POST", "/pause_generation"), ("POST", "/continue_generation"),
@@ -42,29 +43,10 @@ def _auth(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    d = tmp_path_factory.mktemp("keys")
-    (d / "client").write_text(CLIENT_KEY)
-    (d / "metrics").write_text(METRICS_KEY)
-    config = d / "access.yaml"
-    config.write_text(
-        "keys:\n"
-        f"  - {{name: prom, role: metrics, key_file: {d / 'metrics'}}}\n"
-        "  - {name: tenant-a, role: client, key_env: TENANT_A_KEY}\n"
-    )
-    env = {
-        **os.environ,
-        "SGLANG_SLO_ADMIN_API_KEY": ADMIN_KEY,
-        "TENANT_A_KEY": TENANT_KEY,
-        "SGLANG_ENABLE_REQUEST_DECOMPRESSION": "1",
-    }
-    server = ServerProcess(
-        "--model-path", "tiny", "--api-key-file", str(d / "client"), "--auth-config", str(config),
-        name="worker-access", env=env, ready_path="/health",
-    )  # fmt: skip
-    with server:
-        yield server
+@pytest.fixture
+def worker(keyed_worker: ServerProcess) -> ServerProcess:
+    """The session's worker with keys of every role (keyed_worker.py)."""
+    return keyed_worker
 
 
 def _served_routes(worker: ServerProcess) -> list[tuple[str, str]]:
