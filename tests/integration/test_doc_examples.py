@@ -11,7 +11,6 @@ from __future__ import annotations
 import io
 import json
 import subprocess
-from collections.abc import Iterator
 from contextlib import redirect_stdout
 from typing import Any
 
@@ -23,10 +22,10 @@ from tests.unit.docs.doc_blocks import ROOT, Block, blocks, shell_commands
 DOC_ADDRESS = "127.0.0.1:30000"
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[ServerProcess]:
-    with ServerProcess("--slo-policy", "edf", name="doc-examples") as proc:
-        yield proc
+@pytest.fixture
+def server(default_server: ServerProcess) -> ServerProcess:
+    """The session's default-model server (conftest.py): these requests only read."""
+    return default_server
 
 
 def _send(command: str, server: ServerProcess) -> Any:
