@@ -22,6 +22,9 @@ from scheduler.core.speculation_acceptance import AcceptanceTracker
 from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, PerfModel, RequestView
 
+KV_BLOCK_BITS = 8  # the choice is remembered per 256 KV tokens: a decode step's KV term barely moves
+MEMO_PASSES = 1024
+
 
 def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: float) -> float | None:
     """A request's TPOT, tightened while it is behind its deadline-based SLO (SLOs-Serve §3.2.3:
@@ -34,6 +37,14 @@ def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: fl
     if due is None or r.first_token_time is None or now <= due:
         return tpot
     return max(tpot * floor, tpot - (now - due) / catch_up_tokens)
+
+
+def pending_prefill(view: EngineView) -> int:
+    """Prompt tokens still to prefill: the waiting requests' and those running without their
+    first token (counted whole: the view does not say how far their chunks have got)."""
+    waiting = sum(max(r.prompt_len - r.prefix_cached, 0) for r in view.waiting)
+    started = sum(max(r.prompt_len - r.prefix_cached, 0) for r in view.running if r.first_token_time is None)
+    return waiting + started
 
 
 def _count_tiers(tpots: Iterable[float | None]) -> list[Tier]:
@@ -82,6 +93,9 @@ class SloSpeculation:
         self.last: LengthChoice | None = None
         self.last_best: LengthChoice | None = None
         self.per_tier: LengthChoice | None = None
+        self._per_tier_args: tuple[Any, ...] | None = None
+        self._memo: dict[tuple[Any, ...], dict[int, LengthChoice]] = {}
+        self._memo_perf: PerfModel | None = None
         self.tiers: list[Tier] = []
         self.steps_used: dict[int, int] = {}  # verifies run at each length
         self._cuda_graph_bs: list[int] | None = None
@@ -119,19 +133,48 @@ class SloSpeculation:
         cost = SpecCost(perf, self.draft_ratio)
         kv = sum(r.prompt_len + r.generated for r in view.running)
         limit = view.chunk_size if view.chunk_size > 0 else 8192
-        alpha = self.acceptance.alpha
+        alpha = round(self.acceptance.alpha, 3)
         mixed = self.mixed_batches
-        choices = choose_uniform(cost, self.tiers, alpha, self.candidates, kv, limit, mixed)
-        self.per_tier = choose_per_tier(cost, self.tiers, alpha, self.candidates, kv, limit, mixed)
+        choices = self._choices(cost, alpha, kv, limit)
+        self._per_tier_args = (cost, self.tiers, alpha, kv, limit, mixed)
+        self.per_tier = None  # the paper's per-tier optimum: only reported, computed on demand
         winner = best(choices)
         self.last_best = winner
         self.decisions += 1
         if winner is None:
             return self.current
-        now = choices[self.current]
-        self._consider(winner, now)
+        self._consider(self._target(winner, choices, pending_prefill(view)), choices[self.current])
         self.last = choices[self.current]
         return self.current
+
+    def _choices(self, cost: SpecCost, alpha: float, kv: int, limit: int) -> dict[int, LengthChoice]:
+        """Every candidate evaluated, remembered per (tiers, α, KV in blocks, limit): the same
+        batch is asked about every pass, and its answer moves only with those. Forgotten when the
+        perf model is another object and every `MEMO_PASSES` decisions, so a model that learns
+        in place is read again."""
+        if cost.perf is not self._memo_perf or self.decisions % MEMO_PASSES == 0 or len(self._memo) > 512:
+            self._memo, self._memo_perf = {}, cost.perf
+        key = (tuple(self.tiers), alpha, kv >> KV_BLOCK_BITS, limit)
+        choices = self._memo.get(key)
+        if choices is None:
+            kv_at = (kv >> KV_BLOCK_BITS) << KV_BLOCK_BITS  # the key's KV, so a hit is the same answer
+            choices = choose_uniform(cost, self.tiers, alpha, self.candidates, kv_at, limit, self.mixed_batches)
+            self._memo[key] = choices
+        return choices
+
+    def _target(self, winner: LengthChoice, choices: dict[int, LengthChoice], pending: int) -> LengthChoice:
+        """Drafting must pay to be chosen: the best length, unless the shortest candidate (no
+        drafting, where 0 is a candidate) keeps every TPOT and either comes within the margin of
+        it or already has room for all the prefill that is waiting (`pending` tokens). A longer
+        batch buys prefill budget; where no prompt waits for it, or the gain is within what
+        the model resolves, the drafts and verify tokens only lengthen every step, and the
+        arrivals' TTFT pays for that."""
+        base = choices[self.candidates[0]]
+        if not base.feasible:
+            return winner
+        if pending <= base.prefill_budget or winner.prefill_rate <= base.prefill_rate * (1.0 + self.margin):
+            return base
+        return winner
 
     def _consider(self, winner: LengthChoice, now: LengthChoice) -> None:
         if winner.steps == self.current:
@@ -141,7 +184,8 @@ class SloSpeculation:
             self._switch(winner.steps)  # the current length misses a TPOT another keeps: now
             return
         clear_gain = winner.prefill_rate > now.prefill_rate * (1.0 + self.margin)
-        if not clear_gain and now.feasible:
+        shorter = winner.steps < now.steps  # drafting does not pay (`_target`): back off
+        if not clear_gain and not shorter and now.feasible:
             self._pending, self._pending_for = None, 0
             return
         if self._pending != winner.steps:
@@ -154,6 +198,14 @@ class SloSpeculation:
         self.current = steps
         self.switches += 1
         self._pending, self._pending_for = None, 0
+
+    def per_tier_optimum(self) -> LengthChoice | None:
+        """SLOs-Serve App. D's per-tier lengths for the last decision's tiers (reported only:
+        SGLang verifies one length per batch), computed when asked, not every pass."""
+        if self.per_tier is None and self._per_tier_args is not None:
+            cost, tiers, alpha, kv, limit, mixed = self._per_tier_args
+            self.per_tier = choose_per_tier(cost, tiers, alpha, self.candidates, kv, limit, mixed)
+        return self.per_tier
 
     def tokens_per_verify(self) -> float:
         """Acc(s) at the current length: how many TPOTs one batch may take."""
@@ -171,7 +223,7 @@ class SloSpeculation:
                 "feasible": c.feasible,
             }
 
-        per_tier = self.per_tier
+        per_tier = self.per_tier_optimum()
         return {
             "steps": self.current,
             "candidate_steps": self.candidates,

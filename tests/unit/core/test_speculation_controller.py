@@ -41,12 +41,16 @@ def decoding(rid: str, tpot_ms: float, generated: int = 10, ttft_ms: float = 10_
     )
 
 
-def view(*groups: tuple[float, int], now: float = NOW, extra: list[RequestView] | None = None) -> EngineView:
+def view(
+    *groups: tuple[float, int], now: float = NOW, extra: list[RequestView] | None = None, backlog: int = 65536
+) -> EngineView:
+    """Decoding groups (TPOT ms, count) and `backlog` prompt tokens waiting for prefill."""
     running = [decoding(f"{tpot}-{i}", tpot) for tpot, n in groups for i in range(n)]
     running += extra or []
+    waiting = [RequestView("queued", latency_slo(100), arrival=now, prompt_len=backlog)] if backlog else []
     return EngineView(
         now=now,
-        waiting=[],
+        waiting=waiting,
         running=running,
         max_running_requests=256,
         chunk_size=CHUNK,
@@ -286,3 +290,52 @@ def test_status_after_decisions_is_json_and_consistent() -> None:
     assert set(st["current"]) == {"steps", "batch_time_ms", "prefill_budget", "prefill_tokens_per_s", "feasible"}
     assert set(st["per_tier_optimum"]["lengths"]) == {"30.0", "100.0"}
     assert st["per_tier_optimum"]["prefill_tokens_per_s"] >= st["best_uniform"]["prefill_tokens_per_s"]
+
+
+# ---------------------------------------------------------------- drafting must pay (issue #48)
+
+
+def test_loose_tpot_backs_off_to_no_drafting() -> None:
+    """TTFT-bound: the TPOTs are loose, so a longer batch only spends prefill time on drafts and
+    verify tokens; a controller started at the longest length returns to 0 although the gain of
+    0 over it is within the margin (the old rule kept whatever length was in force)."""
+    loose = uniform_choices(100, 8)
+    assert loose[4].feasible and loose[0].prefill_rate > loose[4].prefill_rate
+    assert best(loose).prefill_rate < loose[4].prefill_rate * 1.05  # nothing beats 4 by the margin
+    assert best(loose).prefill_rate < loose[0].prefill_rate * 1.05  # nor 0: drafting does not pay
+    c = controller(initial=4, dwell=3)
+    steps = [c.update(view((100, 8)), PERF) for _ in range(4)]
+    assert steps == [4, 4, 0, 0]
+    assert c.switches == 1
+
+
+def test_compute_bound_batch_backs_off_to_no_drafting() -> None:
+    """Compute-bound: a batch so large that its verify tokens, not the weights' read, set the
+    step time; drafting shortens no TPOT that binds and costs prefill, so the length goes to 0."""
+    c = controller(initial=2, dwell=2)
+    for _ in range(3):
+        c.update(view((200, 512)), PERF)
+    assert c.get_steps_for_batch(512) == 0
+    assert c.last.feasible
+
+
+def test_tpot_bound_batch_drafts() -> None:
+    """TPOT-bound: with a 30 ms TPOT and 32 decodes drafting lengthens the batch the TPOT allows
+    by more than the drafts cost, so a controller started at 0 goes to a length > 0 and stays."""
+    c = controller(initial=0, dwell=3)
+    steps = [c.update(view((30, 32)), PERF) for _ in range(6)]
+    assert steps[:2] == [0, 0] and all(s > 0 for s in steps[2:])
+    assert c.switches == 1
+
+
+def test_tpot_bound_batch_with_no_prefill_waiting_does_not_draft() -> None:
+    """The longer batch drafting allows buys prefill budget; with nothing waiting for it (all
+    pending prompt tokens fit the batch without drafts) it only lengthens every step."""
+    choices = uniform_choices(30, 32)
+    assert best(choices).steps > 0 and choices[0].prefill_budget > 500
+    c = controller(initial=0, dwell=1)
+    for _ in range(3):
+        assert c.update(view((30, 32), backlog=500), PERF) == 0
+    c = controller(initial=2, dwell=2)
+    steps = [c.update(view((30, 32), backlog=0), PERF) for _ in range(3)]
+    assert steps == [2, 0, 0]
