@@ -41,12 +41,17 @@ class LengthPredictor:
 
     def predict(
         self,
-        prompt_text: str,
-        prompt_len: int,
+        prompt_text: str = "",
+        prompt_len: int = 0,
         app_id: str | None = None,
         generated: int = 0,
         generated_text: str = "",
     ) -> float:
+        """The raw estimate, floored here once so no predictor can forget the promise above."""
+        return floor_at_generated(self._estimate(prompt_text, prompt_len, app_id, generated, generated_text), generated)
+
+    def _estimate(self, prompt_text: str, prompt_len: int, app_id: str | None, generated: int, text: str) -> float:
+        """What a subclass computes: its estimate before the floor (`text` is what was generated)."""
         raise NotImplementedError
 
     def predict_many(self, samples: Sequence[LengthSample], generated: Sequence[int] | None = None) -> list[float]:

@@ -22,7 +22,7 @@ from collections import OrderedDict, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample
 from scheduler.core.registry import require
 
 
@@ -151,14 +151,7 @@ class HistoryPredictor(LengthPredictor):
             return float(sum(ordered[start:])) / (len(ordered) - start)
         return linear_quantile(ordered, self.quantile, start)
 
-    def predict(
-        self,
-        prompt_text: str = "",
-        prompt_len: int = 0,
-        app_id: str | None = None,
-        generated: int = 0,
-        generated_text: str = "",
-    ) -> float:
+    def _estimate(self, prompt_text: str, prompt_len: int, app_id: str | None, generated: int, text: str) -> float:
         app = self._per_app.get(app_id or "")
         band = self._per_band.get(prompt_len_band(prompt_len)) if self.by_prompt_len else None
         for pool in (app, band, self._global):
@@ -167,5 +160,5 @@ class HistoryPredictor(LengthPredictor):
             start = bisect.bisect_right(pool.ordered, generated)  # answers longer than what is out
             count = len(pool.ordered) - start
             if count >= self.min_count or (pool is self._global and count >= max(1, self.min_global)):
-                return floor_at_generated(self._stat(pool.ordered, start), generated)
-        return floor_at_generated(self.default, generated)
+                return self._stat(pool.ordered, start)
+        return self.default

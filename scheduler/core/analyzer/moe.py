@@ -191,18 +191,10 @@ class MoePredictor(LengthPredictor):
         assert self.gate is not None, "MoePredictor.predict before fit"
         return np.expm1((self.gate.predict_proba(x) * self._expert_outputs(x)).sum(axis=1))
 
-    def predict(
-        self,
-        prompt_text: str,
-        prompt_len: int,
-        app_id: str | None = None,
-        generated: int = 0,
-        generated_text: str = "",
-    ) -> float:
+    def _estimate(self, prompt_text: str, prompt_len: int, app_id: str | None, generated: int, text: str) -> float:
         # The feature window is the text so far: prompt plus whatever was generated.
-        text = f"{prompt_text} {generated_text}" if generated_text else prompt_text
-        raw = self._predict_matrix(self._features([text], [prompt_len]))[0]
-        return floor_at_generated(raw, generated)
+        window = f"{prompt_text} {text}" if text else prompt_text
+        return self._predict_matrix(self._features([window], [prompt_len]))[0]
 
     def predict_many(self, samples: Sequence[LengthSample], generated: Sequence[int] | None = None) -> list[float]:
         gens = list(generated) if generated is not None else [0] * len(samples)

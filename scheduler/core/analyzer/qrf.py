@@ -220,19 +220,10 @@ class QrfPredictor(LengthPredictor):
             return g + np.maximum(raw - g, 1.0) * np.exp(shift)
         return raw + shift
 
-    def predict(
-        self,
-        prompt_text: str,
-        prompt_len: int,
-        app_id: str | None = None,
-        generated: int = 0,
-        generated_text: str = "",
-    ) -> float:
+    def _estimate(self, prompt_text: str, prompt_len: int, app_id: str | None, generated: int, text: str) -> float:
         # Evaluate at the last checkpoint, with the text generated up to it, as in training.
         g = self.checkpoint(generated)
-        text = truncate_share(generated_text, g, generated)
-        raw = self.bound([(prompt_text, prompt_len, app_id, g, text)])[0]
-        return floor_at_generated(raw, generated)
+        return self.bound([(prompt_text, prompt_len, app_id, g, truncate_share(text, g, generated))])[0]
 
     def predict_many(self, samples: Sequence[LengthSample], generated: Sequence[int] | None = None) -> list[float]:
         gens = list(generated) if generated is not None else [0] * len(samples)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample
 
 TABLE_FORMAT = "sglang-slo/length-table/1"
 BINS_PER_OCTAVE = 8  # log2(prompt) bins: an eighth of an octave (merged where rows are few)
@@ -154,12 +154,5 @@ class TablePredictor(LengthPredictor):
         self.table = fit_table([s.prompt_len for s in samples], [s.output_len for s in samples])
         return self
 
-    def predict(
-        self,
-        prompt_text: str = "",
-        prompt_len: int = 0,
-        app_id: str | None = None,
-        generated: int = 0,
-        generated_text: str = "",
-    ) -> float:
-        return floor_at_generated(self.table.quantile(prompt_len, self.quantile, generated), generated)
+    def _estimate(self, prompt_text: str, prompt_len: int, app_id: str | None, generated: int, text: str) -> float:
+        return self.table.quantile(prompt_len, self.quantile, generated)

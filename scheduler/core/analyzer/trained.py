@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from scheduler.core.analyzer.base import LengthPredictor, LengthSample, floor_at_generated
+from scheduler.core.analyzer.base import LengthPredictor, LengthSample
 from scheduler.core.analyzer.history import HistoryParams, HistoryPredictor
 from scheduler.core.analyzer.table import LengthTable
 
@@ -106,18 +106,11 @@ class TrainedPredictor(LengthPredictor):
             self.observe(s.app_id, s.output_len, s.prompt_len)
         return self
 
-    def predict(
-        self,
-        prompt_text: str = "",
-        prompt_len: int = 0,
-        app_id: str | None = None,
-        generated: int = 0,
-        generated_text: str = "",
-    ) -> float:
+    def _estimate(self, prompt_text: str, prompt_len: int, app_id: str | None, generated: int, text: str) -> float:
         name = self.chosen()
         if name != "table":
             return self.histories[name].predict(prompt_text, prompt_len, app_id, generated)
-        return floor_at_generated(self.table.quantile(prompt_len, self._quantile, generated), generated)
+        return self.table.quantile(prompt_len, self._quantile, generated)
 
 
 def trained_predictor(quantile: float = 0.9, path: str | Path | None = None, **kw: object) -> TrainedPredictor:
