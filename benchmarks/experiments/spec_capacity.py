@@ -1,0 +1,84 @@
+"""SLOs-Serve with and without the SLO-adaptive speculation length, in the cluster simulator
+(issue #48): capacity at 90 % attainment by the headline's bisection, for Sarathi, SLOs-Serve
+and SLOs-Serve with `speculation="slo"` (prefill in verify batches, alpha 0.7, draft 5 % of a
+decode: the headline's `Config`), on the headline's SLOs-Serve scenarios plus tight-TPOT chat
+tiers (ChatBot's TTFT with a 20 or 10 ms TPOT, scaled to the card like every mix), where
+drafting is meant to pay. One JSON record per (scenario, seed, system), merged into --out.
+
+  python -m benchmarks.experiments.spec_capacity --scenarios chatbot,mixed --seeds 0,1,2 --out spec.json
+  python -m benchmarks.experiments.spec_capacity --scenarios coder --start 0.25 --out spec.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from benchmarks.cli import doc_parser
+from benchmarks.experiments.headline import SLOS_SCENARIOS, TARGET, Config, Grid, _workload
+from benchmarks.goodput.capacity import search_capacity
+from benchmarks.goodput.mixes import MIXES, Mix, _slos_app
+from benchmarks.simulator.runner import slo_scale
+
+TIGHT_TPOT_MS = {"chat-tight": 20.0, "chat-tight10": 10.0}  # H100 TPOTs, before the card's factor
+SYSTEMS = {
+    "sarathi": Config("sarathi", "a100:1", policy="sarathi"),
+    "slos": Config("slos", "a100:1", policy="slos"),
+    "slos+spec": Config("slos+spec", "a100:1", policy="slos", speculation="slo", spec_mixed=True),
+}
+
+
+def scenarios() -> dict[str, tuple[str, str, str]]:
+    """The headline's scenarios and the tight-TPOT chat tiers (their mixes registered here)."""
+    out = dict(SLOS_SCENARIOS)
+    for name, tpot in TIGHT_TPOT_MS.items():
+        mix = f"slos-{name}"
+        MIXES.setdefault(mix, Mix({"latency": 1}, {"latency": _slos_app(5.0, tpot)}))
+        out[name] = ("azure-conv", mix, "trace")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = doc_parser("python -m benchmarks.experiments.spec_capacity", __doc__)
+    p.add_argument("--scenarios", default="chatbot,coder,mixed,chat-tight")
+    p.add_argument("--systems", default="slos,slos+spec,sarathi")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--units", type=int, default=800)
+    p.add_argument("--probes", type=int, default=7)
+    p.add_argument("--start", type=float, default=4.0, help="the bisection's first rate (units/s)")
+    p.add_argument("--out", type=Path, default=Path("results/spec_capacity.json"))
+    args = p.parse_args(argv)
+    table = scenarios()
+    scale = slo_scale(1.0, "a100")
+    grid = Grid(lambda line: print(line, flush=True))
+    res = json.loads(args.out.read_text()) if args.out.exists() else {}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    for scenario in args.scenarios.split(","):
+        trace, mix, arrivals = table[scenario]
+        for seed in [int(s) for s in args.seeds.split(",")]:
+            spec = _workload(trace, mix, args.units, seed, arrivals=arrivals)
+            for label in args.systems.split(","):
+                cfg, t0 = SYSTEMS[label], time.perf_counter()
+                r = search_capacity(
+                    lambda x, cfg=cfg, spec=spec, scenario=scenario: grid.run(cfg, spec, x, scale, scenario)[
+                        "attainment"
+                    ],
+                    start_rate=args.start,
+                    target=TARGET,
+                    max_probes=args.probes,
+                    rel_tol=0.05,
+                )
+                res[f"{scenario}|{seed}|{label}"] = {
+                    "capacity": r.capacity_rate or 0.0,
+                    "probes": r.probes,
+                    "wall_s": time.perf_counter() - t0,
+                }
+                print(f"== {scenario} seed {seed} {label}: capacity {r.capacity_rate}", flush=True)
+                args.out.write_text(json.dumps(res, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
