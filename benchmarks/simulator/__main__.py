@@ -38,6 +38,7 @@ from benchmarks.simulator.runner import Run, simulate, slo_scale
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TRACES
 from router.policies import ROUTING_POLICIES
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
 
 
 def _csv(text: str) -> list[str]:
@@ -64,7 +65,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--chunk", type=int, help="chunked prefill size (default: SGLang's for the card's memory)")
     c.add_argument("--batching", choices=["mixed", "separate"], default="mixed")
     c.add_argument("--fcfs-batching", choices=["stock", "same"], default="stock", help="stock: separate steps")
-    c.add_argument("--length-predictor", default="history:0.9", help="the router's (none: off)")
+    c.add_argument(
+        "--length-predictor", default=DEFAULT_LENGTH_PREDICTOR, help="the router's --length-predictor (none: off)"
+    )
     c.add_argument("--migrate-interval-s", type=float, default=0.1, help="0: never ask for migrations")
     c.add_argument("--kv-link-gb-s", type=float, default=50.0, help="PD KV transfer bandwidth per pair")
     c.add_argument("--kv-latency-ms", type=float, default=1.0)

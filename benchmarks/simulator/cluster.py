@@ -36,6 +36,7 @@ from benchmarks.simulator.speculative_decoding import SimSpeculation
 from benchmarks.simulator.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from router.policies import RoutingContext, RoutingPolicy
+from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.sim import Arrivals
 from scheduler.core.sim_engine import KV_TOO_LARGE, PREFILLED, SimRequest, StepOutcome
@@ -51,7 +52,7 @@ class ClusterConfig:
     engine: EngineOptions = EngineOptions()
     routing: str = "round_robin"
     routing_params: tuple[tuple[str, Any], ...] = ()
-    length_predictor: str | None = "history:0.9"  # the router's default
+    length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR  # the router's default
     report_s: float = 0.25  # the worker agent's default
     migrate_interval_s: float | None = 0.1  # the dispatcher's default; None: never
     kv_link_gb_s: float = 50.0  # PD: KV transfer bandwidth per pair (GB/s)
