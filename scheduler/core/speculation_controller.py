@@ -72,6 +72,7 @@ class SloSpeculation:
         catch_up_tokens: int = 16,
         tighten_floor: float = 0.25,
         mixed_batches: bool = True,
+        draft_for_prefill: bool = False,
     ) -> None:
         steps = sorted({int(s) for s in candidates})
         if not steps or steps[0] < 0:
@@ -85,6 +86,7 @@ class SloSpeculation:
         self.catch_up_tokens = catch_up_tokens
         self.tighten_floor = tighten_floor
         self.mixed_batches = mixed_batches  # does prefill ride in verify batches (spec_length)
+        self.draft_for_prefill = draft_for_prefill  # draft to buy prefill budget (the paper's gain), see `_target`
         self._pending: int | None = None
         self._pending_for = 0
         self.switches = 0
@@ -163,15 +165,18 @@ class SloSpeculation:
         return choices
 
     def _target(self, winner: LengthChoice, choices: dict[int, LengthChoice], pending: int) -> LengthChoice:
-        """Drafting must pay to be chosen: the best length, unless the shortest candidate (no
-        drafting, where 0 is a candidate) keeps every TPOT and either comes within the margin of
-        it or already has room for all the prefill that is waiting (`pending` tokens). A longer
-        batch buys prefill budget; where no prompt waits for it, or the gain is within what
-        the model resolves, the drafts and verify tokens only lengthen every step, and the
-        arrivals' TTFT pays for that."""
+        """Drafting must pay to be chosen. By default it is chosen only where the TPOTs bind:
+        the shortest candidate (no drafting, where 0 is a candidate) cannot keep them. With
+        `draft_for_prefill` (SLOs-Serve's objective) also where a longer batch buys more prefill
+        budget: the best length, unless no drafting comes within the margin of it or already
+        has room for all the prefill that is waiting (`pending` tokens). In the simulated
+        SLOs-Serve mixes the budget a longer batch buys did not pay for the longer passes, which
+        every arrival's TTFT waits out, so that is not the default."""
         base = choices[self.candidates[0]]
         if not base.feasible:
-            return winner
+            return winner  # the TPOTs bind: no drafts cannot keep them
+        if not self.draft_for_prefill:
+            return base
         if pending <= base.prefill_budget or winner.prefill_rate <= base.prefill_rate * (1.0 + self.margin):
             return base
         return winner

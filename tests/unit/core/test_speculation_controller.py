@@ -152,7 +152,7 @@ def test_small_gain_never_switches() -> None:
 def test_clear_gain_switches_after_dwell_updates() -> None:
     choices = uniform_choices(30, 32)
     gain = best(choices).prefill_rate / choices[0].prefill_rate - 1
-    c = controller(initial=0, margin=gain - 0.005, dwell=3)
+    c = controller(initial=0, margin=gain - 0.005, dwell=3, draft_for_prefill=True)
     assert c.update(view((30, 32)), PERF) == 0
     assert c.update(view((30, 32)), PERF) == 0
     assert c.update(view((30, 32)), PERF) == 2
@@ -172,7 +172,7 @@ def test_clear_gain_switches_after_dwell_updates() -> None:
     ],
 )
 def test_dwell_needs_consecutive_updates(interruption: tuple) -> None:
-    c = controller(initial=0, margin=0.05, dwell=3)
+    c = controller(initial=0, margin=0.05, dwell=3, draft_for_prefill=True)
     a = view((30, 32))
     assert [c.update(a, PERF), c.update(a, PERF)] == [0, 0]
     c.update(view(*interruption), PERF)
@@ -319,10 +319,13 @@ def test_compute_bound_batch_backs_off_to_no_drafting() -> None:
     assert c.last.feasible
 
 
-def test_tpot_bound_batch_drafts() -> None:
-    """TPOT-bound: with a 30 ms TPOT and 32 decodes drafting lengthens the batch the TPOT allows
-    by more than the drafts cost, so a controller started at 0 goes to a length > 0 and stays."""
-    c = controller(initial=0, dwell=3)
+def test_prefill_budget_drafts_only_when_asked() -> None:
+    """With a 30 ms TPOT and 32 decodes drafting lengthens the batch the TPOT allows by more
+    than the drafts cost (SLOs-Serve's objective): by default no drafts keep the TPOT, so the
+    length stays 0; with `draft_for_prefill` a controller started at 0 goes to a length > 0."""
+    c = controller(initial=2, dwell=2)
+    assert [c.update(view((30, 32)), PERF) for _ in range(3)] == [2, 0, 0]
+    c = controller(initial=0, dwell=3, draft_for_prefill=True)
     steps = [c.update(view((30, 32)), PERF) for _ in range(6)]
     assert steps[:2] == [0, 0] and all(s > 0 for s in steps[2:])
     assert c.switches == 1
@@ -333,9 +336,19 @@ def test_tpot_bound_batch_with_no_prefill_waiting_does_not_draft() -> None:
     pending prompt tokens fit the batch without drafts) it only lengthens every step."""
     choices = uniform_choices(30, 32)
     assert best(choices).steps > 0 and choices[0].prefill_budget > 500
-    c = controller(initial=0, dwell=1)
+    c = controller(initial=0, dwell=1, draft_for_prefill=True)
     for _ in range(3):
         assert c.update(view((30, 32), backlog=500), PERF) == 0
-    c = controller(initial=2, dwell=2)
+    c = controller(initial=2, dwell=2, draft_for_prefill=True)
     steps = [c.update(view((30, 32), backlog=0), PERF) for _ in range(3)]
+    assert steps == [2, 0, 0]
+
+
+def test_tpot_bound_batch_drafts_by_default() -> None:
+    """TPOT-bound: 8 ms cannot carry 32 decodes without drafts; the default controller drafts
+    the length that keeps it, and returns to 0 when the batch no longer needs it."""
+    c = controller(initial=0, dwell=2)
+    assert c.update(view((8, 32)), PERF) == 2
+    assert c.last.feasible
+    steps = [c.update(view((30, 32)), PERF) for _ in range(3)]
     assert steps == [2, 0, 0]
