@@ -166,7 +166,11 @@ def test_speculation_draws_follow_the_acceptance_model() -> None:
 
 
 def test_speculative_decoding_emits_more_tokens_per_step_and_the_controller_learns() -> None:
-    planned = planned_requests(n=20, rate=5.0, chain_every=1000)
+    # a TPOT no plain decode step keeps: the SLO controller drafts only where the TPOTs bind
+    planned = [
+        PlannedRequest(p.req, p.cls, {**p.slo, "tpot_ms": 2.0} if "tpot_ms" in p.slo else p.slo)
+        for p in planned_requests(n=20, rate=5.0, chain_every=1000)
+    ]
     plain = ClusterSim(config(policy="slos")).run(planned)
     sim = ClusterSim(config(policy="slos", speculation="slo", spec_alpha=0.8))
     spec = sim.run(planned)
