@@ -13,6 +13,7 @@ Live, on emulated GPUs behind the real router and workers:
 
 In virtual time (the simulators) or offline:
   headline              the five papers' headline experiments in the cluster simulator
+  headline_*            its pieces: one module per paper, the grid of runs, the rows
   scale                 hundreds of simulated instances behind one router
   simulator_validation  the cluster simulator against emulated workers behind the router
   tenant_fairness       fair shares between two flooding API keys

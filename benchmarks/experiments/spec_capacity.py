@@ -17,7 +17,8 @@ import time
 from pathlib import Path
 
 from benchmarks.cli import doc_parser
-from benchmarks.experiments.headline import SLOS_SCENARIOS, TARGET, Config, Grid, _workload
+from benchmarks.experiments.headline_grid import TARGET, Config, Grid, workload_spec
+from benchmarks.experiments.headline_slos_serve import SLOS_SCENARIOS
 from benchmarks.goodput.capacity import search_capacity
 from benchmarks.goodput.mixes import MIXES, Mix, _slos_app
 from benchmarks.simulator.runner import slo_scale
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     for scenario in args.scenarios.split(","):
         trace, mix, arrivals = table[scenario]
         for seed in [int(s) for s in args.seeds.split(",")]:
-            spec = _workload(trace, mix, args.units, seed, arrivals=arrivals)
+            spec = workload_spec(trace, mix, args.units, seed, arrivals=arrivals)
             for label in args.systems.split(","):
                 cfg, t0 = SYSTEMS[label], time.perf_counter()
                 r = search_capacity(

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from benchmarks.cli import doc_parser
-from benchmarks.experiments.headline import Config, Grid, _workload
+from benchmarks.experiments.headline_grid import Config, Grid, workload_spec
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.runner import slo_scale
 
@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ]
     configs.append(PredictedConfig("gmax_oracle", "a100:1", policy="gmax_oracle", policy_params=TOKENS))
     for seed in seeds:
-        spec = _workload("azure-conv", "jitserve", args.units, seed, arrivals="trace")
+        spec = workload_spec("azure-conv", "jitserve", args.units, seed, arrivals="trace")
         for rate in rates:
             for cfg in configs:
                 grid.run(cfg, spec, rate, scale)

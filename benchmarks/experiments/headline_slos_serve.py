@@ -1,0 +1,113 @@
+"""SLOs-Serve (one A100): capacity at 90 % attainment, found by bisection, for its ChatBot, Coder
+and Mixed scenarios, against the best of vLLM and Sarathi, with and without speculation; ChatBot
+also on 4 replicas behind its sequential router."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Sequence
+
+from benchmarks.experiments.headline_grid import TARGET, Config, Grid, workload_spec
+from benchmarks.experiments.headline_report import Experiment, Row, geomean, ratio_text
+from benchmarks.goodput.capacity import search_capacity
+from benchmarks.simulator.runner import slo_scale
+
+SLOS_SCENARIOS = {  # scenario: (trace, mix, arrivals)
+    "chatbot": ("azure-conv", "slos-chatbot", "trace"),
+    "coder": ("azure-code", "slos-coder", "trace"),
+    "mixed": ("azure-conv", "slos-serve", "trace"),
+}
+
+
+def slos_serve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
+    units, probes = (400, 4) if quick else (1200, 8)
+    systems = [
+        Config("vllm", "a100:1", policy="fcfs"),
+        Config("sarathi", "a100:1", policy="sarathi"),
+        Config("slos", "a100:1", policy="slos"),
+        Config("slos+spec", "a100:1", policy="slos", speculation="slo", spec_mixed=True),
+    ]
+    scale = slo_scale(1.0, "a100")  # TTFT as a slowdown over this card's own zero-load TTFT (Tab. 1)
+    caps: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for scenario, (trace, mix, arrivals) in SLOS_SCENARIOS.items():
+        for seed in seeds:
+            spec = workload_spec(trace, mix, units, seed, arrivals=arrivals)
+            for cfg in systems:
+                result = search_capacity(
+                    lambda r, cfg=cfg, spec=spec, scenario=scenario: grid.run(cfg, spec, r, scale, scenario)[
+                        "attainment"
+                    ],
+                    start_rate=4.0,
+                    target=TARGET,
+                    max_probes=probes,
+                    rel_tol=0.05,
+                )
+                caps[(scenario, cfg.label)].append(result.capacity_rate or 0.0)
+    replicas: dict[str, list[float]] = defaultdict(list)
+    if not quick:
+        four = Config("slos x4", "a100:4", routing="slos", policy="slos", routing_params=(("order", "round_robin"),))
+        trace, mix, arrivals = SLOS_SCENARIOS["chatbot"]
+        for seed in seeds:
+            spec = workload_spec(trace, mix, 4 * units, seed, arrivals=arrivals)
+            result = search_capacity(
+                lambda r, spec=spec: grid.run(four, spec, r, scale, "chatbot-x4")["attainment"],
+                start_rate=16.0,
+                target=TARGET,
+                max_probes=probes,
+                rel_tol=0.05,
+            )
+            replicas["x4"].append(result.capacity_rate or 0.0)
+
+    def cap(scenario: str, label: str) -> float:
+        return statistics.mean(caps[(scenario, label)])
+
+    # a scenario where no baseline ever reaches 90 % has no finite ratio: left out of the geo-mean
+    base = {s: max(cap(s, "vllm"), cap(s, "sarathi")) for s in SLOS_SCENARIOS}
+    gains = {s: cap(s, "slos+spec") / base[s] for s in SLOS_SCENARIOS if base[s] > 0}
+    gains_plain = {s: cap(s, "slos") / base[s] for s in SLOS_SCENARIOS if base[s] > 0}
+    gains.update({s: math.inf for s in SLOS_SCENARIOS if base[s] <= 0})
+    g = geomean([v for v in gains.values() if math.isfinite(v)])
+    exp = Experiment()
+    exp.rows = [
+        Row(
+            "SLOs-Serve",
+            "capacity at 90 % attainment vs best of vLLM/Sarathi (geo-mean)",
+            "2.2×",
+            f"{g:.2f}× with speculation ("
+            + ", ".join(f"{s} {v:.2f}" for s, v in gains.items())
+            + f"); {geomean(list(gains_plain.values())):.2f}× without",
+            ratio_text(g, 2.2),
+            "Llama-3-8B on our A100 profile for OPT-7B on A100-40GB; Azure lengths for ShareGPT/HumanEval; "
+            "three of its six scenarios (no arXiv summaries, ToolBench or reasoning traces); its multi-replica "
+            "router helps the paper's headline number, here one replica",
+        ),
+        Row(
+            "SLOs-Serve",
+            "Coder (bursty arrivals) capacity vs best baseline",
+            "up to 2.1×",
+            f"{gains['coder']:.2f}×",
+            ratio_text(gains["coder"] if math.isfinite(gains["coder"]) else None, 2.1),
+            "Azure code arrivals and lengths, as the paper's Coder",
+        ),
+    ]
+    if replicas:
+        x4 = statistics.mean(replicas["x4"]) / max(cap("chatbot", "slos"), 1e-9)
+        exp.rows.append(
+            Row(
+                "SLOs-Serve",
+                "ChatBot capacity on 4 replicas / 1 replica",
+                "4.61×",
+                f"{x4:.2f}×",
+                ratio_text(x4, 4.61),
+                "sequential SLO-driven routing over per-replica DP admission, round-robin first pick as in §6.2",
+            )
+        )
+    exp.details = {
+        "capacity_rps": {f"{s}/{c}": v for (s, c), v in caps.items()},
+        "x_best_baseline": gains,
+        "x_best_baseline_no_spec": gains_plain,
+        "replicas": dict(replicas),
+    }
+    return exp
