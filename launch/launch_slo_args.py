@@ -51,9 +51,9 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "mixed", "separate"),
         default="auto",
         help="SLO policies only: 'mixed' puts prefill chunks into the decode batch (SGLang's "
-        "--enable-mixed-chunk; the papers' batch model, and what the per-step chunk knob needs); "
+        "--enable-mixed-chunk; the papers' batch model, and what the per-step chunk lever needs); "
         "'separate' keeps SGLang's prefill-only steps, where decodes wait for each prefill and the "
-        "chunk knob is off. 'auto' (default): mixed on a GPU or an emulated one, separate on CPU, where "
+        "chunk lever is off. 'auto' (default): mixed on a GPU or an emulated one, separate on CPU, where "
         "mixed steps measured half the throughput (benchmarks/RESULTS.md). Speculative decoding runs separate.",
     )
     group.add_argument(

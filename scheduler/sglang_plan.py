@@ -33,8 +33,8 @@ class SloPlanMixin:
         if not self.waiting_queue and self.chunked_req is None:
             return None, None
         view = self._slo_view(running_batch)
-        knob_model = self.slo.meter.knob_model(self._slo_spec_steps(), self.slo.spec_alpha())
-        return self.slo.planner.plan(view, knob_model, self.slo.perf), view
+        lever_model = self.slo.meter.lever_model(self._slo_spec_steps(), self.slo.spec_alpha())
+        return self.slo.planner.plan(view, lever_model, self.slo.perf), view
 
     def _slo_view(self, running_batch: Any) -> EngineView:
         engine: Any = self
@@ -88,7 +88,7 @@ class SloPlanMixin:
         if plan.hold and viewed is not None:  # _slo_admit sets them aside next, from this queue
             hold_at = held_positions(plan, perm, len(self.waiting_queue))
         applied = replace(slo.pass_state.applied, preempt=frozenset(plan.preempt), hold=plan.hold, hold_at=hold_at)
-        levers = slo.knobs_on and slo.chunker is None  # fcfs and PD dynamic chunking keep SGLang's
+        levers = slo.levers_on and slo.chunker is None  # fcfs and PD dynamic chunking keep SGLang's
         if levers:
             applied = replace(
                 applied, batch_cap=plan.batch_cap, prefill_tokens=plan.chunk_size, prefill_open=plan.prefill

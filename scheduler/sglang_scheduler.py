@@ -79,7 +79,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
     def _slo_bind_engine(self) -> None:
         """What the engine started with: the plan's settings, the chunk limits, the timing mode."""
         slo = self.slo
-        if slo.knobs_on and getattr(self, "prefill_decode_interval", 0):
+        if slo.levers_on and getattr(self, "prefill_decode_interval", 0):
             # SGLang's interval skips get_new_batch_prefill, where each pass is planned: refused
             raise ValueError("--prefill-decode-interval cannot be combined with an SLO policy (fcfs only)")
         slo.started.startup_chunk = self.chunked_prefill_size
@@ -101,7 +101,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
             tenant_fairness=slo.config.tenant_fairness,
         )
         slo.started.chunk_budget = self.chunked_prefill_size
-        if role == PREFILL and slo.knobs_on and self.chunked_prefill_size:
+        if role == PREFILL and slo.levers_on and self.chunked_prefill_size:
             # PD prefill: PolyServe dynamic chunking; the launcher started SGLang at 2B so that a
             # whole-finish step fits the buffers sized at start-up, and normal passes run at B.
             slo.start_dynamic_chunking(self.chunked_prefill_size, self.page_size)
@@ -255,7 +255,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
     # ---- speculation ---------------------------------------------------------------------------
     def maybe_init_draft_worker(self) -> None:
         """Changes: an EAGLE-family draft worker gets the SLO-adaptive length controller, and the
-        draft's cost ratio is recorded for pacing, timing and knob sizing. No hook serves: the
+        draft's cost ratio is recorded for pacing, timing and lever sizing. No hook serves: the
         controller is attached to the draft worker SGLang builds here."""
         super().maybe_init_draft_worker()
         if self.draft_worker is None:

@@ -71,7 +71,7 @@ from scheduler.components.views import EngineLimits, ViewBuilder  # noqa: E402
 from scheduler.core.clock import WallClock  # noqa: E402
 from scheduler.core.compound import CompoundDeadlines  # noqa: E402
 from scheduler.core.perf_model import default_model  # noqa: E402
-from scheduler.core.plan_path import KnobModel, settings_for  # noqa: E402
+from scheduler.core.plan_path import LeverModel, settings_for  # noqa: E402
 from scheduler.core.policies import POLICIES, PolicyContext  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit  # noqa: E402
@@ -314,12 +314,12 @@ def _state_passes(state: PlanState, name: str, passes: int, clock: WallClock) ->
     params = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in given.split(",") if kv)}
     policy = POLICIES.make(base, params, PolicyContext(perf))
     planner = PassPlanner(policy, settings_for(policy))
-    knobs = KnobModel(perf)
+    levers = LeverModel(perf)
     queue = list(waiting)
 
     def one_pass(k: int) -> None:
         engine_view = views.engine_view(queue, running_reqs, replace(limits, step=state.step_of(k)))
-        plan = planner.plan(engine_view, knobs)
+        plan = planner.plan(engine_view, levers)
         if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
             viewed = views.waiting_rids(queue)
             perm = order_waiting(queue, plan, states, viewed)

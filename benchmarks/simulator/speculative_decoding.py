@@ -8,7 +8,7 @@ EAGLE heads on Llama-3-8B sit around 0.6-0.8); the engine never sees it, only th
 Lengths, as the server runs them (scheduler/sglang_scheduler.py): `fixed:S` drafts S tokens in
 every decode (SGLang's own speculation, levers sized as without it); `slo` is the SLO-adaptive
 controller itself (scheduler/core/speculation_controller.py), fed every verify's accepted counts and asked
-every pass, with levers sized on the speculative cost at its length (EngineMeter.knob_model).
+every pass, with levers sized on the speculative cost at its length (EngineMeter.lever_model).
 Every step costs the target's verify pass plus `draft_ratio` x its decode pass per draft step
 (scheduler/core/speculation_cost.py).
 """
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from scheduler.core.plan_path import KnobModel
+from scheduler.core.plan_path import LeverModel
 from scheduler.core.slos_serve.spec_length import acceptance
 from scheduler.core.speculation_controller import SloSpeculation
 from scheduler.core.speculation_cost import SpecCost
@@ -50,12 +50,12 @@ class SimSpeculation:
     def steps(self) -> int:
         return self.controller.current if self.controller is not None else self.fixed
 
-    def knob_model(self, plan_perf: PerfModel) -> KnobModel:
+    def lever_model(self, plan_perf: PerfModel) -> LeverModel:
         steps = self.steps()
         if self.controller is None or steps <= 0:
-            return KnobModel(plan_perf)
+            return LeverModel(plan_perf)
         alpha = self.controller.acceptance.alpha
-        return KnobModel(SpecCost(plan_perf, self.draft_ratio).at_steps(steps), acceptance(steps, alpha))
+        return LeverModel(SpecCost(plan_perf, self.draft_ratio).at_steps(steps), acceptance(steps, alpha))
 
     def step_time(self, pace: PerfModel, prefill_tokens: int, decodes: int, kv_tokens: int, steps: int) -> float:
         if steps <= 0 or decodes <= 0:

@@ -49,7 +49,7 @@ class SloComponents:
     compound: CompoundDeadlines
     accuracy: BoundAccuracy
     lengths: LiveLengthBounds | None
-    knobs_on: bool  # fcfs stays stock SGLang: no batch cap, no chunk
+    levers_on: bool  # fcfs stays stock SGLang: no batch cap, no chunk
     spec: SloSpeculation | None = None  # set when the draft worker is built
     chunker: PrefillChunker | None = None  # PD prefill workers under an SLO policy
     sync: PassSync = field(default_factory=PassSync)  # TP ranks: the leader's decisions on every rank
@@ -133,7 +133,7 @@ def build_components(
     perf = OnlinePerfModel(prior)
     pacer = Pacer(SlowedPerfModel(load_perf_model(emulate, kind="table"), slowdown)) if emulate else None
     policy = make_policy(config.policy, perf, **dilated_params(config.policy, config.policy_params, slowdown))
-    knobs_on = config.policy != "fcfs"
+    levers_on = config.policy != "fcfs"
     clock = clock if clock is not None else WallClock()
     states = RequestStates()
     compound = CompoundDeadlines(_pattern_library(config.program_patterns))
@@ -156,5 +156,5 @@ def build_components(
         compound=compound,
         accuracy=BoundAccuracy(),
         lengths=lengths,
-        knobs_on=knobs_on,
+        levers_on=levers_on,
     )

@@ -16,7 +16,7 @@ from typing import Any
 from scheduler.components.step_timer import GpuStepTimer, TimedStep
 from scheduler.core.online_perf import OnlinePerfModel
 from scheduler.core.pacing import Pacer
-from scheduler.core.plan_path import KnobModel
+from scheduler.core.plan_path import LeverModel
 from scheduler.core.slos_serve.spec_length import acceptance
 from scheduler.core.speculation_cost import SpecCost
 
@@ -63,17 +63,17 @@ class EngineMeter:
         self._distortion_logged = -math.inf
         self.gpu_timer: GpuStepTimer | None = None
 
-    def knob_model(self, spec_steps: int, alpha: float | None) -> KnobModel | None:
-        """What the default knobs are sized with this pass: None until the perf model is trusted;
+    def lever_model(self, spec_steps: int, alpha: float | None) -> LeverModel | None:
+        """What the default levers are sized with this pass: None until the perf model is trusted;
         under SLO-adaptive speculation, the spec cost at the current length, where a batch may
         last Acc(s) TPOTs and costs its drafts and verify tokens."""
         if not self.perf.ready:
             return None
         if spec_steps > 0 and alpha is not None:
-            return KnobModel(
+            return LeverModel(
                 SpecCost(self.perf, self.spec_cost_ratio).at_steps(spec_steps), acceptance(spec_steps, alpha)
             )
-        return KnobModel(self.perf)
+        return LeverModel(self.perf)
 
     def after_step(
         self,

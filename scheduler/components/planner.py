@@ -6,7 +6,7 @@ import logging
 
 from scheduler.core.columns import RowCache
 from scheduler.core.fairness import FairShare
-from scheduler.core.plan_path import FinalPlan, KnobModel, PlanSettings, plan_pass
+from scheduler.core.plan_path import FinalPlan, LeverModel, PlanSettings, plan_pass
 from scheduler.core.types import EngineView, PerfModel, Policy
 
 logger = logging.getLogger("sglang_slo.scheduler")
@@ -26,10 +26,10 @@ class PassPlanner:
         self.fair = FairShare()  # tenants' served-token counters across passes
 
     def plan(
-        self, view: EngineView, knob_model: KnobModel | None, wait_model: PerfModel | None = None
+        self, view: EngineView, lever_model: LeverModel | None, wait_model: PerfModel | None = None
     ) -> FinalPlan | None:
         try:
-            return plan_pass(view, self.policy, self.settings, knob_model, wait_model, self.row_cache, self.fair)
+            return plan_pass(view, self.policy, self.settings, lever_model, wait_model, self.row_cache, self.fair)
         except Exception:
             self.errors += 1
             self.fallbacks += 1

@@ -81,7 +81,7 @@ def settings_for(
 
 
 @dataclass(frozen=True)
-class KnobModel:
+class LeverModel:
     """The model the levers a plan leaves open are sized with: the engine's perf model, or its speculative
     cost at the current drafting length, where a batch may last `tokens_per_step` TPOTs."""
 
@@ -113,12 +113,12 @@ def finalize_plan(
     view: EngineView,
     plan: StepPlan,
     settings: PlanSettings,
-    knob_model: KnobModel | None = None,
+    lever_model: LeverModel | None = None,
     wait_model: PerfModel | None = None,
 ) -> FinalPlan:
-    """`plan` completed with what every policy gets; `knob_model` None: no trusted model yet.
+    """`plan` completed with what every policy gets; `lever_model` None: no trusted model yet.
     `wait_model` predicts the drops' waits (any estimate beats none there; default: the
-    knob model's)."""
+    lever model's)."""
     c = columns_read(view)  # the policy's read of this pass, if it made one
     if c is None and view.known_rows is not None:
         c = columns_of(view)  # the engine keeps them current: cheaper than one walk of the views
@@ -133,7 +133,7 @@ def finalize_plan(
         expired = expired_rids(c, view.now) if c is not None else expired_in_queue(view.waiting, view.now)
         for rid in expired:
             drop.setdefault(rid, QUEUE_TIMEOUT_REASON)
-        trusted = None if knob_model is None else knob_model.perf
+        trusted = None if lever_model is None else lever_model.perf
         for rid in certainly_late(view, trusted, plan.order, plan.best_effort, columns=c):
             drop.setdefault(rid, SLO_INFEASIBLE_REASON)
         model = wait_model if wait_model is not None else trusted
@@ -150,7 +150,7 @@ def finalize_plan(
         preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
     if settings.levers and c is None:
         c = columns_of(view)  # the levers and the hold read most of them
-    cap, chunk, prefill = _levers(view, plan, settings, knob_model, c)
+    cap, chunk, prefill = _levers(view, plan, settings, lever_model, c)
     if tier_at is not None:  # the tier's rids are all waiting
         best_effort = frozenset(plan.best_effort - drop.keys() if drop else plan.best_effort)
     else:
@@ -184,7 +184,7 @@ def plan_pass(
     view: EngineView,
     policy: Policy,
     settings: PlanSettings,
-    knob_model: KnobModel | None = None,
+    lever_model: LeverModel | None = None,
     wait_model: PerfModel | None = None,
     cache: RowCache | None = None,
     fair: FairShare | None = None,
@@ -197,11 +197,11 @@ def plan_pass(
         plan = policy.plan(view)
         if fair is not None and settings.apply_levers and settings.role != DECODE:
             plan = fair.blend(view, plan, settings.tenant_fairness)
-        return finalize_plan(view, plan, settings, knob_model, wait_model)
+        return finalize_plan(view, plan, settings, lever_model, wait_model)
 
 
 def _levers(
-    view: EngineView, plan: StepPlan, settings: PlanSettings, knob_model: KnobModel | None, c: ViewColumns | None
+    view: EngineView, plan: StepPlan, settings: PlanSettings, lever_model: LeverModel | None, c: ViewColumns | None
 ) -> tuple[int | None, int | None, bool]:
     """Batch cap, prefill chunk and prefill gate: the plan's own, else the perf model's, within
     the engine's limits."""
@@ -211,14 +211,14 @@ def _levers(
         return None, None, True
     cap, chunk, prefill = plan.batch_cap, plan.chunk_size, True
     if not settings.levers:
-        knob_model = None
-    if knob_model is not None and settings.role == MIXED:
-        derived = batch_levers(view, knob_model.perf, knob_model.tokens_per_step, settings.mixed_batching, c)
+        lever_model = None
+    if lever_model is not None and settings.role == MIXED:
+        derived = batch_levers(view, lever_model.perf, lever_model.tokens_per_step, settings.mixed_batching, c)
         cap = cap if cap is not None else derived.batch_cap
         if chunk is None:
             chunk, prefill = derived.chunk_size, derived.prefill
-    elif knob_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
-        cap = decode_cap(view, knob_model.perf, knob_model.tokens_per_step, c)
+    elif lever_model is not None and cap is None:  # a PD decode worker: only its admission cap applies
+        cap = decode_cap(view, lever_model.perf, lever_model.tokens_per_step, c)
     if settings.chunk_cap and settings.role == MIXED:
         chunk = min(chunk if chunk is not None else view.chunk_size, settings.chunk_cap)
     if cap is not None:

@@ -109,8 +109,8 @@ class SimEngine(SimBatching):
         spec_steps = self.spec.steps() if self.spec is not None else 0
         if self.waiting or self.prefilling:  # as the adapter: a chunked prefill's next chunk is planned
             view = self.view(now)
-            knobs = self.spec.knob_model(self.plan_perf) if self.spec is not None else self.knob_model
-            plan = plan_pass(view, self.policy, self.settings, knobs, cache=self._row_cache, fair=self._fair)
+            levers = self.spec.lever_model(self.plan_perf) if self.spec is not None else self.lever_model
+            plan = plan_pass(view, self.policy, self.settings, levers, cache=self._row_cache, fair=self._fair)
             if plan.preempt or plan.drop:
                 self.plans.append((self.steps, plan))
             if self.record_trace:

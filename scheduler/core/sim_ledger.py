@@ -14,7 +14,7 @@ from scheduler.core.analyzer.online import LiveLengthBounds
 from scheduler.core.columns import RowCache
 from scheduler.core.dynamic_chunking import budget_from_startup
 from scheduler.core.fairness import FairShare
-from scheduler.core.plan_path import PREFILL, FinalPlan, KnobModel, PlanSettings
+from scheduler.core.plan_path import PREFILL, FinalPlan, LeverModel, PlanSettings
 from scheduler.core.policies.oracle import ORACLE_SUFFIX
 from scheduler.core.sim_requests import (
     EngineConfig,
@@ -64,7 +64,7 @@ class SimLedger:
         self.predictor = predictor
         self.record_trace = record_trace
         self.spec = speculation
-        self.knob_model = KnobModel(self.plan_perf)
+        self.lever_model = LeverModel(self.plan_perf)
         # A state's view keeps RowCache's contract (only per-pass fields are refreshed); a
         # recorded trace builds new views every pass, which a cache would only pile up.
         self._row_cache = None if record_trace else RowCache()

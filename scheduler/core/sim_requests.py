@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler.core.plan_path import KnobModel
+from scheduler.core.plan_path import LeverModel
 from scheduler.core.slo import SloSpec
 from scheduler.core.types import EngineView, PerfModel, RequestView
 
@@ -80,7 +80,7 @@ class Speculation(Protocol):
         """Drafted tokens per decoding request in the next decode step (0: no speculation)."""
         ...
 
-    def knob_model(self, plan_perf: PerfModel) -> KnobModel:
+    def lever_model(self, plan_perf: PerfModel) -> LeverModel:
         """What the levers are sized with at the current length."""
         ...
 

@@ -4,7 +4,7 @@ more ranks than NUMA nodes without it).
 
 - TP=2 under slos, two running slots and a concurrent mixed-SLO workload: every request's tokens
   equal a TP=1 server's (greedy), and the ranks stay in step: the leading rank's plan (order,
-  admission tier, batch knobs) is applied verbatim by the other (a rank that dropped, ordered or
+  admission tier, batch levers) is applied verbatim by the other (a rank that dropped, ordered or
   preempted differently would hang the forward's collectives or diverge). One policy is enough:
   the plan crosses ranks the same way for every policy, and the LAS run below adds preemption.
 - TP=2 with preemption for certain (LAS, test_preemption's scenario): the preempted requests

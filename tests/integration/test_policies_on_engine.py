@@ -105,7 +105,7 @@ def test_batch_cap_and_chunk_follow_the_slo_mix() -> None:
     profile = Path(__file__).resolve().parents[2] / "scheduler/profiles/h100-llama3-8b.json"
     args = ["--model-path", "tiny", "--slo-policy", "edf", "--chunked-prefill-size", "256", "--slo-batching", "mixed"]
     args += ["--slo-policy-param", "slo_levers=true"]  # plain edf keeps SGLang's batch shape
-    with ServerProcess(*args, "--slo-perf-profile", str(profile), name="knobs") as server:
+    with ServerProcess(*args, "--slo-perf-profile", str(profile), name="levers") as server:
         status = server.status_when(lambda s: "perf_model" in s["engine"], timeout=10)
         assert status["engine"]["perf_model"]["ready"], status["engine"]["perf_model"]
         decode_ms = status["engine"]["perf_model"]["predicted_decode_ms"]

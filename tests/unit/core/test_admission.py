@@ -9,7 +9,7 @@ import pytest
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late, retry_after_s, service_order
 from scheduler.core.perf_model import constant_model
-from scheduler.core.plan_path import DECODE, KnobModel, PlanSettings, finalize_plan
+from scheduler.core.plan_path import DECODE, LeverModel, PlanSettings, finalize_plan
 from scheduler.core.policies import make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec, SloValidationError, parse_slo
@@ -120,11 +120,11 @@ def test_retry_after_is_whole_seconds_and_never_zero():
 def test_the_plan_path_drops_certain_misses_with_their_wait_under_any_policy():
     view = _view([_req(f"h{i}", prompt=1000) for i in range(5)] + [_req("reject", slo=REJECT_TTFT)])
     stock = PlanSettings(apply_levers=False, levers=False)  # fcfs: the engine is left as SGLang's
-    plan = finalize_plan(view, StepPlan(), stock, KnobModel(constant_model(TAU)))
+    plan = finalize_plan(view, StepPlan(), stock, LeverModel(constant_model(TAU)))
     assert plan.drop == {"reject": SLO_INFEASIBLE_REASON}
     assert plan.waits["reject"] == pytest.approx(50 * TAU)
     assert finalize_plan(view, StepPlan(), stock, None).drop == {}  # no trusted model: not certain
-    assert finalize_plan(view, StepPlan(), PlanSettings(role=DECODE), KnobModel(constant_model(TAU))).drop == {}
+    assert finalize_plan(view, StepPlan(), PlanSettings(role=DECODE), LeverModel(constant_model(TAU))).drop == {}
 
 
 def test_a_queue_timeout_drop_gets_a_wait_from_the_wait_model():

@@ -32,8 +32,8 @@ def _view(running, waiting=(), chunk=512, max_running=256, now=0.0) -> EngineVie
 
 
 def test_no_tpot_target_leaves_everything_to_sglang() -> None:
-    knobs = batch_levers(_view([_req("a", ttft_ms=None)], [_req("b", ttft_ms=None)]), PERF)
-    assert knobs.batch_cap is None and knobs.chunk_size is None
+    levers = batch_levers(_view([_req("a", ttft_ms=None)], [_req("b", ttft_ms=None)]), PERF)
+    assert levers.batch_cap is None and levers.chunk_size is None
 
 
 @settings(max_examples=60, deadline=None)
@@ -88,8 +88,8 @@ def test_a_chunk_leaves_a_margin_for_the_perf_models_error() -> None:
 
 def test_a_late_request_constrains_nothing() -> None:
     late = _decoding("late", 30.0, 10)
-    knobs = batch_levers(_view([late], now=_due(30.0, 10) + 0.5), PERF)  # its next token is already late
-    assert knobs.chunk_size is None and knobs.prefill
+    levers = batch_levers(_view([late], now=_due(30.0, 10) + 0.5), PERF)  # its next token is already late
+    assert levers.chunk_size is None and levers.prefill
 
 
 def test_separate_prefill_steps_must_leave_room_for_the_decode_step_after_them() -> None:
@@ -111,8 +111,8 @@ def test_no_room_for_a_chunk_decodes_only_unless_a_ttft_needs_prefill() -> None:
 
 
 def test_chunk_never_exceeds_startup() -> None:
-    knobs = batch_levers(_view([_decoding("r", 10_000.0, 10)], chunk=256, now=_due(10_000.0, 9)), PERF)
-    assert knobs.chunk_size == 256
+    levers = batch_levers(_view([_decoding("r", 10_000.0, 10)], chunk=256, now=_due(10_000.0, 9)), PERF)
+    assert levers.chunk_size == 256
 
 
 def test_urgent_ttft_raises_the_chunk_above_the_decode_budget() -> None:
@@ -155,10 +155,10 @@ def test_bound_accuracy_summary() -> None:
     assert s == {"requests": 3, "mae_tokens": pytest.approx((10 + 0 + 10) / 3, abs=0.01), "under_estimate_rate": 0.3333}
 
 
-def test_an_unmeetable_target_sets_no_knobs() -> None:
+def test_an_unmeetable_target_sets_no_levers() -> None:
     running = [_req(f"r{i}", tpot_ms=1000.0) for i in range(8)]
-    knobs = batch_levers(_view(running, [_req("w", tpot_ms=5.0)]), PERF)  # one decode alone takes 11 ms
-    assert knobs.batch_cap is None and knobs.chunk_size is None and knobs.tightest_tpot_s == 0.005
+    levers = batch_levers(_view(running, [_req("w", tpot_ms=5.0)]), PERF)  # one decode alone takes 11 ms
+    assert levers.batch_cap is None and levers.chunk_size is None and levers.tightest_tpot_s == 0.005
 
 
 def test_online_model_with_large_recent_error_is_not_ready() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.plan_path import PREFILL, KnobModel, PlanSettings, finalize_plan, settings_for
+from scheduler.core.plan_path import PREFILL, LeverModel, PlanSettings, finalize_plan, settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.registry import ParamError
 from scheduler.core.types import StepPlan
@@ -30,10 +30,10 @@ def test_a_budget_below_the_smallest_useful_chunk_is_refused_by_name() -> None:
 def test_the_budget_caps_the_chunk_when_nothing_running_sizes_one() -> None:
     view = _view(running=[], waiting=[_req("w", prompt=6000)], chunk=STARTUP)
     capped = PlanSettings(chunk_cap=512)
-    assert finalize_plan(view, StepPlan(), capped, KnobModel(PERF)).chunk_size == 512
-    assert finalize_plan(view, StepPlan(), PlanSettings(), KnobModel(PERF)).chunk_size is None  # SGLang's own
+    assert finalize_plan(view, StepPlan(), capped, LeverModel(PERF)).chunk_size == 512
+    assert finalize_plan(view, StepPlan(), PlanSettings(), LeverModel(PERF)).chunk_size is None  # SGLang's own
     # a plan's own chunk is capped too
-    assert finalize_plan(view, StepPlan(chunk_size=1500), capped, KnobModel(PERF)).chunk_size == 512
+    assert finalize_plan(view, StepPlan(chunk_size=1500), capped, LeverModel(PERF)).chunk_size == 512
 
 
 def test_a_smaller_chunk_the_running_requests_need_is_kept() -> None:
@@ -41,20 +41,20 @@ def test_a_smaller_chunk_the_running_requests_need_is_kept() -> None:
     running = [_req("r", tpot_ms=100.0, ttft_ms=1_000.0, generated=5, first_token_time=0.5, prompt=100)]
     loose = _req("w", prompt=6000, ttft_ms=600_000.0)  # needs only a few tokens a step for its TTFT
     view = _view(running=running, waiting=[loose], chunk=STARTUP, now=1.45)
-    derived = finalize_plan(view, StepPlan(), PlanSettings(), KnobModel(PERF)).chunk_size
+    derived = finalize_plan(view, StepPlan(), PlanSettings(), LeverModel(PERF)).chunk_size
     assert derived is not None and derived < 512
-    assert finalize_plan(view, StepPlan(), PlanSettings(chunk_cap=512), KnobModel(PERF)).chunk_size == derived
+    assert finalize_plan(view, StepPlan(), PlanSettings(chunk_cap=512), LeverModel(PERF)).chunk_size == derived
 
 
 def test_no_budget_where_chunking_is_off_or_on_a_prefill_worker() -> None:
     waiting = [_req("w", prompt=6000)]
     off = _view(running=[], waiting=waiting, chunk=0)
-    assert finalize_plan(off, StepPlan(), PlanSettings(chunk_cap=512), KnobModel(PERF)).chunk_size is None
+    assert finalize_plan(off, StepPlan(), PlanSettings(chunk_cap=512), LeverModel(PERF)).chunk_size is None
     pd = _view(running=[], waiting=waiting, chunk=STARTUP)
     prefill_worker = PlanSettings(chunk_cap=512, role=PREFILL)  # its budget is dynamic chunking's
-    assert finalize_plan(pd, StepPlan(), prefill_worker, KnobModel(PERF)).chunk_size is None
+    assert finalize_plan(pd, StepPlan(), prefill_worker, LeverModel(PERF)).chunk_size is None
 
 
 def test_the_budget_never_raises_a_startup_chunk_below_it() -> None:
     view = _view(running=[], waiting=[_req("w", prompt=6000)], chunk=256)
-    assert finalize_plan(view, StepPlan(), PlanSettings(chunk_cap=512), KnobModel(PERF)).chunk_size == 256
+    assert finalize_plan(view, StepPlan(), PlanSettings(chunk_cap=512), LeverModel(PERF)).chunk_size == 256

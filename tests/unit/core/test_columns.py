@@ -20,7 +20,7 @@ from scheduler.core.estimates import (
 )
 from scheduler.core.pass_columns import columns_of, columns_read, sharing
 from scheduler.core.perf_model import default_model
-from scheduler.core.plan_path import KnobModel, finalize_plan, plan_pass, settings_for
+from scheduler.core.plan_path import LeverModel, finalize_plan, plan_pass, settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView
@@ -114,8 +114,8 @@ def test_sharing_the_columns_changes_no_plan(name: str, mixed: bool) -> None:
     cache = RowCache()
     for seed, (nw, nr) in enumerate(SHAPES):
         for view in view_passes(seed, nw, nr, passes=3):
-            planned = plan_pass(view, shared, settings, KnobModel(perf), cache=cache)
-            assert planned == finalize_plan(view, alone.plan(view), settings, KnobModel(perf))
+            planned = plan_pass(view, shared, settings, LeverModel(perf), cache=cache)
+            assert planned == finalize_plan(view, alone.plan(view), settings, LeverModel(perf))
 
 
 def test_a_new_view_under_a_known_rid_is_read_anew() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from scheduler.core.decode_admission import decode_cap, horizon_step
-from scheduler.core.plan_path import DECODE, KnobModel, PlanSettings, finalize_plan
+from scheduler.core.plan_path import DECODE, LeverModel, PlanSettings, finalize_plan
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import EngineView, RequestView, StepPlan
 from tests.unit.core.policy_cases import policy_view
@@ -31,7 +31,7 @@ def _decode_view(slack_s: float) -> EngineView:
 
 
 def _cap(view: EngineView) -> int | None:
-    return finalize_plan(view, StepPlan(), PlanSettings(role=DECODE), KnobModel(PERF)).batch_cap
+    return finalize_plan(view, StepPlan(), PlanSettings(role=DECODE), LeverModel(PERF)).batch_cap
 
 
 def test_banked_slack_admits_a_transferred_request_the_per_step_cap_refuses() -> None:

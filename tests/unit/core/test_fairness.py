@@ -8,7 +8,7 @@ import pytest
 
 from scheduler.core.fairness import FairShare
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
-from scheduler.core.plan_path import KnobModel, PlanSettings, plan_pass, settings_for
+from scheduler.core.plan_path import LeverModel, PlanSettings, plan_pass, settings_for
 from scheduler.core.policies import make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
@@ -47,15 +47,15 @@ def _flood() -> list[RequestView]:
 def test_one_tenant_plans_exactly_as_without_the_blend(policy: str, tenant: str | None) -> None:
     waiting = [_req(f"r{i}", tenant, GREEDY if i % 3 else PATIENT, arrival=0.01 * i) for i in range(30)]
     running = [_req(f"x{i}", tenant, PATIENT) for i in range(3)]
-    off = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(tenant_fairness=0.0), KnobModel(PERF))
+    off = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(tenant_fairness=0.0), LeverModel(PERF))
     fair = FairShare()
     for _ in range(3):  # counters build up over passes: still nothing changes
-        on = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(), KnobModel(PERF), fair=fair)
+        on = plan_pass(_view(waiting, running), make_policy(policy), PlanSettings(), LeverModel(PERF), fair=fair)
         assert on.order == off.order and on.drop == off.drop and on.best_effort == off.best_effort
 
 
 def test_edf_alone_puts_the_whole_flood_first() -> None:
-    plan = plan_pass(_view(_flood()), make_policy("edf"), PlanSettings(tenant_fairness=0.0), KnobModel(PERF))
+    plan = plan_pass(_view(_flood()), make_policy("edf"), PlanSettings(tenant_fairness=0.0), LeverModel(PERF))
     assert plan.order is not None and all(rid.startswith("a") for rid in plan.order[:40])
 
 
@@ -69,7 +69,7 @@ def _served_a() -> list[RequestView]:
 
 def _first_b(fairness: float) -> int:
     settings = PlanSettings(tenant_fairness=fairness)
-    plan = plan_pass(_view(_flood(), _served_a()), make_policy("edf"), settings, KnobModel(PERF), fair=FairShare())
+    plan = plan_pass(_view(_flood(), _served_a()), make_policy("edf"), settings, LeverModel(PERF), fair=FairShare())
     assert plan.order is not None and sorted(plan.order) == sorted(r.rid for r in _flood())
     # each tenant's own requests keep the policy's order
     assert [r for r in plan.order if r.startswith("a")] == [f"a{i}" for i in range(40)]
@@ -86,7 +86,7 @@ def test_the_blend_moves_the_tenant_behind_its_share_to_the_front_with_f() -> No
 def test_even_counters_keep_the_policys_order() -> None:
     """Nobody served yet: nobody is behind, edf's order stands."""
     plan = plan_pass(
-        _view(_flood()), make_policy("edf"), PlanSettings(tenant_fairness=1.0), KnobModel(PERF), fair=FairShare()
+        _view(_flood()), make_policy("edf"), PlanSettings(tenant_fairness=1.0), LeverModel(PERF), fair=FairShare()
     )
     assert plan.order is not None and all(rid.startswith("a") for rid in plan.order[:40])
 

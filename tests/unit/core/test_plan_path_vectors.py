@@ -17,7 +17,7 @@ from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import absolute_deadline, deadline_seconds, next_token_due, request_deadline, token_due
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model, default_model, linear_model
-from scheduler.core.plan_path import KnobModel, PlanSettings, finalize_plan
+from scheduler.core.plan_path import LeverModel, PlanSettings, finalize_plan
 from scheduler.core.policies import make_policy
 from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy
 from scheduler.core.policies.slos import SlosServePolicy, _by_key
@@ -120,13 +120,13 @@ def _hold_tiers(view: EngineView, rng: random.Random) -> list[frozenset[str]]:
 @pytest.mark.parametrize("seed,nw,nr", CASES)
 def test_a_plan_given_as_positions_is_finished_as_the_same_plan_given_as_rids(seed: int, nw: int, nr: int) -> None:
     rng = random.Random(seed)
-    knobs = KnobModel(default_model())
+    levers = LeverModel(default_model())
     for base in view_passes(seed, nw, nr):
         for view in (base, replace(base, now=base.now + 5.0)):  # later: most of the queue past due
-            _check_finished_alike(view, rng, knobs)
+            _check_finished_alike(view, rng, levers)
 
 
-def _check_finished_alike(view: EngineView, rng: random.Random, knobs: KnobModel) -> None:
+def _check_finished_alike(view: EngineView, rng: random.Random, levers: LeverModel) -> None:
     rids = [r.rid for r in view.waiting]
     for tier in _hold_tiers(view, rng):
         order_at = np.array(rng.sample(range(len(rids)), len(rids)), dtype=np.int64)
@@ -135,8 +135,8 @@ def _check_finished_alike(view: EngineView, rng: random.Random, knobs: KnobModel
         by_positions = StepPlan(
             order=list(by_rids.order or ()), best_effort=frozenset(tier), order_at=order_at, best_effort_at=tier_at
         )
-        a = finalize_plan(view, by_rids, PlanSettings(), knobs)
-        b = finalize_plan(view, by_positions, PlanSettings(), knobs)
+        a = finalize_plan(view, by_rids, PlanSettings(), levers)
+        b = finalize_plan(view, by_positions, PlanSettings(), levers)
         if b.hold_at is not None:  # the positions name the held requests
             assert b.hold == {rids[i] for i in b.hold_at.tolist()}
         assert b == a  # order, tier, hold, drops and their waits, preemptions, levers

@@ -52,7 +52,7 @@ def run(test: Callable[[], Awaitable[None]], timeout_s: float = TEST_TIMEOUT_S) 
 
 
 class ScriptedWorker(FakeWorkerBase):
-    """A worker agent stand-in that streams a fixed token script; knobs make it fail."""
+    """A worker agent stand-in that streams a fixed token script; switches make it fail."""
 
     def __init__(
         self,

@@ -36,7 +36,7 @@ DEAD_AFTER_S = 0.6  # three missed 0.2 s heartbeats
 
 
 class FakeWorker(FakeWorkerBase):
-    """A worker agent stand-in; the knobs make it misbehave in the ways the router must survive."""
+    """A worker agent stand-in; its switches make it misbehave in the ways the router must survive."""
 
     def __init__(
         self,

@@ -26,7 +26,7 @@ SECRET = b"sixteen bytes at least, secret"
 
 
 class ReportingWorker(FakeWorker):
-    """Reports the requests it holds, like the agent; knobs lose Submits or hang on them."""
+    """Reports the requests it holds, like the agent; switches make it lose Submits or hang on them."""
 
     def __init__(self, *args: Any, drop_submits: bool = False, hang: bool = False, **kw: Any) -> None:
         super().__init__(*args, **kw)

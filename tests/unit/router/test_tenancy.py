@@ -12,7 +12,7 @@ import zmq.asyncio
 
 from router.access import AccessTable, Principal, Role
 from router.protocol import Submit
-from scheduler.core.plan_path import KnobModel, PlanSettings, plan_pass
+from scheduler.core.plan_path import LeverModel, PlanSettings, plan_pass
 from scheduler.core.policies import make_policy
 from scheduler.core.slo import SloClass, parse_slo
 from scheduler.core.slo_limits import REJECT, SloLimits
@@ -56,7 +56,7 @@ def _edf_first(submits: list[tuple[Submit, float]]) -> str:
         for s, arrival in submits
     ]
     view = EngineView(0.6, waiting, [], 8, 512, 10**6, 10**6)
-    plan = plan_pass(view, make_policy("edf"), PlanSettings(tenant_fairness=0.0), KnobModel(PERF))
+    plan = plan_pass(view, make_policy("edf"), PlanSettings(tenant_fairness=0.0), LeverModel(PERF))
     assert plan.order is not None
     return plan.order[0]
 

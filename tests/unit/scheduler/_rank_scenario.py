@@ -1,5 +1,5 @@
 """Two TP ranks whose own decisions would differ: the leading rank's clock has passed a queued
-request's max_queue_ms and its perf model is trusted (so the TPOT knob lowers the chunk); the
+request's max_queue_ms and its perf model is trusted (so the TPOT lever lowers the chunk); the
 other rank's clock stands at the requests' arrival and its model is not ready. Run alone, they
 would drop different requests and run different chunks: the forward's collectives would mismatch.
 

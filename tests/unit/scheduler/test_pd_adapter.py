@@ -40,7 +40,7 @@ def test_a_prefill_worker_started_at_2b_runs_normal_passes_at_b() -> None:
 
 
 def test_a_lowered_chunk_does_not_lower_the_next_views_limit() -> None:
-    # mixed batching: the TPOT knob lowers the chunk
+    # mixed batching: the TPOT lever lowers the chunk
     s = slo_scheduler(DisaggregationMode.NULL, startup_chunk=2 * B, mixed=True, perf=PERF)
     s.running_batch = SimpleNamespace(reqs=[_decoding(f"r{i}", tpot_ms=15) for i in range(3)])
     s.slo.clock.set(1.0)  # their next token is due 15 ms from now (TTFT 1 s, token 0 on time)

@@ -15,7 +15,7 @@ import pytest
 
 from scheduler.components.planner import PassPlanner
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
-from scheduler.core.plan_path import KnobModel, settings_for
+from scheduler.core.plan_path import LeverModel, settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.sim import EngineConfig, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
@@ -67,7 +67,7 @@ def test_the_adapters_planner_finishes_every_recorded_plan_as_the_simulator_did(
 
     planner = PassPlanner(make_policy(policy_name, PERF), settings)
     for step, (view, simulated) in enumerate(result.trace):
-        served = planner.plan(view, KnobModel(PERF))
+        served = planner.plan(view, LeverModel(PERF))
         assert served == simulated, f"step {step}: the adapter's plan differs from the simulator's"
     assert planner.errors == 0
     if settings.levers:

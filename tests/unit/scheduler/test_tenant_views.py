@@ -10,7 +10,7 @@ from scheduler.components.views import EngineLimits, ViewBuilder
 from scheduler.core.clock import ManualClock
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.perf_model import default_model
-from scheduler.core.plan_path import KnobModel, settings_for
+from scheduler.core.plan_path import LeverModel, settings_for
 from scheduler.core.policies import make_policy
 from tests.unit.scheduler._stand_in_engine import StandInReq
 from wire import SHARE_PARAM, TENANT_PARAM
@@ -39,8 +39,8 @@ def test_the_adapters_planner_puts_the_tenant_behind_its_share_first() -> None:
     greedy = [_req(f"a{i}", "a", 1) for i in range(5)]  # edf alone: all of them first
     patient = [_req(f"b{i}", "b", 2000) for i in range(2)]
     view = views.engine_view([*greedy, *patient], [served], LIMITS)
-    plan = planner.plan(view, KnobModel(default_model()))
+    plan = planner.plan(view, LeverModel(default_model()))
     assert plan is not None and plan.order is not None
     assert list(plan.order[:2]) == ["b0", "b1"] and list(plan.order[2:]) == [f"a{i}" for i in range(5)]
-    off = PassPlanner(policy, settings_for(policy, tenant_fairness=0.0)).plan(view, KnobModel(default_model()))
+    off = PassPlanner(policy, settings_for(policy, tenant_fairness=0.0)).plan(view, LeverModel(default_model()))
     assert off is not None and off.order is not None and list(off.order[:5]) == [f"a{i}" for i in range(5)]

@@ -15,7 +15,7 @@ from scheduler.core.clock import ManualClock
 from scheduler.core.columns import ViewColumns
 from scheduler.core.compound import CompoundDeadlines
 from scheduler.core.perf_model import default_model
-from scheduler.core.plan_path import FinalPlan, KnobModel, finalize_plan, plan_pass, settings_for
+from scheduler.core.plan_path import FinalPlan, LeverModel, finalize_plan, plan_pass, settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.slo import REJECT_WHEN_INFEASIBLE, SloClass, SloSpec
 from scheduler.core.types import EngineView
@@ -155,9 +155,9 @@ def test_plans_from_the_known_rows_are_the_plans_from_the_views(name: str) -> No
         limits = replace(LIMITS, step=step, max_running_requests=4)
         view = views.engine_view(waiting, running, limits)
         _assert_known_rows_are_the_views(view)
-        planned = plan_pass(view, kept, settings, KnobModel(perf))
+        planned = plan_pass(view, kept, settings, LeverModel(perf))
         bare = replace(view, known_rows=None)
-        assert planned == finalize_plan(bare, alone.plan(bare), settings, KnobModel(perf))
+        assert planned == finalize_plan(bare, alone.plan(bare), settings, LeverModel(perf))
         if planned.order_at is not None:  # the positions name the plan's own rids
             positioned += 1
             assert planned.order is not None
