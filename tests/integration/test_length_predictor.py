@@ -110,7 +110,9 @@ def test_a_default_server_bounds_from_its_first_request() -> None:
         status = server.status_when(lambda s: (s["engine"].get("predictor_accuracy") or {}).get("requests", 0) >= n)
         engine = status["engine"]
         assert engine["length_predictor"]["name"] == "trained"
-        assert engine["predictor_accuracy"]["requests"] == n  # every answer had a bound to score
+        # every answer had a bound to score (SGLang's own warm-up request may be one more); the
+        # history alone would have scored n - COLD_START of them
+        assert engine["predictor_accuracy"]["requests"] >= n
         assert engine["length_predictor"]["bound"] == "table"  # the histories have too few answers scored yet
 
 
