@@ -145,7 +145,7 @@ class SloSpeculation:
         self.decisions += 1
         if winner is None:
             return self.current
-        self._consider(self._target(winner, choices, pending_prefill(view)), choices[self.current])
+        self._consider(self._target(winner, choices, view), choices[self.current])
         self.last = choices[self.current]
         return self.current
 
@@ -164,20 +164,21 @@ class SloSpeculation:
             self._memo[key] = choices
         return choices
 
-    def _target(self, winner: LengthChoice, choices: dict[int, LengthChoice], pending: int) -> LengthChoice:
+    def _target(self, winner: LengthChoice, choices: dict[int, LengthChoice], view: EngineView) -> LengthChoice:
         """Drafting must pay to be chosen. By default it is chosen only where the TPOTs bind:
         the shortest candidate (no drafting, where 0 is a candidate) cannot keep them. With
         `draft_for_prefill` (SLOs-Serve's objective) also where a longer batch buys more prefill
         budget: the best length, unless no drafting comes within the margin of it or already
-        has room for all the prefill that is waiting (`pending` tokens). In the simulated
-        SLOs-Serve mixes the budget a longer batch buys did not pay for the longer passes, which
+        has room for all the prefill that is waiting (counted only then: a walk of the queue).
+        In the simulated SLOs-Serve mixes the budget a longer batch buys did not pay for the longer passes, which
         every arrival's TTFT waits out, so that is not the default."""
         base = choices[self.candidates[0]]
         if not base.feasible:
             return winner  # the TPOTs bind: no drafts cannot keep them
         if not self.draft_for_prefill:
             return base
-        if pending <= base.prefill_budget or winner.prefill_rate <= base.prefill_rate * (1.0 + self.margin):
+        small_gain = winner.prefill_rate <= base.prefill_rate * (1.0 + self.margin)
+        if small_gain or pending_prefill(view) <= base.prefill_budget:
             return base
         return winner
 
