@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.unit.server.test_slo_middleware import Response, _make, call, refused
+from tests.unit.server.middleware_harness import Response, call, make_middleware, refused
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_an_unbounded_stop_regex_is_a_400_and_never_reaches_sglang(path: str, bo
 
 
 def test_a_bounded_stop_regex_passes() -> None:
-    mw, inner, _ = _make()
+    mw, inner, _ = make_middleware()
     body = {"text": "x", "sampling_params": {"stop_regex": ["\n\n", "Answer: [A-D]"]}}
     assert Response(call(mw, "POST", "/generate", orjson.dumps(body))).status == 200
     assert orjson.loads(inner.calls[0]["body"])["sampling_params"]["stop_regex"] == ["\n\n", "Answer: [A-D]"]

@@ -10,7 +10,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tests.unit.server.test_slo_middleware import Response, _make, call, refused
+from tests.unit.server.middleware_harness import Response, call, make_middleware, refused
 
 
 @pytest.mark.parametrize(
@@ -35,7 +35,7 @@ def test_a_poison_sampling_param_is_a_400_and_never_reaches_sglang(path: str, bo
 
 
 def test_real_clients_params_pass() -> None:
-    mw, inner, _ = _make()
+    mw, inner, _ = make_middleware()
     params = {"max_new_tokens": 8, "temperature": 0, "top_p": 1, "stop": ["\n"], "logit_bias": {"5": -100}}
     body = {"text": "x", "sampling_params": params, "return_logprob": True, "stream": False}
     assert Response(call(mw, "POST", "/generate", orjson.dumps(body))).status == 200

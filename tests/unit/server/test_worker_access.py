@@ -26,7 +26,7 @@ from server.worker_access import (
     route_role,
     scrub_secrets,
 )
-from tests.unit.server.test_slo_middleware import DEFAULT, FakeApp, Response, call
+from tests.unit.server.middleware_harness import DEFAULT, FakeApp, Response, call
 from wire import AGENT_TOKEN_HEADER, SLO_PARAM
 
 CLIENT, ADMIN, METRICS = "client-key-0123456789", "admin-key-0123456789", "metrics-key-0123456789"
@@ -64,7 +64,7 @@ def _table() -> AccessTable:
     )
 
 
-def _make(access: WorkerAccess | None, inner: FakeApp | None = None, **kw) -> tuple[SloMiddleware, FakeApp]:
+def make_middleware(access: WorkerAccess | None, inner: FakeApp | None = None, **kw) -> tuple[SloMiddleware, FakeApp]:
     inner = inner or FakeApp()
     mw = SloMiddleware(
         inner, SloReportBook(SloMetrics()), DEFAULT, lambda: {"policy": "edf"}, access=access, agent_token="tok", **kw
@@ -78,7 +78,7 @@ def _bearer(key: str) -> list[tuple[bytes, bytes]]:
 
 @pytest.mark.parametrize("method, path", ADMIN_ROUTES)
 def test_the_client_key_is_refused_on_every_admin_route_before_sglang(method, path):
-    mw, inner = _make(WorkerAccess(_table(), "internal-key"))
+    mw, inner = make_middleware(WorkerAccess(_table(), "internal-key"))
     resp = Response(call(mw, method, path, b"{}", headers=_bearer(CLIENT)))
     assert resp.status == 403 and "admin" in resp.json()["error"]["message"]
     assert resp.json()["error"]["param"] == "authorization"
@@ -89,7 +89,7 @@ def test_the_client_key_is_refused_on_every_admin_route_before_sglang(method, pa
 
 
 def test_the_admin_key_passes_with_the_internal_key_in_its_place_and_the_principal_in_the_scope():
-    mw, inner = _make(WorkerAccess(_table(), "internal-key"))
+    mw, inner = make_middleware(WorkerAccess(_table(), "internal-key"))
     assert Response(call(mw, "POST", "/pause_generation", b"{}", headers=_bearer(ADMIN))).status == 200
     scope = inner.calls[0]["scope"]
     assert dict(scope["headers"])[b"authorization"] == b"Bearer internal-key"
@@ -98,7 +98,7 @@ def test_the_admin_key_passes_with_the_internal_key_in_its_place_and_the_princip
 
 
 def test_roles_client_generates_metrics_scrapes_health_is_open():
-    mw, inner = _make(WorkerAccess(_table(), "internal-key"))
+    mw, inner = make_middleware(WorkerAccess(_table(), "internal-key"))
     gen = orjson.dumps({"text": "x"})
     assert Response(call(mw, "POST", "/generate", gen, headers=_bearer(CLIENT))).status == 200
     assert inner.calls[-1]["scope"][PRINCIPAL_SCOPE_KEY].name == "tenant"
@@ -117,7 +117,7 @@ def test_the_internal_key_is_admin_and_is_never_a_callers_key_in_the_table():
 
 
 def test_a_websocket_needs_a_key_too():
-    mw, inner = _make(WorkerAccess(_table(), "internal-key"))
+    mw, inner = make_middleware(WorkerAccess(_table(), "internal-key"))
     sent = call(mw, "GET", "/v1/realtime", scope_type="websocket")
     assert sent == [{"type": "websocket.close", "code": 1008}] and inner.calls == []
     call(mw, "GET", "/v1/realtime", headers=_bearer(CLIENT), scope_type="websocket")
@@ -154,14 +154,14 @@ def test_route_roles():
 def test_server_info_leaves_without_any_key():
     info = {"api_key": CLIENT, "admin_api_key": ADMIN, "ssl_keyfile_password": "pw", "model_path": "m"}
     inner = FakeApp(chunks=(orjson.dumps({**info, "internal_states": [{"api_key": "x"}]}),))
-    mw, _ = _make(WorkerAccess(_table(), "internal-key"), inner)
+    mw, _ = make_middleware(WorkerAccess(_table(), "internal-key"), inner)
     resp = Response(call(mw, "GET", "/server_info", headers=_bearer(CLIENT)))
     assert resp.status == 200 and resp.json() == {"model_path": "m", "internal_states": [{}]}
     assert scrub_secrets([{"admin_api_key": 1}]) == [{}]
 
 
 def test_a_non_ascii_agent_token_is_a_400_naming_the_header():
-    mw, inner = _make(None)
+    mw, inner = make_middleware(None)
     body = orjson.dumps({"text": "x"})
     resp = Response(call(mw, "POST", "/generate", body, headers=[(AGENT_TOKEN_HEADER.encode(), "tökén".encode())]))
     assert resp.status == 400 and resp.json()["error"]["param"] == AGENT_TOKEN_HEADER
@@ -173,7 +173,7 @@ def _zstd(obj) -> bytes:
 
 
 def test_a_compressed_body_is_opened_and_checked_before_sglang():
-    mw, inner = _make(None, decompression=True)
+    mw, inner = make_middleware(None, decompression=True)
     body = {"text": "x", "sampling_params": {"custom_params": {"slo_arrival": 1.0}}, "slo": {"ttft_ms": 5000}}
     resp = Response(call(mw, "POST", "/generate", _zstd(body), headers=[(b"x-body-compressed", b"zstd")]))
     assert resp.status == 200
@@ -187,7 +187,7 @@ def test_a_compressed_body_is_opened_and_checked_before_sglang():
 
 
 def test_a_compressed_body_that_cannot_be_opened_is_a_4xx(monkeypatch):
-    mw, inner = _make(None, decompression=True)
+    mw, inner = make_middleware(None, decompression=True)
     resp = Response(call(mw, "POST", "/generate", b"garbage", headers=[(b"x-body-compressed", b"zstd")]))
     assert resp.status == 400 and resp.json()["error"]["param"] == "x-body-compressed"
     resp = Response(call(mw, "POST", "/generate", b"x", headers=[(b"x-body-compressed", b"br")]))
