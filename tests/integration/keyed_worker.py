@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import secrets
-from collections.abc import Iterator
 from pathlib import Path
 
 from server.process import ServerProcess
@@ -47,8 +46,8 @@ keys:
 """
 
 
-def serve_keyed_worker(d: Path) -> Iterator[ServerProcess]:
-    """The worker, its key files and access file written to `d`; stopped by PID on exit."""
+def keyed_worker_process(d: Path) -> ServerProcess:
+    """The worker (not yet started), its key files and access file written to `d`."""
     for name in (*FILE_KEYS, "api-key"):
         (d / name).write_text(KEYS[name])
     (d / "access.yaml").write_text(ACCESS_FILE.format(d=d))
@@ -62,5 +61,4 @@ def serve_keyed_worker(d: Path) -> Iterator[ServerProcess]:
         "--model-path", "tiny", "--api-key-file", str(d / "api-key"), "--auth-config", str(d / "access.yaml"),
         "--slo-default-ttft-ms", str(DEFAULT_TTFT_MS),
     )  # fmt: skip
-    with ServerProcess(*args, name="keyed-worker", env=env, ready_path="/health") as server:
-        yield server
+    return ServerProcess(*args, name="keyed-worker", env=env, ready_path="/health")
