@@ -15,9 +15,12 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
 from server.process import ServerProcess
+
+pytestmark = pytest.mark.paced  # asserts the engine's pace: runs alone (tests/conftest.py)
 
 BURST = 20
 OUTPUT_TOKENS = 24

@@ -11,6 +11,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 import requests
 
 from benchmarks.emulation_shapes import Cell, drain, shape_load, shared_context
@@ -18,6 +19,8 @@ from scheduler.core.perf_model import load_perf_model, load_profile, profile_pat
 from server.emulation import resolve
 from server.process import ServerProcess
 from wire import ORACLE_HINT_PARAM
+
+pytestmark = pytest.mark.paced  # asserts the engine's pace: runs alone (tests/conftest.py)
 
 PROMPT = [5 + i % 500 for i in range(200)]  # ids inside the tiny model's 512-token vocabulary
 

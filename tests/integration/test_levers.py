@@ -18,9 +18,13 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from server.process import ServerProcess
 from tests.integration.adapter_health import assert_policy_in_charge
 from tests.integration.engine_calls import generate, wait_until_running
+
+pytestmark = pytest.mark.paced  # asserts the engine's pace: runs alone (tests/conftest.py)
 
 SLOWDOWN = 10  # an H100 decode step (~7 ms) takes ~70 ms here; a 4k-token prefill ~1 s
 STREAM_SLO = {"ttft_ms": 1_000, "tpot_ms": 150}  # ~80 ms of slack banked per decode step

@@ -13,8 +13,12 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from server.process import ServerProcess
 from tests.integration.engine_calls import generate, wait_until_running
+
+pytestmark = pytest.mark.paced  # asserts the engine's pace: runs alone (tests/conftest.py)
 
 SLOWDOWN = 10  # an H100 decode step (~7 ms) takes ~70 ms here
 STREAM_TOKENS = 80  # ~6 s of decoding at the card's pace

@@ -26,6 +26,8 @@ from server.process import ServerProcess
 from tests.integration.test_scheduling_order import _blocker
 from wire import ARRIVAL_PARAM, SHED_REASONS
 
+pytestmark = pytest.mark.paced  # asserts the engine's pace: runs alone (tests/conftest.py)
+
 QUEUE_BOUND = 5
 SLOW_PROFILE = {  # 20 ms per step + 2 ms per batch token: a 600-token prompt takes 1.2 s here
     "format": "sglang-slo-perf-profile/1",

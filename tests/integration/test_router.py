@@ -265,6 +265,12 @@ def test_bad_requests_are_4xx_naming_the_field(round_robin: ServerProcess) -> No
         assert field in resp.text, resp.text
 
 
+def _left_for_good(workers: list[str], victim_id: str) -> bool:
+    """The stream went on somewhere else after the victim, and never came back to it."""
+    after = workers[workers.index(victim_id) + 1 :]
+    return bool(after) and victim_id not in after
+
+
 def test_killing_a_worker_mid_stream_loses_no_request(round_robin: ServerProcess, pool: Pool) -> None:
     """Runs last in this module: it kills and restarts one of the pool's workers."""
     router = round_robin
@@ -289,9 +295,10 @@ def test_killing_a_worker_mid_stream_loses_no_request(round_robin: ServerProcess
         assert len(ids) == n == meta["completion_tokens"]
         assert counts == sorted(counts) and len(set(counts)) == len(counts)
     moved = [meta["workers"] for _, meta, _ in results if victim_id in meta["workers"]]
-    # Each moved off the victim once and never back; on a slow host one may move again (a
-    # migration or a stalled new owner), still whole: the token checks above hold either way.
-    assert moved and all(w[0] == victim_id and victim_id not in w[1:] and len(w) >= 2 for w in moved), moved
+    # Each moved off the victim once and never back. On a loaded host a stream may also move
+    # before the kill or after it (a migration, or a stalled new owner), still whole: the token
+    # checks above hold either way.
+    assert moved and all(_left_for_good(w, victim_id) for w in moved), moved
     after = dispatcher_status(router)
     delta = {k: after[k] - before[k] for k in ("workers_lost", "failed", "resubmitted")}
     assert delta["workers_lost"] == 1 and delta["failed"] == 0 and delta["resubmitted"] >= len(moved), delta

@@ -139,6 +139,7 @@ def _run_phase(server: ServerProcess, tpots_ms: list[float], tokens: int = 48) -
     return samples
 
 
+@pytest.mark.paced  # the length follows measured step times on an emulated card
 def test_the_length_follows_the_tpot_mix(standalone: ServerProcess) -> None:
     tight = _run_phase(standalone, [TIGHT_TPOT_MS] * 4)[-1]
     loose = _run_phase(standalone, [LOOSE_TPOT_MS] * 4)[-1]
@@ -163,6 +164,7 @@ def test_the_length_follows_the_tpot_mix(standalone: ServerProcess) -> None:
     assert engine["steps"] >= 1  # one length for the whole batch, and it drafts for the tight tier
 
 
+@pytest.mark.paced  # shares the paced test's server
 def test_speculation_metrics_are_exported(standalone: ServerProcess) -> None:
     text = requests.get(standalone.url + "/metrics", timeout=10).text
     for name in (
