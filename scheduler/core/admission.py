@@ -45,8 +45,15 @@ def service_order(
 ) -> list[int]:
     """Indices into `waiting` in the order the engine serves them (as the adapter orders its queue)."""
     position = {r.rid: i for i, r in enumerate(waiting)}
-    ranked = [position.pop(rid) for rid in order or () if rid in position]
-    ranked += position.values()
+    if len(position) == len(waiting):
+        ranked = [position.pop(rid) for rid in order or () if rid in position]
+        ranked += position.values()
+    else:  # a rid queued twice: each entry keeps its place, the later one right behind the first
+        repeats: dict[str, list[int]] = {}
+        for i, r in enumerate(waiting):
+            repeats.setdefault(r.rid, []).append(i)
+        ranked = [i for rid in order or () if rid in repeats for i in repeats.pop(rid)]
+        ranked += [i for indices in repeats.values() for i in indices]
     if best_effort:
         ranked = [i for i in ranked if waiting[i].rid not in best_effort] + [
             i for i in ranked if waiting[i].rid in best_effort

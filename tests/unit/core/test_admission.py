@@ -52,6 +52,18 @@ def test_service_order_is_the_adapters_order():
     assert service_order(waiting, None, ()) == [0, 1, 2, 3]
 
 
+def test_a_rid_queued_twice_keeps_both_entries_in_the_order():
+    waiting = [_req(r) for r in ["a", "b", "a", "c"]]
+    assert service_order(waiting, ["c", "a"], ()) == [3, 0, 2, 1]
+    assert sorted(service_order(waiting, None, {"a"})) == [0, 1, 2, 3]
+
+
+def test_the_certain_miss_check_survives_a_rid_queued_twice():
+    hogs = [_req(f"h{i}", prompt=1000) for i in range(5)]
+    view = _view([*hogs, _req("reject", slo=REJECT_TTFT), _req("reject", slo=REJECT_TTFT)])
+    assert certainly_late(view, constant_model(TAU)) == ["reject", "reject"]
+
+
 def test_prefill_ahead_grows_along_the_queue_and_a_newcomer_waits_for_all():
     # one 100-token chunk per step at TAU: a request waits one step per request ahead of it
     view = _view([_req(r) for r in "abc"], cap=64)
