@@ -24,6 +24,7 @@ import numpy as np
 
 from scheduler.core.columns import ViewColumns
 from scheduler.core.pass_columns import columns_of
+from scheduler.core.step_time import prefill_step_times
 from scheduler.core.types import EngineView, PerfModel
 
 MIN_CHUNK = 16
@@ -81,7 +82,7 @@ def _ttft_need(
     # One model call per distinct chunk size; the rest on the columns (a deep queue of latency
     # requests made this a Python step per request, the largest part of a plan-path pass).
     sizes, at = np.unique(np.minimum(remaining, limit), return_inverse=True)
-    step = np.array([perf.step_time(chunk, decodes, kv) for chunk in sizes.tolist()], dtype=np.float64)[at]
+    step = prefill_step_times(perf, sizes, decodes, kv)[at]
     if (s <= step).any():
         return limit, True  # tight: prefill it as fast as possible
     fastest = step * -(-remaining // limit)

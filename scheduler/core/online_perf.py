@@ -16,7 +16,16 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from scheduler.core.perf_model import PerfModel, RooflinePerfModel, Sample, StepTimeModel, default_model
+import numpy as np
+
+from scheduler.core.perf_model import (
+    PerfModel,
+    RooflinePerfModel,
+    Sample,
+    StepTimeModel,
+    default_model,
+    prefill_step_times,
+)
 
 
 class OnlinePerfModel(StepTimeModel):
@@ -59,6 +68,9 @@ class OnlinePerfModel(StepTimeModel):
 
     def step_time(self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int = 0) -> float:
         return self.model.step_time(prefill_tokens, decode_reqs, kv_tokens, spec_tokens)
+
+    def prefill_step_times(self, prefill_tokens: np.ndarray, decode_reqs: int, kv_tokens: int) -> np.ndarray:
+        return prefill_step_times(self.model, prefill_tokens, decode_reqs, kv_tokens)
 
     def observe(
         self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int, measured_s: float

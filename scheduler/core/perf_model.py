@@ -39,6 +39,7 @@ from scheduler.core.step_time import PerfModel as PerfModel
 from scheduler.core.step_time import Sample as Sample
 from scheduler.core.step_time import StepTimeModel as StepTimeModel
 from scheduler.core.step_time import largest_fitting as largest_fitting
+from scheduler.core.step_time import prefill_step_times as prefill_step_times
 from scheduler.core.table_perf import TablePerfModel as TablePerfModel
 
 

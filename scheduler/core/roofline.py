@@ -176,6 +176,16 @@ class RooflinePerfModel(StepTimeModel):
                 slowest = t
         return slowest
 
+    def prefill_step_times(self, prefill_tokens: np.ndarray, decode_reqs: int, kv_tokens: int) -> np.ndarray:
+        """`step_time(p, decode_reqs, kv_tokens)` for every p at once, bit for bit (the same
+        sums in the same order): a deep queue asks for hundreds of chunk sizes per pass."""
+        tokens = prefill_tokens.astype(np.float64) + decode_reqs
+        slowest = np.zeros_like(tokens)
+        for b, k_tokens, _, k_kv, k_seqs in self._rows:  # no spec tokens: step_time adds an exact 0 there
+            np.maximum(slowest, b + k_tokens * tokens + k_kv * kv_tokens + k_seqs * decode_reqs, out=slowest)
+        slowest[tokens <= 0] = 0.0
+        return slowest
+
     def observe(
         self, prefill_tokens: int, decode_reqs: int, kv_tokens: int, spec_tokens: int, measured_s: float
     ) -> None:

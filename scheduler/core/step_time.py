@@ -11,6 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+import numpy as np
+
 MAX_BATCH_LIMIT = 4096
 
 
@@ -37,6 +39,15 @@ class PerfModel(Protocol):
     def max_chunk_within(self, budget_s: float, decode_reqs: int, kv_tokens: int, limit: int) -> int:
         """Largest prefill chunk ≤ `limit` that fits `budget_s` beside these decodes (0 if none)."""
         ...
+
+
+def prefill_step_times(perf: PerfModel, prefill_tokens: np.ndarray, decode_reqs: int, kv_tokens: int) -> np.ndarray:
+    """`perf.step_time(p, decode_reqs, kv_tokens)` for each p: in one array operation where the
+    model has one (`prefill_step_times`, the same values), else one call per p."""
+    at_once = getattr(perf, "prefill_step_times", None)
+    if at_once is not None:
+        return np.asarray(at_once(prefill_tokens, decode_reqs, kv_tokens), dtype=np.float64)
+    return np.array([perf.step_time(p, decode_reqs, kv_tokens) for p in prefill_tokens.tolist()], dtype=np.float64)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from scheduler.core.perf_model import (
     linear_model,
     load_perf_model,
     load_profile,
+    prefill_step_times,
     profile_path,
     save_profile,
 )
@@ -412,3 +413,29 @@ def test_the_solved_batch_is_checked_where_the_kv_count_rounds() -> None:
     model = RooflinePerfModel([RooflineTerm(k_tokens=0.0, k_spec=0.0, k_kv=1.0, b=0.0)])
     # n = 2 attends round(1.2) = 1 token and fits a budget of 1 s; the line alone says n <= 1.67
     assert model.max_batch_within(1.0, 0.6) == 2
+
+
+@settings(max_examples=60)
+@given(
+    terms=st.lists(
+        st.tuples(*[st.floats(0.0, 0.05, allow_subnormal=False)] + [st.floats(0.0, 1e-4, allow_subnormal=False)] * 4),
+        min_size=1,
+        max_size=3,
+    ),
+    decodes=st.integers(0, 300),
+    kv=st.integers(0, 2_000_000),
+)
+def test_prefill_step_times_are_step_time_bit_for_bit(terms, decodes: int, kv: int) -> None:
+    """The batch-lever path asks for hundreds of chunk sizes at once: the array answer must be
+    the one step_time gives, or a plan would change with the queue's depth."""
+    model = RooflinePerfModel(
+        [RooflineTerm(b=b, k_tokens=kt, k_spec=ks, k_kv=kk, k_seqs=kq) for b, kt, ks, kk, kq in terms]
+    )
+    chunks = np.array([0, 1, 7, 64, 513, 8192], dtype=np.int64)
+    one_by_one = [model.step_time(int(c), decodes, kv) for c in chunks]
+    assert prefill_step_times(model, chunks, decodes, kv).tolist() == one_by_one
+    assert prefill_step_times(OnlinePerfModel(prior=model), chunks, decodes, kv).tolist() == one_by_one
+    without = constant_model(0.01)  # a model with no array form: one call per size
+    assert prefill_step_times(without, chunks, decodes, kv).tolist() == [
+        without.step_time(int(c), decodes, kv) for c in chunks
+    ]
