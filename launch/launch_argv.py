@@ -16,10 +16,11 @@ CPU_DEFAULTS: list[tuple[str, str | None]] = [
     ("--cuda-graph-backend-prefill", "disabled"),
     ("--skip-server-warmup", None),
     ("--dtype", "float32"),
-    # SGLang checks the KV pool against memory still free after loading; with other servers
-    # loading at once on one host a small share fails that check. The KV pool itself stays
-    # capped by --max-total-tokens, and a draft model's weights count against the share too.
-    ("--mem-fraction-static", "0.3"),
+    # SGLang checks the KV pool against memory still free after loading, as a share of what was
+    # free before: another server allocating on the same host meanwhile can take more than a
+    # small share, and the start fails. A large share only loosens that check: the KV pool
+    # itself stays capped by --max-total-tokens (a draft model's weights count against it too).
+    ("--mem-fraction-static", "0.8"),
     ("--max-total-tokens", "16384"),
     # SGLang's CPU default chunk is 4096; a prefill step of twice the tokens stalls every running
     # decode twice as long on a few cores, and our CPU benchmarks and tests are sized at 2048.

@@ -26,7 +26,7 @@ def test_prefill_and_decode_workers_get_mooncake_tcp_and_page_size_one() -> None
         argv = _with_cpu_defaults(["--disaggregation-mode", mode])
         assert _value(argv, "--disaggregation-transfer-backend") == "mooncake_tcp"
         assert _value(argv, "--page-size") == "1"
-        assert _value(argv, "--mem-fraction-static") == "0.3" and argv.count("--mem-fraction-static") == 1
+        assert _value(argv, "--mem-fraction-static") == "0.8" and argv.count("--mem-fraction-static") == 1
         assert os.environ["SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX"] == "0"
         assert os.environ["SGLANG_HOST_IP"] == "127.0.0.1"
 
@@ -45,7 +45,7 @@ def test_only_decode_workers_keep_retracted_kv_in_cpu_tensors() -> None:
 def test_co_located_servers_get_no_pd_settings() -> None:
     argv = _with_cpu_defaults([])
     assert "--disaggregation-transfer-backend" not in argv and "--page-size" not in argv
-    assert _value(argv, "--mem-fraction-static") == "0.3"  # the CPU share every server gets
+    assert _value(argv, "--mem-fraction-static") == "0.8"  # the CPU share every server gets
     assert "SGLANG_HOST_IP" not in os.environ
 
 
