@@ -60,6 +60,11 @@ class Response:
         return orjson.loads(self.body)
 
 
+def json_body(obj) -> bytes:
+    """A request body as the client sends it."""
+    return orjson.dumps(obj)
+
+
 def call(app, method, path, body=b"", headers=(), body_chunks=None, scope_type="http"):
     pending = [{"type": "http.request", "body": c, "more_body": True} for c in (body_chunks or [])]
     pending.append({"type": "http.request", "body": body, "more_body": False})

@@ -20,15 +20,12 @@ from tests.unit.server.middleware_harness import (
     Response,
     call,
     finish_report,
+    json_body,
     make_middleware,
 )
 from wire import ARRIVAL_PARAM, SLO_PARAM
 
 # --- validation -----------------------------------------------------------------------------------
-
-
-def _json(obj) -> bytes:
-    return orjson.dumps(obj)
 
 
 @pytest.mark.parametrize(
@@ -51,7 +48,7 @@ def _json(obj) -> bytes:
 )
 def test_bad_slo_is_400_naming_the_field_and_skips_inner_app(path, body, headers, param):
     mw, inner, _ = make_middleware()
-    resp = Response(call(mw, "POST", path, _json(body), headers))
+    resp = Response(call(mw, "POST", path, json_body(body), headers))
     assert resp.status == 400
     assert resp.headers[b"content-type"] == b"application/json"
     assert int(resp.headers[b"content-length"]) == len(resp.body)
@@ -80,7 +77,13 @@ def test_valid_native_request_injected_with_correct_length():
     body = {"text": "hello", "sampling_params": {"max_new_tokens": 4}, "slo": {"ttft_ms": 100, "tpot_ms": 10}}
     before = time.time()
     resp = Response(
-        call(mw, "POST", "/generate", _json(body), [(b"content-length", b"3"), (b"content-type", b"application/json")])
+        call(
+            mw,
+            "POST",
+            "/generate",
+            json_body(body),
+            [(b"content-length", b"3"), (b"content-type", b"application/json")],
+        )
     )
     after = time.time()
     assert resp.status == 200
@@ -100,7 +103,7 @@ def test_valid_native_request_injected_with_correct_length():
 def test_native_list_sampling_params_each_injected():
     mw, inner, _ = make_middleware()
     body = {"text": ["a", "b"], "sampling_params": [{}, {"temperature": 0}]}
-    call(mw, "POST", "/generate", _json(body), [(b"x-slo-deadline-ms", b"2500")])
+    call(mw, "POST", "/generate", json_body(body), [(b"x-slo-deadline-ms", b"2500")])
     got = orjson.loads(inner.calls[0]["body"])
     for params in got["sampling_params"]:
         assert params["custom_params"][SLO_PARAM] == {"class": "deadline", "weight": 1.0, "deadline_ms": 2500.0}
@@ -108,7 +111,7 @@ def test_native_list_sampling_params_each_injected():
 
 def test_default_slo_injected_when_none_given():
     mw, inner, _ = make_middleware()
-    call(mw, "POST", "/v1/chat/completions", _json({"model": "m", "messages": [{"role": "user", "content": "x"}]}))
+    call(mw, "POST", "/v1/chat/completions", json_body({"model": "m", "messages": [{"role": "user", "content": "x"}]}))
     got = orjson.loads(inner.calls[0]["body"])
     assert got["custom_params"][SLO_PARAM] == DEFAULT.to_dict()
     assert isinstance(got["custom_params"][ARRIVAL_PARAM], float)
@@ -117,7 +120,7 @@ def test_default_slo_injected_when_none_given():
 
 def test_chunked_request_body_reassembled():
     mw, inner, _ = make_middleware()
-    raw = _json({"model": "m", "prompt": "abc", "slo": {"deadline_ms": 500}})
+    raw = json_body({"model": "m", "prompt": "abc", "slo": {"deadline_ms": 500}})
     call(mw, "POST", "/v1/completions", raw[10:], body_chunks=[raw[:4], raw[4:10]])
     got = orjson.loads(inner.calls[0]["body"])
     assert got["custom_params"][SLO_PARAM]["deadline_ms"] == 500.0
@@ -143,7 +146,7 @@ def test_non_json_or_non_object_body_passes_through_untouched(raw):
 )
 def test_other_routes_pass_through(method, path):
     mw, inner, _ = make_middleware()
-    raw = _json({"slo": {"ttft_ms": -1}})  # would be a 400 on a generate route
+    raw = json_body({"slo": {"ttft_ms": -1}})  # would be a 400 on a generate route
     resp = Response(call(mw, method, path, raw))
     assert resp.status == 200
     assert inner.calls[0]["body"] == raw
@@ -160,10 +163,10 @@ def test_non_http_scope_passes_through():
 def test_native_response_not_rewritten():
     # native responses carry the report in meta_info already; the middleware leaves them alone
     book_rid = "native-1"
-    body = _json({"id": book_rid, "text": "ok"})
+    body = json_body({"id": book_rid, "text": "ok"})
     mw, inner, book = make_middleware(FakeApp(chunks=(body,)))
     finish_report(book, book_rid)
-    resp = Response(call(mw, "POST", "/generate", _json({"text": "x"})))
+    resp = Response(call(mw, "POST", "/generate", json_body({"text": "x"})))
     assert resp.body == body
     assert "slo" not in resp.json()
 
@@ -173,9 +176,9 @@ def test_native_response_not_rewritten():
 
 def test_openai_json_response_gets_slo_block():
     payload = {"id": "cmpl-1", "object": "text_completion", "choices": [{"text": "hi", "finish_reason": "stop"}]}
-    mw, _, book = make_middleware(FakeApp(chunks=(_json(payload),), extra_headers=[(b"x-extra", b"1")]))
+    mw, _, book = make_middleware(FakeApp(chunks=(json_body(payload),), extra_headers=[(b"x-extra", b"1")]))
     report = finish_report(book, "cmpl-1")
-    resp = Response(call(mw, "POST", "/v1/completions", _json({"model": "m", "prompt": "p"})))
+    resp = Response(call(mw, "POST", "/v1/completions", json_body({"model": "m", "prompt": "p"})))
     got = resp.json()
     assert got["slo"] == report
     assert got["choices"] == payload["choices"]
@@ -185,10 +188,10 @@ def test_openai_json_response_gets_slo_block():
 
 
 def test_openai_json_split_across_body_messages():
-    raw = _json({"id": "chat-2", "choices": [{"message": {"content": "x"}, "finish_reason": "length"}]})
+    raw = json_body({"id": "chat-2", "choices": [{"message": {"content": "x"}, "finish_reason": "length"}]})
     mw, _, book = make_middleware(FakeApp(chunks=(raw[:7], raw[7:20], raw[20:])))
     report = finish_report(book, "chat-2")
-    resp = Response(call(mw, "POST", "/v1/chat/completions", _json({"model": "m", "messages": []})))
+    resp = Response(call(mw, "POST", "/v1/chat/completions", json_body({"model": "m", "messages": []})))
     assert resp.json()["slo"] == report
     assert int(resp.headers[b"content-length"]) == len(resp.body)
 
@@ -196,16 +199,16 @@ def test_openai_json_split_across_body_messages():
 @pytest.mark.parametrize(
     "raw",
     [
-        _json({"id": "unknown", "choices": []}),  # no report for this id
-        _json({"object": "error", "message": "bad"}),  # no id
-        _json([1, 2]),
+        json_body({"id": "unknown", "choices": []}),  # no report for this id
+        json_body({"object": "error", "message": "bad"}),  # no id
+        json_body([1, 2]),
         b"{broken json",
     ],
 )
 def test_openai_json_without_report_unchanged(raw):
     mw, _, book = make_middleware(FakeApp(chunks=(raw,)))
     finish_report(book, "some-other-id")
-    resp = Response(call(mw, "POST", "/v1/completions", _json({"model": "m", "prompt": "p"})))
+    resp = Response(call(mw, "POST", "/v1/completions", json_body({"model": "m", "prompt": "p"})))
     assert resp.body == raw
     assert int(resp.headers[b"content-length"]) == len(raw)
 
@@ -214,12 +217,12 @@ def test_openai_non_json_response_untouched():
     raw = b'{"id": "cmpl-9"} but as text'
     mw, _, book = make_middleware(FakeApp(content_type=b"text/plain", chunks=(raw,)))
     finish_report(book, "cmpl-9")
-    resp = Response(call(mw, "POST", "/v1/completions", _json({"model": "m", "prompt": "p"})))
+    resp = Response(call(mw, "POST", "/v1/completions", json_body({"model": "m", "prompt": "p"})))
     assert resp.body == raw
 
 
 def _sse(obj) -> bytes:
-    return b"data: " + _json(obj) + b"\n\n"
+    return b"data: " + json_body(obj) + b"\n\n"
 
 
 def test_sse_final_chunk_gets_slo_others_untouched():
@@ -232,7 +235,7 @@ def test_sse_final_chunk_gets_slo_others_untouched():
     chunks = (first, middle, final, usage, done)
     mw, _, book = make_middleware(FakeApp(content_type=b"text/event-stream", chunks=chunks))
     report = finish_report(book, rid)
-    resp = Response(call(mw, "POST", "/v1/chat/completions", _json({"model": "m", "messages": [], "stream": True})))
+    resp = Response(call(mw, "POST", "/v1/chat/completions", json_body({"model": "m", "messages": [], "stream": True})))
     assert b"content-length" not in resp.headers
     assert len(resp.bodies) == len(chunks)
     out = dict(zip(["first", "middle", "final", "usage", "done"], resp.bodies))
@@ -253,7 +256,7 @@ def test_sse_several_events_in_one_chunk():
     chunk = a + b + b"data: [DONE]\n\n"
     mw, _, book = make_middleware(FakeApp(content_type=b"text/event-stream; charset=utf-8", chunks=(chunk,)))
     report = finish_report(book, rid)
-    resp = Response(call(mw, "POST", "/v1/completions", _json({"model": "m", "prompt": "p", "stream": True})))
+    resp = Response(call(mw, "POST", "/v1/completions", json_body({"model": "m", "prompt": "p", "stream": True})))
     events = resp.body.split(b"\n\n")
     assert events[0] + b"\n\n" == a  # the unfinished event is byte-identical
     assert "slo" in orjson.loads(events[1][len(b"data: ") :])
@@ -265,7 +268,7 @@ def test_sse_several_events_in_one_chunk():
 def test_sse_finish_without_report_untouched():
     chunk = _sse({"id": "nobody", "choices": [{"delta": {}, "finish_reason": "stop"}]})
     mw, _, book = make_middleware(FakeApp(content_type=b"text/event-stream", chunks=(chunk,)))
-    resp = Response(call(mw, "POST", "/v1/chat/completions", _json({"model": "m", "messages": []})))
+    resp = Response(call(mw, "POST", "/v1/chat/completions", json_body({"model": "m", "messages": []})))
     assert resp.body == chunk
 
 
@@ -348,7 +351,7 @@ def test_forwarded_arrival_is_trusted_only_from_the_agent(token, forwarded, expe
     headers = [(b"x-slo-arrival", raw.encode())]
     if token is not None:
         headers.append((b"x-slo-agent-token", token.encode()))
-    call(mw, "POST", "/generate", _json({"text": "x", "slo": {"ttft_ms": 100}}), headers)
+    call(mw, "POST", "/generate", json_body({"text": "x", "slo": {"ttft_ms": 100}}), headers)
     arrival = orjson.loads(inner.calls[0]["body"])["sampling_params"]["custom_params"][ARRIVAL_PARAM]
     if expect == "forwarded":
         assert arrival == pytest.approx(now - 5, abs=1e-3)

@@ -21,16 +21,13 @@ from tests.unit.server.middleware_harness import (
     FakeApp,
     Response,
     call,
+    json_body,
     make_middleware,
 )
 from wire import ARRIVAL_PARAM, DRAINING, QUEUE_FULL, SLO_INFEASIBLE, SLO_PARAM
 from wire import ORACLE_HINT_PARAM as ORACLE_HINT
 
 # --- validation -----------------------------------------------------------------------------------
-
-
-def _json(obj) -> bytes:
-    return orjson.dumps(obj)
 
 
 # --- every generating route, internal keys, sheds, draining ---------------------------------------
@@ -41,7 +38,7 @@ def test_a_forged_arrival_cannot_jump_the_queue_on_any_native_method(method):
     mw, inner, _ = make_middleware()
     forged = {"text": "x", "sampling_params": {"custom_params": {ARRIVAL_PARAM: 1.0, "slo_token_ts": [0], "mine": 1}}}
     before = time.time()
-    resp = Response(call(mw, method, "/generate", _json(forged)))
+    resp = Response(call(mw, method, "/generate", json_body(forged)))
     assert resp.status == 200
     custom = orjson.loads(inner.calls[0]["body"])["sampling_params"]["custom_params"]
     assert custom[ARRIVAL_PARAM] >= before  # stamped here, not taken from the client
@@ -50,7 +47,7 @@ def test_a_forged_arrival_cannot_jump_the_queue_on_any_native_method(method):
 
 def test_the_oracle_hint_survives_stripping():
     mw, inner, _ = make_middleware()
-    call(mw, "POST", "/generate", _json({"text": "x", "sampling_params": {"custom_params": {ORACLE_HINT: 7}}}))
+    call(mw, "POST", "/generate", json_body({"text": "x", "sampling_params": {"custom_params": {ORACLE_HINT: 7}}}))
     assert orjson.loads(inner.calls[0]["body"])["sampling_params"]["custom_params"][ORACLE_HINT] == 7
 
 
@@ -59,21 +56,21 @@ def test_the_agent_keeps_its_internal_keys():
     inner = FakeApp()
     mw = SloMiddleware(inner, book, DEFAULT, lambda: {}, agent_token="secret")
     body = {"text": "x", "sampling_params": {"custom_params": {"slo_private": 1}}}
-    call(mw, "POST", "/generate", _json(body), [(b"x-slo-agent-token", b"secret")])
+    call(mw, "POST", "/generate", json_body(body), [(b"x-slo-agent-token", b"secret")])
     assert orjson.loads(inner.calls[0]["body"])["sampling_params"]["custom_params"]["slo_private"] == 1
 
 
 def test_invocations_and_vertex_are_validated_and_injected():
     mw, inner, _ = make_middleware()
-    bad = Response(call(mw, "POST", "/invocations", _json({"messages": [], "slo": {"ttft_ms": -1}})))
+    bad = Response(call(mw, "POST", "/invocations", json_body({"messages": [], "slo": {"ttft_ms": -1}})))
     assert bad.status == 400 and bad.json()["error"]["param"] == "slo.ttft_ms"
-    call(mw, "POST", "/invocations", _json({"messages": [], "custom_params": {ARRIVAL_PARAM: 1.0}}))
+    call(mw, "POST", "/invocations", json_body({"messages": [], "custom_params": {ARRIVAL_PARAM: 1.0}}))
     assert orjson.loads(inner.calls[0]["body"])["custom_params"][ARRIVAL_PARAM] > 1.0
     vertex = {"instances": [{"text": "x"}], "parameters": {"slo": {"ttft_ms": 100}}}
-    call(mw, "POST", "/vertex_generate", _json(vertex))
+    call(mw, "POST", "/vertex_generate", json_body(vertex))
     params = orjson.loads(inner.calls[1]["body"])["parameters"]
     assert "slo" not in params and params["sampling_params"]["custom_params"][SLO_PARAM]["ttft_ms"] == 100
-    bad = Response(call(mw, "POST", "/vertex_generate", _json({"instances": [], "parameters": {"slo": {"x": 1}}})))
+    bad = Response(call(mw, "POST", "/vertex_generate", json_body({"instances": [], "parameters": {"slo": {"x": 1}}})))
     assert bad.status == 400 and bad.json()["error"]["param"] == "parameters.slo.x"
 
 
@@ -81,9 +78,9 @@ def test_a_vertex_parameter_generate_does_not_take_is_a_400_naming_it():
     inner = FakeApp()
     mw = SloMiddleware(inner, SloReportBook(SloMetrics()), DEFAULT, lambda: {}, vertex_fields=frozenset({"text"}))
     body = {"instances": [{}], "parameters": {"text": "", "junk": None}}
-    bad = Response(call(mw, "POST", "/vertex_generate", _json(body)))
+    bad = Response(call(mw, "POST", "/vertex_generate", json_body(body)))
     assert bad.status == 400 and bad.json()["error"]["param"] == "parameters.junk" and not inner.calls
-    call(mw, "POST", "/vertex_generate", _json({"instances": [{}], "parameters": {"text": "x"}}))
+    call(mw, "POST", "/vertex_generate", json_body({"instances": [{}], "parameters": {"text": "x"}}))
     assert len(inner.calls) == 1
 
 
@@ -112,7 +109,7 @@ class ShedApp(FakeApp):
 def test_a_shed_request_gets_its_status_retry_after_and_reason(path):
     shed = Shed(QUEUE_FULL, retry_after_s=3, predicted_wait_ms=2500.0, slo_class="latency")
     mw, _, _ = make_middleware(ShedApp(shed, status=500, chunks=(b'{"detail": "x"}',)))
-    resp = Response(call(mw, "POST", path, _json({"text": "x", "messages": []})))
+    resp = Response(call(mw, "POST", path, json_body({"text": "x", "messages": []})))
     assert resp.status == 429
     assert resp.headers[b"retry-after"] == b"3"
     error = resp.json()["error"]
@@ -124,7 +121,7 @@ def test_a_stream_shed_before_its_first_chunk_gets_the_sheds_status():
     shed = Shed(QUEUE_FULL, retry_after_s=2)
     chunk = b'data: {"meta_info": {"finish_reason": {"type": "abort", "reason": "queue_full"}}}\n\n'
     mw, _, _ = make_middleware(ShedApp(shed, content_type=b"text/event-stream", chunks=(chunk, b"data: [DONE]\n\n")))
-    resp = Response(call(mw, "POST", "/generate", _json({"text": "x", "stream": True})))
+    resp = Response(call(mw, "POST", "/generate", json_body({"text": "x", "stream": True})))
     assert resp.status == 429 and resp.json()["error"]["reason"] == QUEUE_FULL
     assert resp.headers[b"retry-after"] == b"2"
 
@@ -141,7 +138,7 @@ class LateShedApp(FakeApp):
 
 def test_a_stream_shed_after_it_started_keeps_its_abort_chunk():
     mw, _, _ = make_middleware(LateShedApp())
-    resp = Response(call(mw, "POST", "/generate", _json({"text": "x", "stream": True})))
+    resp = Response(call(mw, "POST", "/generate", json_body({"text": "x", "stream": True})))
     assert resp.status == 200 and resp.body == b"data: {}\n\ndata: abort\n\n"
 
 
@@ -152,7 +149,7 @@ def test_draining_refuses_new_work_and_fails_health_but_serves_status():
     mw = SloMiddleware(inner, book, DEFAULT, lambda: {"engine": {"queue_drain_s": 2.2}}, drain=drain)
     assert Response(call(mw, "GET", "/health")).status == 200
     drain.start()
-    resp = Response(call(mw, "POST", "/generate", _json({"text": "x"})))
+    resp = Response(call(mw, "POST", "/generate", json_body({"text": "x"})))
     assert resp.status == 503 and resp.json()["error"]["reason"] == DRAINING
     assert resp.headers[b"retry-after"] == b"3"
     assert Response(call(mw, "GET", "/health")).status == 503
