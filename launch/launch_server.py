@@ -129,7 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     checked = check_slo_args(args, emulation, on_cpu)
     server_args = resolve_server_args(args, ServerArgs.from_cli_args)
     stand_in = emulation is not None and stand_in_applies(
-        server_args.model_path, bool(args.speculative_algorithm), args.emulate_full_forward
+        server_args.model_path,
+        server_args.speculative_draft_model_path if args.speculative_algorithm else None,
+        args.emulate_full_forward,
     )
     config = SloServerConfig(
         policy=args.slo_policy,

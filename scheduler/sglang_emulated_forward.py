@@ -10,10 +10,17 @@ time and made emulated steps late (benchmarks/RESULTS.md, "Emulated batch shapes
 The stand-in replaces the model's `forward` on the loaded instance: the input tokens'
 embeddings become the last hidden states, handed to the model's own logits processor, so
 SGLang's pruning, logprobs and sampler take their usual paths for decode, extend and mixed
-batches. A step then costs an embedding lookup plus one LM-head row per sampled token. The next
-token is a fixed function of the previous one, so greedy outputs stay deterministic. Nothing
+batches. A step then costs an embedding lookup plus one LM-head row per sampled token. Nothing
 writes the KV cache and nothing reads it; SGLang's scheduler, memory pool, radix cache,
 tokenizer and HTTP stay its own. No SGLang file is edited.
+
+Each hidden row also gets a fixed vector of the token's position (the same table for every
+model, scaled to the model's own embeddings), so the next token is a fixed function of the
+previous token and its position: greedy outputs stay deterministic, and they do not fall into
+the few short cycles a function of the previous token alone has. Under speculative decoding the
+draft (the tiny target's perturbed copy) gets the stand-in too, and a draft token is accepted
+where the two models' maps agree: about as often as a real draft model, at every position
+alike, instead of per cycle.
 """
 
 from __future__ import annotations
@@ -22,16 +29,33 @@ import logging
 from typing import Any
 
 logger = logging.getLogger("sglang_slo.emulated_forward")
+POSITION_PERIOD = 4096  # distinct position vectors; positions beyond wrap around
+POSITION_SEED = 1  # one table for every model: a draft and its target see the same vectors
 
 
 class EmulatedForward:
     """Stands in for a causal LM's `forward(input_ids, positions, forward_batch, ...)`."""
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: Any, position_offset: int = 0) -> None:
+        self.position_offset = position_offset  # added to the positions SGLang passes
         self.model_forward = model.forward  # the full model, for requests the stand-in cannot serve
         self.embed = model.get_input_embeddings()
         self.logits_processor = model.logits_processor
         self.lm_head = model.lm_head
+        self._positions: Any = None  # built on first use, on the embeddings' device and dtype
+
+    def position_rows(self, positions: Any) -> Any:
+        """The fixed vectors of these positions, each as long as the mean embedding row."""
+        import torch
+
+        if self._positions is None:
+            weight = self.embed.weight
+            table = torch.randn(
+                POSITION_PERIOD, weight.shape[1], generator=torch.Generator().manual_seed(POSITION_SEED)
+            )
+            table *= weight.detach().float().norm(dim=1).mean().cpu() / table.norm(dim=1, keepdim=True)
+            self._positions = table.to(device=weight.device, dtype=weight.dtype)
+        return self._positions[(positions + self.position_offset) % POSITION_PERIOD]
 
     def __call__(
         self,
@@ -50,6 +74,7 @@ class EmulatedForward:
 
         with torch.no_grad():
             hidden = input_embeds if input_embeds is not None else self.embed(input_ids)
+            hidden = hidden + self.position_rows(positions)
             return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
 
 
@@ -70,9 +95,10 @@ def is_installed(model: Any) -> bool:
     return isinstance(vars(model).get("forward"), EmulatedForward)
 
 
-def install(model_runner: Any) -> bool:
-    """Replace the loaded target model's forward with the stand-in (idempotent); False, with a
-    warning, when the model does not fit, and its full forward keeps running."""
+def install(model_runner: Any, position_offset: int = 0) -> bool:
+    """Replace the loaded model's forward with the stand-in (idempotent); False, with a warning,
+    when the model does not fit, and its full forward keeps running. `position_offset`: how far
+    the positions SGLang passes this model lag the target's for the same token (a draft's)."""
     model = model_runner.model
     if is_installed(model):
         return True
@@ -80,6 +106,6 @@ def install(model_runner: Any) -> bool:
     if reason is not None:
         logger.warning("emulated steps run the full model: %s", reason)
         return False
-    model.forward = EmulatedForward(model)  # an instance attribute: shadows the class's method
+    model.forward = EmulatedForward(model, position_offset)  # an instance attribute: shadows the class's method
     logger.info("emulated steps skip %s's layers (embeddings -> logits processor)", type(model).__name__)
     return True

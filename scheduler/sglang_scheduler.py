@@ -33,7 +33,7 @@ from scheduler.sglang_engine import cuda_step_timer, disagg_role, pass_sync
 from scheduler.sglang_plan import SloPlanMixin
 from scheduler.sglang_preemption import retract_requests
 from scheduler.sglang_queue import SloQueueMixin
-from scheduler.sglang_speculation import attach_slo_controller, measured_draft_ratio
+from scheduler.sglang_speculation import attach_slo_controller, draft_model_runner, measured_draft_ratio
 from scheduler.sglang_status import SloStatusMixin
 
 logger = logging.getLogger("sglang_slo.scheduler")
@@ -58,6 +58,12 @@ def capped_adder_class(base: type, limit_of: Any) -> type:
     return SloPrefillAdder
 
 
+# SGLang's EAGLE-family workers (STANDALONE included) feed the draft the sequence shifted by one,
+# EAGLE's layout: the token at the target's position i+1 sits at the draft's position i. A real
+# draft's rotary positions are relative and do not see it; the stand-in's absolute ones do.
+EAGLE_DRAFT_POSITION_LAG = 1
+
+
 class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
     """The SLO overrides of SGLang's Scheduler: a policy decides order, admission, batch cap and
     chunk. A mixin so that tests can put it over a stand-in engine instead of SGLang's. Plan
@@ -71,6 +77,9 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         super().__init__(*args, **kwargs)
         if self.slo.config.emulate_stand_in:  # emulated steps: logits only, the layers skipped
             emulated_forward.install(self.tp_worker.model_runner)
+            draft = draft_model_runner(self.draft_worker) if self.draft_worker is not None else None
+            if draft is not None:  # the tiny draft too: each draft pass would otherwise run its layers
+                emulated_forward.install(draft, position_offset=EAGLE_DRAFT_POSITION_LAG)
         self._slo_bind_engine()
         self.slo.sync = pass_sync(self)
         self._slo_start_status()

@@ -24,11 +24,15 @@ def _param_count(runner: Any) -> int:
     return 0 if model is None else sum(p.numel() for p in model.parameters())
 
 
+def draft_model_runner(spec_worker: Any) -> Any | None:
+    """The draft model's runner of an EAGLE-family v2 worker (None: NGRAM, no draft model)."""
+    return getattr(getattr(spec_worker, "_draft_worker", None), "draft_runner", None)
+
+
 def measured_draft_ratio(spec_worker: Any, target_runner: Any) -> float | None:
     """Draft/target weight count: a decode step reads every weight once, so this is the draft
     step's cost relative to the target's (1.0 for a self-draft)."""
-    draft = getattr(getattr(spec_worker, "_draft_worker", None), "draft_runner", None)
-    target, drafted = _param_count(target_runner), _param_count(draft)
+    target, drafted = _param_count(target_runner), _param_count(draft_model_runner(spec_worker))
     return drafted / target if target and drafted else None
 
 

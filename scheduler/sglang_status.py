@@ -11,6 +11,7 @@ from scheduler.components.status import SchedulerStatus
 from scheduler.components.status_channel import StatusPublisher, dp_status_address
 from scheduler.core.plan_path import DECODE, MIXED
 from scheduler.sglang_engine import disagg_role, dp_index, pipeline_rank, running_requests
+from scheduler.sglang_speculation import draft_model_runner
 
 
 class SloStatusMixin:
@@ -32,6 +33,14 @@ class SloStatusMixin:
         except Exception:  # noqa: BLE001 - read from the status thread; never break the status
             return None
         return max(0, int(self.max_total_num_tokens - free))  # type: ignore[attr-defined]
+
+    def _slo_stand_in_forward(self) -> bool:
+        """Whether every model a step runs (the target, and the draft under speculation) skips
+        its layers: a step that runs one in full costs the host more than a paced step may."""
+        target = self.tp_worker.model_runner.model  # type: ignore[attr-defined]
+        draft_worker = self.draft_worker  # type: ignore[attr-defined]
+        draft = draft_model_runner(draft_worker) if draft_worker is not None else None
+        return emulated_forward.is_installed(target) and (draft is None or emulated_forward.is_installed(draft.model))
 
     def _slo_speculation_status(self) -> dict[str, Any] | None:
         if self.draft_worker is None:  # type: ignore[attr-defined]
@@ -94,9 +103,7 @@ class SloStatusMixin:
             preempted=counters.preempted,
             emulation=None
             if slo.meter.pacer is None
-            else slo.emulation_status(
-                int(engine.max_total_num_tokens), emulated_forward.is_installed(engine.tp_worker.model_runner.model)
-            ),
+            else slo.emulation_status(int(engine.max_total_num_tokens), self._slo_stand_in_forward()),
             speculation=self._slo_speculation_status(),
             length_predictor=None
             if slo.lengths is None

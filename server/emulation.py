@@ -66,21 +66,34 @@ def startup_flags(emulation: Emulation, has_flag: Callable[..., bool], model: st
 
 
 def is_tiny_model(model_path: str | None) -> bool:
-    """The tiny random-weight model, by alias or by its prepared folder."""
-    if model_path == "tiny":
-        return True
+    """The tiny random model, by alias or by its prepared folder."""
+    return model_path == "tiny" or _prepared(model_path, r"-\d+")
+
+
+def _prepared(model_path: str | None, suffix: str) -> bool:
+    """Whether the path is a folder server.models prepared: the tiny model's name + `suffix`."""
     if not model_path:
         return False
     from server.models import TINY_MODEL_NAME, cache_dir
 
     path = Path(model_path).resolve()
     in_cache = path.parent == (cache_dir() / "models").resolve()
-    return in_cache and re.fullmatch(rf"{TINY_MODEL_NAME}-\d+", path.name) is not None
+    return in_cache and re.fullmatch(rf"{TINY_MODEL_NAME}{suffix}", path.name) is not None
 
 
-def stand_in_applies(model_path: str | None, speculative: bool, full_forward: bool) -> bool:
+def stand_in_applies(model_path: str | None, draft_path: str | None, full_forward: bool) -> bool:
     """Whether emulated steps skip the model's layers (scheduler/sglang_emulated_forward.py):
-    for the tiny random model only (a real model's outputs matter), never under speculative
-    decoding (drafts are judged against the target's real tokens), and not when the user asks
-    for the tiny model's math (--emulate-full-forward: tokens that match a plain tiny server)."""
-    return is_tiny_model(model_path) and not speculative and not full_forward
+    for the tiny random model only (a real model's outputs matter), and not when the user asks
+    for the tiny model's math (--emulate-full-forward: tokens that match a plain tiny server).
+    Under speculative decoding the draft must be the tiny target's perturbed copy (tiny-draft)
+    or none (NGRAM): both then skip their layers, and a draft is accepted where the two
+    models' own embedding-to-logits maps agree. An EAGLE head shares the target's embedding
+    and LM head, so its stand-in would agree on every token: it keeps its full forward."""
+    if not is_tiny_model(model_path) or full_forward:
+        return False
+    return draft_path is None or is_tiny_draft(draft_path)
+
+
+def is_tiny_draft(model_path: str | None) -> bool:
+    """The tiny target's perturbed copy (a STANDALONE draft), by alias or by its prepared folder."""
+    return model_path == "tiny-draft" or _prepared(model_path, r"-\d+-draft[0-9.e+-]+")

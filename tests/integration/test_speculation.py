@@ -1,8 +1,9 @@
 """Speculative decoding in the real engine on CPU (issue #9), with the SLO-adaptive length.
 
 - STANDALONE (the tiny model's perturbed copy as draft: it agrees on about as many tokens as a
-  real draft model), EAGLE and EAGLE3 (tiny draft heads built offline, server/models.py) and
-  NGRAM return exactly the tokens of the plain server at temperature 0.
+  real draft model) on an emulated H100, where both models run the emulated step's stand-in
+  forward, returns exactly the stand-in target's tokens at temperature 0; EAGLE and EAGLE3 (tiny
+  draft heads built offline, server/models.py) and NGRAM return exactly the plain server's.
 - The SLO controller learns α from real verifies and picks the length from the running requests'
   TPOT tiers on an emulated H100: tight tiers (batch time binding) get drafts, loose tiers none.
 """
@@ -13,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -82,16 +84,42 @@ def _reference(tiny_server: ServerProcess) -> list[list[int]]:
     return [_generate(tiny_server.url, ids, 24)["output_ids"] for ids in PROMPTS]
 
 
-def test_standalone_returns_the_plain_servers_tokens(standalone: ServerProcess, tiny_server: ServerProcess) -> None:
-    reference = _reference(tiny_server)
+def _stand_in_reference(prompt: list[int], n: int) -> list[int]:
+    """The tiny target's greedy tokens under the emulated step's stand-in forward
+    (scheduler/sglang_emulated_forward.py), computed here from its weights: the next token is
+    the LM head's argmax of the last token's embedding plus its position's vector."""
+    import torch
+    from safetensors.torch import load_file
+
+    from scheduler.sglang_emulated_forward import EmulatedForward
+    from server.models import ensure_tiny_model
+
+    weights = load_file(str(ensure_tiny_model() / "model.safetensors"))
+    embed = torch.nn.Embedding.from_pretrained(weights["model.embed_tokens.weight"])
+    head = weights["lm_head.weight"]
+    model = SimpleNamespace(forward=None, get_input_embeddings=lambda: embed, logits_processor=None, lm_head=None)
+    rows = EmulatedForward(model).position_rows  # type: ignore[arg-type]
+    out, token = [], prompt[-1]
+    for pos in range(len(prompt) - 1, len(prompt) - 1 + n):
+        ids = torch.tensor([token])
+        token = int((head @ (embed(ids) + rows(torch.tensor([pos])))[0]).argmax())
+        out.append(token)
+    return out
+
+
+def test_standalone_returns_the_targets_tokens(standalone: ServerProcess) -> None:
+    """Emulated, the target and the draft both run the stand-in forward (their layers skipped),
+    the paced steps stay on the card's pace, and speculation still changes no token."""
     with ThreadPoolExecutor(len(PROMPTS)) as pool:  # concurrent: verify batches of several requests
         got = list(pool.map(lambda ids: _generate(standalone.url, ids, 24), PROMPTS))
-    assert [g["output_ids"] for g in got] == reference
+    assert [g["output_ids"] for g in got] == [_stand_in_reference(ids, 24) for ids in PROMPTS]
     assert sum(g["meta_info"]["spec_num_correct_drafts"] for g in got) > 0  # drafts were accepted
     spec = _speculation(standalone)
     assert spec["algorithm"] == "STANDALONE" and spec["slo_adaptive"] is True
     assert spec["verifies"] > 0
     assert 0.2 < spec["alpha"] < 0.98  # a perturbed draft: real acceptance, not a self-draft's 1.0
+    emulation = standalone.status_when(lambda s: s["engine"].get("emulation") is not None)["engine"]["emulation"]
+    assert emulation["stand_in_forward"] is True
     assert spec["draft_cost_ratio"] == pytest.approx(0.1)  # the emulated card's draft, not the tiny copy
     assert _attention_backend(standalone) == "intel_amx"
 
@@ -145,7 +173,7 @@ def test_the_length_follows_the_tpot_mix(standalone: ServerProcess) -> None:
     loose = _run_phase(standalone, [LOOSE_TPOT_MS] * 4)[-1]
     for phase, tpot in ((tight, TIGHT_TPOT_MS), (loose, LOOSE_TPOT_MS)):
         assert [t["tpot_ms"] for t in phase["tiers"]] == [tpot] and phase["decisions"] > 0
-    # α ≈ 0.78 and drafts at 0.1 of a target step: drafting shortens decode time per token, so
+    # α ≈ 0.8 and drafts at 0.1 of a target step: drafting shortens decode time per token, so
     # the tight tier, which a plain step cannot keep, is kept with drafts
     assert tight["steps"] >= 1 and tight["current"]["feasible"]
     assert tight["current"]["batch_time_ms"] == pytest.approx(TIGHT_TPOT_MS * tight["tokens_per_verify"], rel=0.02)

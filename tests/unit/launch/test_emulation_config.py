@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from launch_cluster_spec import ClusterConfigError, load_cluster, load_cluster_spec, parse_cluster, parse_cluster_spec
-from server.emulation import available, is_tiny_model, resolve, stand_in_applies, startup_flags
+from server.emulation import available, is_tiny_draft, is_tiny_model, resolve, stand_in_applies, startup_flags
 from server.models import TINY_MODEL_NAME, cache_dir
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -33,15 +33,21 @@ def test_startup_flags_fill_only_what_the_user_left_out() -> None:
     assert "--max-total-tokens" not in flags and "--context-length" in flags
 
 
-def test_only_the_tiny_model_without_speculation_skips_its_layers() -> None:
+def test_the_tiny_model_and_its_perturbed_draft_skip_their_layers() -> None:
     tiny_folder = str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0")
+    draft_folder = str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0-draft0.08")
     assert is_tiny_model("tiny") and is_tiny_model(tiny_folder)
-    assert not is_tiny_model(str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0-draft0.08"))
+    assert not is_tiny_model(draft_folder)
     assert not is_tiny_model("/models/Llama-3-8B") and not is_tiny_model(None)
-    assert stand_in_applies(tiny_folder, speculative=False, full_forward=False)
-    assert not stand_in_applies(tiny_folder, speculative=True, full_forward=False)  # drafts judged on real tokens
-    assert not stand_in_applies("tiny", speculative=False, full_forward=True)
-    assert not stand_in_applies("/models/Llama-3-8B", speculative=False, full_forward=False)  # a real model
+    assert is_tiny_draft("tiny-draft") and is_tiny_draft(draft_folder) and not is_tiny_draft(tiny_folder)
+    assert stand_in_applies(tiny_folder, draft_path=None, full_forward=False)  # no speculation, or NGRAM
+    assert stand_in_applies(tiny_folder, draft_path=draft_folder, full_forward=False)  # STANDALONE tiny-draft
+    # an EAGLE head shares the target's embedding and LM head: its stand-in would agree on every token
+    assert not stand_in_applies(
+        tiny_folder, draft_path=str(cache_dir() / "models" / "tiny-eagle-0"), full_forward=False
+    )
+    assert not stand_in_applies("tiny", draft_path=None, full_forward=True)
+    assert not stand_in_applies("/models/Llama-3-8B", draft_path=None, full_forward=False)  # a real model
 
 
 def test_the_example_cluster_file_parses() -> None:

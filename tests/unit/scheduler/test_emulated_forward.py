@@ -62,6 +62,10 @@ def _extend(mode: ForwardMode, lens: list[int], **logprobs: object) -> sglang_lo
     )
 
 
+def _decode() -> sglang_logits.LogitsMetadata:
+    return sglang_logits.LogitsMetadata(forward_mode=ForwardMode.DECODE)
+
+
 def _ids(n: int, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -102,12 +106,38 @@ def test_input_logprobs_take_sglangs_own_path() -> None:
     assert torch.all(out.input_token_logprobs <= 0)
 
 
-def test_the_next_token_is_a_fixed_function_of_the_last_one() -> None:
+def test_the_next_token_is_a_fixed_function_of_the_last_token_and_its_position() -> None:
     runner = _runner()
     ids = torch.tensor([7, 9, 11, 300, 9, 11])
-    out = runner.model.forward(ids, torch.arange(6), _extend(ForwardMode.EXTEND, [3, 3]))
-    first, second = out.next_token_logits
-    assert torch.equal(first, second)  # both requests end with token 11: greedy decoding is deterministic
+    same = runner.model.forward(ids, torch.tensor([0, 1, 2, 0, 1, 2]), _extend(ForwardMode.EXTEND, [3, 3]))
+    first, second = same.next_token_logits
+    assert torch.equal(first, second)  # both end with token 11 at position 2: greedy decoding is deterministic
+    moved = runner.model.forward(ids, torch.tensor([0, 1, 2, 0, 1, 5]), _extend(ForwardMode.EXTEND, [3, 3]))
+    first, second = moved.next_token_logits
+    assert not torch.equal(first, second)  # the same token later in a sequence: another next token
+
+
+def test_greedy_outputs_do_not_fall_into_a_short_cycle() -> None:
+    """A function of the previous token alone sends every sequence into one of a few short cycles
+    (then a draft's acceptance is that cycle's, not the model pair's): positions break them."""
+    runner = _runner()
+    token, out = 5, []
+    for pos in range(200):
+        logits = runner.model.forward(torch.tensor([token]), torch.tensor([pos]), _decode()).next_token_logits
+        token = int(logits.argmax())
+        out.append(token)
+    assert len(set(out)) > 50
+
+
+def test_models_of_the_same_weights_agree_at_every_position() -> None:
+    """The position vectors are one table for every model (a seeded draw), so a self-draft is
+    accepted everywhere and a perturbed draft only where its weights change the argmax."""
+    a, b = _runner(), _runner()
+    ids, positions = _ids(64), torch.arange(1000, 1064)
+    meta = _decode()
+    assert torch.equal(
+        a.model.forward(ids, positions, meta).next_token_logits, b.model.forward(ids, positions, meta).next_token_logits
+    )
 
 
 def test_an_embedding_request_still_runs_the_full_model() -> None:
