@@ -222,6 +222,8 @@ def check_slo_args(args: argparse.Namespace, emulation: Any, on_cpu: bool) -> Ch
         raise SystemExit("--emulate-slowdown: must be >= 1")
     if args.emulate_full_forward and emulation is None:
         raise SystemExit("--emulate-full-forward: only with --emulate-gpu")
+    if not 0 <= args.emulate_draft_acceptance <= 1:
+        raise SystemExit("--emulate-draft-acceptance: must be within [0, 1]")
     if args.slo_perf_profile:
         from scheduler.core.perf_model import load_perf_model
 

@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         emulate_name=emulation.name if emulation else None,
         emulate_slowdown=args.emulate_slowdown,
         emulate_stand_in=stand_in,
+        emulate_draft_acceptance=args.emulate_draft_acceptance,
         speculation=checked.speculation,
         spec_draft_ratio=checked.spec_draft_ratio,
         max_queued_tokens=args.slo_max_queued_tokens,

@@ -112,6 +112,15 @@ def add_slo_args(parser: argparse.ArgumentParser) -> None:
         help="run the tiny model's layers in every emulated step (tokens as a plain tiny server's; slow "
         "mixed steps); by default an emulated step skips them and only its logits are computed",
     )
+    emulation.add_argument(
+        "--emulate-draft-acceptance",
+        type=float,
+        default=0.8,
+        metavar="A",
+        help="emulated speculative decoding (the tiny target with tiny-draft, or tiny-eagle): the "
+        "probability that a drafted token is accepted, drawn once per token and position "
+        "(default 0.8, an EAGLE head's on Llama-3-8B)",
+    )
     spec = parser.add_argument_group(
         "SLO-adaptive speculation", "with --speculative-algorithm EAGLE|EAGLE3|STANDALONE (SLOs-Serve §3.2.3)"
     )

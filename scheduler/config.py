@@ -36,6 +36,7 @@ class SloServerConfig:
     emulate_name: str | None = None  # e.g. "h100/llama3-8b", for status and logs
     emulate_slowdown: float = 1.0  # emulated steps (and the policies' perf model) this many times longer
     emulate_stand_in: bool = False  # emulated steps skip the tiny model's layers (scheduler/sglang_emulated_forward.py)
+    emulate_draft_acceptance: float = 0.8  # emulated speculation: P(a drafted token is accepted)
     speculation: dict[str, Any] | None = None  # SLO-adaptive speculation: {"candidates", "margin"}
     spec_draft_ratio: float | None = None  # draft step / target decode step (None: measured weights)
     max_queued_tokens: int | None = None  # bound on the queued requests' prompt tokens (429 beyond)

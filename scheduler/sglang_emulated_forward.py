@@ -17,20 +17,27 @@ tokenizer and HTTP stay its own. No SGLang file is edited.
 Each hidden row also gets a fixed vector of the token's position (the same table for every
 model, scaled to the model's own embeddings), so the next token is a fixed function of the
 previous token and its position: greedy outputs stay deterministic, and they do not fall into
-the few short cycles a function of the previous token alone has. Under speculative decoding the
-draft (the tiny target's perturbed copy) gets the stand-in too, and a draft token is accepted
-where the two models' maps agree: about as often as a real draft model, at every position
-alike, instead of per cycle.
+the few short cycles a function of the previous token alone has.
+
+Under speculative decoding the draft gets a stand-in too (`EmulatedDraft`): the target's map,
+except on the (token, position) cells a fixed draw rejects, where the draft proposes another
+token. Each drafted token is then accepted with a stated probability, at every position and for
+every request alike: an acceptance model, since the tiny models' agreement says nothing about a
+real draft's.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 logger = logging.getLogger("sglang_slo.emulated_forward")
 POSITION_PERIOD = 4096  # distinct position vectors; positions beyond wrap around
 POSITION_SEED = 1  # one table for every model: a draft and its target see the same vectors
+DRAW_CELLS = 1 << 14  # (token, position) cells of a draft's acceptance draw; collisions are harmless
+DRAW_SEED = 2
+AWAY_SCALE = 4.0  # a rejected cell's push, in mean embedding lengths: enough to move the argmax
 
 
 class EmulatedForward:
@@ -73,9 +80,45 @@ class EmulatedForward:
         import torch
 
         with torch.no_grad():
-            hidden = input_embeds if input_embeds is not None else self.embed(input_ids)
-            hidden = hidden + self.position_rows(positions)
+            hidden = self.hidden_rows(input_ids, positions, input_embeds)
             return self.logits_processor(input_ids, hidden, self.lm_head, forward_batch)
+
+    def hidden_rows(self, input_ids: Any, positions: Any, input_embeds: Any = None) -> Any:
+        """The last hidden state of each input token: its embedding plus its position's vector."""
+        hidden = input_embeds if input_embeds is not None else self.embed(input_ids)
+        return hidden + self.position_rows(positions)
+
+
+class EmulatedDraft(EmulatedForward):
+    """A draft's stand-in: the target's embedding, LM head and position vectors, so it proposes
+    the target's next token, except on the (token, position) cells whose fixed uniform draw is
+    at least `acceptance`, where a fixed direction several embeddings long moves the argmax to
+    another token. The target's verify accepts a drafted token with probability `acceptance`."""
+
+    def __init__(self, model: Any, target: EmulatedForward, acceptance: float, position_offset: int = 0) -> None:
+        super().__init__(model, position_offset)
+        self.embed, self.lm_head = target.embed, target.lm_head
+        self.acceptance = acceptance
+        self._draws: tuple[Any, Any] | None = None  # (uniform per cell, push per cell), built on first use
+
+    def hidden_rows(self, input_ids: Any, positions: Any, input_embeds: Any = None) -> Any:
+        hidden = super().hidden_rows(input_ids, positions, input_embeds)
+        uniform, away = self._cells(hidden)
+        cell = (input_ids.long() * 1_000_003 + positions + self.position_offset) % DRAW_CELLS
+        rejected = (uniform[cell] >= self.acceptance).unsqueeze(-1)
+        return hidden + rejected * away[cell]
+
+    def _cells(self, like: Any) -> tuple[Any, Any]:
+        if self._draws is None:
+            import torch
+
+            gen = torch.Generator().manual_seed(DRAW_SEED)
+            uniform = torch.rand(DRAW_CELLS, generator=gen)
+            away = torch.randn(DRAW_CELLS, like.shape[-1], generator=gen)
+            length = self.embed.weight.detach().float().norm(dim=1).mean().cpu()
+            away *= AWAY_SCALE * length / away.norm(dim=1, keepdim=True)
+            self._draws = (uniform.to(like.device), away.to(device=like.device, dtype=like.dtype))
+        return self._draws
 
 
 def unsupported_reason(model: Any) -> str | None:
@@ -98,7 +141,21 @@ def is_installed(model: Any) -> bool:
 def install(model_runner: Any, position_offset: int = 0) -> bool:
     """Replace the loaded model's forward with the stand-in (idempotent); False, with a warning,
     when the model does not fit, and its full forward keeps running. `position_offset`: how far
-    the positions SGLang passes this model lag the target's for the same token (a draft's)."""
+    the positions SGLang passes this model lag the target's for the same token."""
+    return _install(model_runner, lambda model: EmulatedForward(model, position_offset))
+
+
+def install_draft(draft_runner: Any, target_runner: Any, acceptance: float, position_offset: int = 0) -> bool:
+    """The draft's stand-in (`EmulatedDraft`) over the target's, which must be installed first;
+    False, the draft's full forward kept, when either does not fit."""
+    target = vars(target_runner.model).get("forward")
+    if not isinstance(target, EmulatedForward):
+        logger.warning("the draft runs its full forward: the target's stand-in is not installed")
+        return False
+    return _install(draft_runner, lambda model: EmulatedDraft(model, target, acceptance, position_offset))
+
+
+def _install(model_runner: Any, stand_in: Callable[[Any], EmulatedForward]) -> bool:
     model = model_runner.model
     if is_installed(model):
         return True
@@ -106,6 +163,6 @@ def install(model_runner: Any, position_offset: int = 0) -> bool:
     if reason is not None:
         logger.warning("emulated steps run the full model: %s", reason)
         return False
-    model.forward = EmulatedForward(model, position_offset)  # an instance attribute: shadows the class's method
+    model.forward = stand_in(model)  # an instance attribute: shadows the class's method
     logger.info("emulated steps skip %s's layers (embeddings -> logits processor)", type(model).__name__)
     return True

@@ -78,8 +78,13 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         if self.slo.config.emulate_stand_in:  # emulated steps: logits only, the layers skipped
             emulated_forward.install(self.tp_worker.model_runner)
             draft = draft_model_runner(self.draft_worker) if self.draft_worker is not None else None
-            if draft is not None:  # the tiny draft too: each draft pass would otherwise run its layers
-                emulated_forward.install(draft, position_offset=EAGLE_DRAFT_POSITION_LAG)
+            if draft is not None:  # the draft too: each draft pass would otherwise run its layers
+                emulated_forward.install_draft(
+                    draft,
+                    self.tp_worker.model_runner,
+                    self.slo.config.emulate_draft_acceptance,
+                    position_offset=EAGLE_DRAFT_POSITION_LAG,
+                )
         self._slo_bind_engine()
         self.slo.sync = pass_sync(self)
         self._slo_start_status()

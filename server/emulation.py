@@ -85,15 +85,15 @@ def stand_in_applies(model_path: str | None, draft_path: str | None, full_forwar
     """Whether emulated steps skip the model's layers (scheduler/sglang_emulated_forward.py):
     for the tiny random model only (a real model's outputs matter), and not when the user asks
     for the tiny model's math (--emulate-full-forward: tokens that match a plain tiny server).
-    Under speculative decoding the draft must be the tiny target's perturbed copy (tiny-draft)
-    or none (NGRAM): both then skip their layers, and a draft is accepted where the two
-    models' own embedding-to-logits maps agree. An EAGLE head shares the target's embedding
-    and LM head, so its stand-in would agree on every token: it keeps its full forward."""
+    Under speculative decoding the draft must be one of the tiny target's (tiny-draft for
+    STANDALONE, tiny-eagle for EAGLE) or none (NGRAM): its passes then skip their layers too,
+    and its proposals follow the stated acceptance model (--emulate-draft-acceptance). An EAGLE3
+    target captures hidden states its stand-in has none of: both models keep their full forward."""
     if not is_tiny_model(model_path) or full_forward:
         return False
     return draft_path is None or is_tiny_draft(draft_path)
 
 
 def is_tiny_draft(model_path: str | None) -> bool:
-    """The tiny target's perturbed copy (a STANDALONE draft), by alias or by its prepared folder."""
-    return model_path == "tiny-draft" or _prepared(model_path, r"-\d+-draft[0-9.e+-]+")
+    """A draft of the tiny target the stand-in serves (tiny-draft, tiny-eagle), by alias or folder."""
+    return model_path in ("tiny-draft", "tiny-eagle") or _prepared(model_path, r"-\d+-(draft[0-9.e+-]+|eagle)")

@@ -42,7 +42,12 @@ from benchmarks.goodput.scoring import check_consistency
 from benchmarks.goodput.workload import plan
 from benchmarks.workloads.text import PromptText
 
-MIX_SETUPS = {"chatbot": ("slos-chatbot", "azure-conv"), "coder": ("slos-coder", "azure-code")}
+MIX_SETUPS = {
+    "chatbot": ("slos-chatbot", "azure-conv"),
+    "coder": ("slos-coder", "azure-code"),
+    "chat-tight": ("slos-chat-tight", "azure-conv"),  # ChatBot's TTFT, a 20 ms H100 TPOT
+    "chat-tight10": ("slos-chat-tight10", "azure-conv"),  # and 10 ms
+}
 DRAFT = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft"]
 FULL = {"units": 60, "rates": "chatbot=0.5,1,1.5;coder=0.5,1,1.5", "max_output": 128, "drain_timeout": 150.0}
 QUICK = {"units": 12, "rates": "chatbot=2;coder=2", "max_output": 32, "drain_timeout": 60.0}

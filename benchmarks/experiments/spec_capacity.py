@@ -20,10 +20,9 @@ from benchmarks.cli import doc_parser
 from benchmarks.experiments.headline_grid import TARGET, Config, Grid, workload_spec
 from benchmarks.experiments.headline_slos_serve import SLOS_SCENARIOS
 from benchmarks.goodput.capacity import search_capacity
-from benchmarks.goodput.mixes import MIXES, Mix, _slos_app
 from benchmarks.simulator.runner import slo_scale
 
-TIGHT_TPOT_MS = {"chat-tight": 20.0, "chat-tight10": 10.0}  # H100 TPOTs, before the card's factor
+TIGHT_CHAT = ("chat-tight", "chat-tight10")  # mixes slos-chat-tight(10): 20 and 10 ms H100 TPOTs
 SYSTEMS = {
     "sarathi": Config("sarathi", "a100:1", policy="sarathi"),
     "slos": Config("slos", "a100:1", policy="slos"),
@@ -32,13 +31,8 @@ SYSTEMS = {
 
 
 def scenarios() -> dict[str, tuple[str, str, str]]:
-    """The headline's scenarios and the tight-TPOT chat tiers (their mixes registered here)."""
-    out = dict(SLOS_SCENARIOS)
-    for name, tpot in TIGHT_TPOT_MS.items():
-        mix = f"slos-{name}"
-        MIXES.setdefault(mix, Mix({"latency": 1}, {"latency": _slos_app(5.0, tpot)}))
-        out[name] = ("azure-conv", mix, "trace")
-    return out
+    """The headline's scenarios and the tight-TPOT chat tiers."""
+    return {**SLOS_SCENARIOS, **{name: ("azure-conv", f"slos-{name}", "trace") for name in TIGHT_CHAT}}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -295,6 +295,10 @@ MIXES: dict[str, Mix] = {
     "slos-serve": Mix({"latency": 1}, {"latency": _slos_serve}),
     "slos-chatbot": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_LOOSE[1])}),
     "slos-coder": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_TIGHT[1])}),
+    # ChatBot's TTFT with a TPOT tight enough that decoding, not prefill, may bind (issue #48:
+    # where SLO-adaptive speculation is meant to pay); H100 TPOTs, scaled to the card like every mix
+    "slos-chat-tight": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], 20.0)}),
+    "slos-chat-tight10": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], 10.0)}),
     "goodserve": Mix({"deadline": 1}, {"deadline": _goodserve}),
     "chat": Mix(
         {"latency": 6, "deadline": 2, "none": 2},

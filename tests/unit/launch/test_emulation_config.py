@@ -33,7 +33,7 @@ def test_startup_flags_fill_only_what_the_user_left_out() -> None:
     assert "--max-total-tokens" not in flags and "--context-length" in flags
 
 
-def test_the_tiny_model_and_its_perturbed_draft_skip_their_layers() -> None:
+def test_the_tiny_model_and_its_drafts_skip_their_layers() -> None:
     tiny_folder = str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0")
     draft_folder = str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0-draft0.08")
     assert is_tiny_model("tiny") and is_tiny_model(tiny_folder)
@@ -42,10 +42,10 @@ def test_the_tiny_model_and_its_perturbed_draft_skip_their_layers() -> None:
     assert is_tiny_draft("tiny-draft") and is_tiny_draft(draft_folder) and not is_tiny_draft(tiny_folder)
     assert stand_in_applies(tiny_folder, draft_path=None, full_forward=False)  # no speculation, or NGRAM
     assert stand_in_applies(tiny_folder, draft_path=draft_folder, full_forward=False)  # STANDALONE tiny-draft
-    # an EAGLE head shares the target's embedding and LM head: its stand-in would agree on every token
-    assert not stand_in_applies(
-        tiny_folder, draft_path=str(cache_dir() / "models" / "tiny-eagle-0"), full_forward=False
-    )
+    eagle, eagle3 = (str(cache_dir() / "models" / f"{TINY_MODEL_NAME}-0-{kind}") for kind in ("eagle", "eagle3"))
+    assert stand_in_applies(tiny_folder, draft_path=eagle, full_forward=False)
+    # an EAGLE3 target captures hidden states the stand-in has none of
+    assert not stand_in_applies(tiny_folder, draft_path=eagle3, full_forward=False)
     assert not stand_in_applies("tiny", draft_path=None, full_forward=True)
     assert not stand_in_applies("/models/Llama-3-8B", draft_path=None, full_forward=False)  # a real model
 

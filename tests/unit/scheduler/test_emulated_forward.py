@@ -17,7 +17,7 @@ activate()  # the CPU import hooks SGLang's modules need on this machine
 from sglang.srt.layers import logits_processor as sglang_logits  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
-from scheduler.sglang_emulated_forward import EmulatedForward, install, is_installed  # noqa: E402
+from scheduler.sglang_emulated_forward import EmulatedForward, install, install_draft, is_installed  # noqa: E402
 
 VOCAB, HIDDEN = 512, 64
 
@@ -34,9 +34,9 @@ def single_process_context() -> None:
 class TinyCausalLm(torch.nn.Module):
     """The parts of an SGLang causal LM the stand-in uses; its layers count their calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, seed: int = 0) -> None:
         super().__init__()
-        torch.manual_seed(0)
+        torch.manual_seed(seed)
         self.embed_tokens = torch.nn.Embedding(VOCAB, HIDDEN)
         self.lm_head = torch.nn.Linear(HIDDEN, VOCAB, bias=False)
         self.logits_processor = sglang_logits.LogitsProcessor(SimpleNamespace(vocab_size=VOCAB, hidden_size=HIDDEN))
@@ -158,3 +158,27 @@ def test_install_is_idempotent_and_leaves_unfit_models_alone() -> None:
 
     no_head = torch.nn.Linear(2, 2)
     assert not install(SimpleNamespace(model=no_head)) and not is_installed(no_head)
+
+
+def _agreement(target: SimpleNamespace, draft_model: TinyCausalLm, lag: int = 0, n: int = 4000) -> float:
+    """Share of (token, position) cells where the draft's next token is the target's."""
+    ids, positions = _ids(n, seed=3), torch.arange(n) + 100
+    want = target.model.forward(ids, positions, _decode()).next_token_logits.argmax(-1)
+    got = draft_model.forward(ids, positions - lag, _decode()).next_token_logits.argmax(-1)
+    return float((want == got).float().mean())
+
+
+@pytest.mark.parametrize("acceptance", [0.0, 0.5, 0.8, 1.0])
+def test_a_draft_agrees_with_its_target_at_the_stated_acceptance(acceptance: float) -> None:
+    target = _runner()
+    draft = SimpleNamespace(model=TinyCausalLm(seed=1))  # its own weights: the stand-in uses the target's
+    assert install_draft(draft, target, acceptance, position_offset=1)
+    assert _agreement(target, draft.model, lag=1) == pytest.approx(acceptance, abs=0.03)
+    assert draft.model.layer_calls == 0
+
+
+def test_a_draft_needs_its_targets_stand_in() -> None:
+    target = SimpleNamespace(model=TinyCausalLm())  # full forward: no stand-in to follow
+    draft = SimpleNamespace(model=TinyCausalLm(seed=1))
+    assert not install_draft(draft, target, 0.8)
+    assert not is_installed(draft.model)
