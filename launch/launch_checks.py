@@ -254,8 +254,10 @@ def check_slo_args(args: argparse.Namespace, emulation: Any, on_cpu: bool) -> Ch
     if args.slo_policy != "fcfs":
         args.schedule_policy = "fcfs"  # keep the SLO policy's order: SGLang must not re-sort
         # auto: mixed where forward passes run at GPU cost (a GPU, or an emulated one)
+        # Under speculation SGLang's own resolution turns it off again for the algorithms that
+        # cannot verify beside a prefill (STANDALONE, NGRAM), with a warning; EAGLE keeps it.
         mixed = args.slo_batching == "mixed" or (args.slo_batching == "auto" and (not on_cpu or emulation))
-        if mixed and not args.speculative_algorithm:
+        if mixed:
             args.enable_mixed_chunk = True
     if args.pp_size > 1 and args.slo_policy != "fcfs":
         raise SystemExit(

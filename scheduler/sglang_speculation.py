@@ -47,7 +47,8 @@ def attach_slo_controller(
 
     initial = int(spec_worker.speculative_num_steps)
     steps = sorted(set(candidates) | {initial})
-    # SGLang runs prefill in batches of its own under speculation (no mixed chunk)
+    # No prefill rides in a verify batch: STANDALONE runs prefill in passes of its own, and in
+    # EAGLE's mixed steps the decodes do not draft
     controller = SloSpeculation(steps, draft_ratio, initial=initial, margin=margin, mixed_batches=False)
     spec_worker.adaptive_controller = AdaptiveController(spec_worker, controller)
     logger.info("SLO speculation: candidate lengths %s, draft/target cost %.3f", steps, draft_ratio)

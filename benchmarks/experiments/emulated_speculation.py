@@ -1,17 +1,21 @@
-"""SLO-adaptive vs fixed-length vs no speculation, on SLOs-Serve's ChatBot and Coder.
+"""SLO-adaptive vs fixed-length vs no speculation, on SLOs-Serve's ChatBot and Coder and on
+tight-TPOT chat tiers.
 
 One emulated GPU (Llama-3-8B profile, every forward pass K = --slowdown times slower) serves the
 same planned workload under each configuration:
 - `none`: no speculation (SGLang's mixed prefill+decode batches, as our server runs on a GPU);
-- `fixed:S`: STANDALONE speculation at SGLang's fixed length S;
-- `slo` (or `slo:S`): STANDALONE with --slo-speculation, the length chosen per batch among
-  0..4 (or 0..S) (SLOs-Serve §3.2.3).
-The draft is the tiny model's perturbed copy (server/models.py: it agrees with the target on
-about as many tokens as a real draft does); its step is charged --draft-ratio of the target's
-decode step on the emulated card (an EAGLE head on Llama-3-8B reads ~10 % of the weights). All
-configurations run the same policy (--policy). SLOs: the paper's Tab. 2 — ChatBot 5x zero-load
-TTFT and 100 ms TPOT, Coder 5x and 50 ms — on the card's times, times K. Lengths: Azure
-conversation (ChatBot) and code (Coder) traces, as in the paper's Tab. 4.
+- `fixed:S`: speculation (--algorithm: EAGLE with the tiny target's EAGLE head, or STANDALONE
+  with its perturbed copy) at SGLang's fixed length S;
+- `slo` (or `slo:S`): the same with --slo-speculation, the length chosen per batch among 0..4
+  (or 0..S) (SLOs-Serve §3.2.3).
+Both models skip their layers (the emulated step's stand-in); a drafted token is accepted with
+probability --acceptance (the stated acceptance model, docs/emulation.md), and a draft pass is
+charged --draft-ratio of the target's decode step on the emulated card (an EAGLE head on
+Llama-3-8B reads ~10 % of the weights). SGLang keeps mixed batches under EAGLE (a mixed step's
+decodes do not draft), not under STANDALONE. All configurations run the same policy (--policy).
+SLOs: the paper's Tab. 2 — ChatBot 5x zero-load TTFT and 100 ms TPOT, Coder 5x and 50 ms; the
+tight chat tiers ChatBot's TTFT with 20 or 10 ms — on the card's times, times K. Lengths: Azure
+conversation (ChatBot, chat tiers) and code (Coder) traces, as in the paper's Tab. 4.
 
 Prints per mix the attainment at each rate and the rate where it crosses --target (linear
 between measured rates), the capacity ratios to `none` and to the fixed length, and per run the
@@ -48,27 +52,28 @@ MIX_SETUPS = {
     "chat-tight": ("slos-chat-tight", "azure-conv"),  # ChatBot's TTFT, a 20 ms H100 TPOT
     "chat-tight10": ("slos-chat-tight10", "azure-conv"),  # and 10 ms
 }
-DRAFT = ["--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", "tiny-draft"]
+DRAFTS = {"EAGLE": "tiny-eagle", "STANDALONE": "tiny-draft"}  # the tiny target's drafts
 FULL = {"units": 60, "rates": "chatbot=0.5,1,1.5;coder=0.5,1,1.5", "max_output": 128, "drain_timeout": 150.0}
 QUICK = {"units": 12, "rates": "chatbot=2;coder=2", "max_output": 32, "drain_timeout": 60.0}
 
 
-def config_flags(name: str, draft_ratio: float) -> list[str]:
+def config_flags(name: str, draft_ratio: float, algorithm: str = "EAGLE") -> list[str]:
     """Server flags of one configuration: none, fixed:S or slo."""
     if name == "none":
         return []
-    ratio = ["--slo-spec-draft-ratio", str(draft_ratio)]
+    draft = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", DRAFTS[algorithm]]
+    ratio = [*draft, "--slo-spec-draft-ratio", str(draft_ratio)]
     if name == "slo" or name.startswith("slo:"):
         longest = name.partition(":")[2] or "4"
         if not longest.isdigit() or int(longest) < 1:
             raise ValueError(f"configuration {name!r}: slo:S with S >= 1 the longest candidate")
         steps = ",".join(str(s) for s in range(int(longest) + 1))
-        return [*DRAFT, *ratio, "--slo-speculation", "--slo-spec-steps", steps]
+        return [*ratio, "--slo-speculation", "--slo-spec-steps", steps]
     kind, _, steps = name.partition(":")
     if kind != "fixed" or not steps.isdigit() or int(steps) < 1:
         raise ValueError(f"configuration {name!r}: none, fixed:S (S >= 1), slo or slo:S")
     s = int(steps)
-    return [*DRAFT, *ratio, "--speculative-num-steps", str(s), "--speculative-eagle-topk", "1",
+    return [*ratio, "--speculative-num-steps", str(s), "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", str(s + 1)]  # fmt: skip
 
 
@@ -96,6 +101,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu", default="h100")
     p.add_argument("--slowdown", type=float, default=16.0)
     p.add_argument("--draft-ratio", type=float, default=0.1, help="draft step / target decode step (emulated)")
+    p.add_argument("--algorithm", default="EAGLE", choices=sorted(DRAFTS), help="the draft (tiny-eagle or tiny-draft)")
+    p.add_argument("--acceptance", type=float, default=0.8, help="--emulate-draft-acceptance of the draft")
     p.add_argument("--policy", default="edf", help="--slo-policy of every configuration")
     p.add_argument("--max-running-requests", type=int, default=32)
     p.add_argument("--units", type=int)
@@ -115,7 +122,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, value)
     args.config_list = [c.strip() for c in args.configs.split(",") if c.strip()]
     for name in args.config_list:
-        config_flags(name, args.draft_ratio)  # fail on a typo before any server starts
+        config_flags(name, args.draft_ratio, args.algorithm)  # fail on a typo before any server starts
     args.mix_list = [m.strip() for m in args.mixes.split(",") if m.strip()]
     unknown = [m for m in args.mix_list if m not in MIX_SETUPS]
     if unknown:
@@ -192,11 +199,13 @@ def main(argv: list[str] | None = None) -> int:
     text = PromptText(resolve_model("tiny"))
     runs: dict[str, list[dict[str, Any]]] = {m: [] for m in args.mix_list}
     common = ["--emulate-gpu", args.gpu, "--emulate-slowdown", f"{args.slowdown:g}", "--slo-policy", args.policy,
+              "--emulate-draft-acceptance", str(args.acceptance),
               "--max-running-requests", str(args.max_running_requests)]  # fmt: skip
     try:
         for config in args.config_list:
             print(f"== {config}", flush=True)
-            server = BenchServer("tiny", [*common, *config_flags(config, args.draft_ratio)], name=config).start()
+            flags = config_flags(config, args.draft_ratio, args.algorithm)
+            server = BenchServer("tiny", [*common, *flags], name=config).start()
             try:
                 warm_up(server.url)
                 target = Target(config, server.url, args)

@@ -137,3 +137,30 @@ def test_enabling_keeps_sglang_on_the_intel_amx_backend_through_resolution(tmp_p
     platform_probe = "from sglang.srt.runtime_context import get_platform; print(get_platform().has_amx)"
     has_amx = "True" in subprocess.run([sys.executable, "-c", platform_probe], capture_output=True, text=True).stdout
     assert lines == [f"plain {'intel_amx' if has_amx else 'torch_native'}", "enabled intel_amx"]
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "draft", "mixed"), [("EAGLE", "tiny-eagle", True), ("STANDALONE", "tiny-draft", False)]
+)
+def test_an_emulated_slo_server_keeps_mixed_batches_where_sglang_verifies_beside_a_prefill(
+    algorithm: str, draft: str, mixed: bool
+) -> None:
+    """The launcher asks for mixed batches under an SLO policy on an emulated card, speculating or
+    not; SGLang's own resolution keeps them for EAGLE (its decodes then skip drafting in a mixed
+    step) and turns them off for STANDALONE."""
+    from launch_argv import _resolve_model
+    from launch_checks import check_slo_args
+    from launch_server import build_parser, resolved_fields
+    from server import emulation
+    from server.cpu_support import activate
+
+    activate()
+    from sglang.srt.server_args import ServerArgs
+
+    argv = ["--model-path", "tiny", "--slo-policy", "edf", "--speculative-algorithm", algorithm]
+    args = build_parser().parse_args(
+        _resolve_model(_with_cpu_defaults([*argv, "--speculative-draft-model-path", draft]))
+    )
+    check_slo_args(args, emulation.resolve("h100"), on_cpu=True)
+    assert args.enable_mixed_chunk is True
+    assert resolved_fields(ServerArgs.from_cli_args(args), "enable_mixed_chunk") == (mixed,)
