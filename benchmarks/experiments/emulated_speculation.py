@@ -4,6 +4,9 @@ tight-TPOT chat tiers.
 One emulated GPU (Llama-3-8B profile, every forward pass K = --slowdown times slower) serves the
 same planned workload under each configuration:
 - `none`: no speculation (SGLang's mixed prefill+decode batches, as our server runs on a GPU);
+- `none:sync`: the same without SGLang's overlap schedule, which its speculation does not run
+  with on a CPU (on a GPU it does): the baseline that differs from the speculative runs in the
+  speculation alone;
 - `fixed:S`: speculation (--algorithm: EAGLE with the tiny target's EAGLE head, or STANDALONE
   with its perturbed copy) at SGLang's fixed length S;
 - `slo` (or `slo:S`): the same with --slo-speculation, the length chosen per batch among 0..4
@@ -61,6 +64,8 @@ def config_flags(name: str, draft_ratio: float, algorithm: str = "EAGLE") -> lis
     """Server flags of one configuration: none, fixed:S or slo."""
     if name == "none":
         return []
+    if name == "none:sync":  # SGLang's speculation runs without the overlap schedule on CPU: the fair baseline
+        return ["--disable-overlap-schedule"]
     draft = ["--speculative-algorithm", algorithm, "--speculative-draft-model-path", DRAFTS[algorithm]]
     ratio = [*draft, "--slo-spec-draft-ratio", str(draft_ratio)]
     if name == "slo" or name.startswith("slo:"):
@@ -71,7 +76,7 @@ def config_flags(name: str, draft_ratio: float, algorithm: str = "EAGLE") -> lis
         return [*ratio, "--slo-speculation", "--slo-spec-steps", steps]
     kind, _, steps = name.partition(":")
     if kind != "fixed" or not steps.isdigit() or int(steps) < 1:
-        raise ValueError(f"configuration {name!r}: none, fixed:S (S >= 1), slo or slo:S")
+        raise ValueError(f"configuration {name!r}: none, none:sync, fixed:S (S >= 1), slo or slo:S")
     s = int(steps)
     return [*ratio, "--speculative-num-steps", str(s), "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", str(s + 1)]  # fmt: skip
@@ -186,10 +191,11 @@ def summary(mix: str, runs: list[dict[str, Any]], args: argparse.Namespace) -> s
         lines.append(f"| {config} | " + " | ".join(cells) + f" | {shown} |")
     if note := invalid_note(runs):
         lines += ["", note]
-    base = capacity.get("none")
-    for config, cap in capacity.items():
-        if config != "none" and cap and base:
-            lines.append(f"\n{config} / none capacity: {cap / base:.2f}x")
+    for name in ("none", "none:sync"):
+        base = capacity.get(name)
+        for config, cap in capacity.items():
+            if not config.startswith("none") and cap and base:
+                lines.append(f"\n{config} / {name} capacity: {cap / base:.2f}x")
     return "\n".join(lines) + "\n"
 
 
