@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +57,9 @@ MIX_SETUPS = {
     "chat-tight10": ("slos-chat-tight10", "azure-conv"),  # and 10 ms
 }
 DRAFTS = {"EAGLE": "tiny-eagle", "STANDALONE": "tiny-draft"}  # the tiny target's drafts
+# A seed's workload starts this far into the trace: other requests and another arrival pattern (the
+# mixes' SLOs do not depend on the seed, so the same window under every seed would be one run).
+SEED_SPAN_S = 600.0
 FULL = {"units": 60, "rates": "chatbot=0.5,1,1.5;coder=0.5,1,1.5", "max_output": 128, "drain_timeout": 150.0}
 QUICK = {"units": 12, "rates": "chatbot=2;coder=2", "max_output": 32, "drain_timeout": 60.0}
 
@@ -116,7 +120,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-output", type=int)
     p.add_argument("--drain-timeout", type=float)
     p.add_argument("--target", type=float, default=0.9)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the trace window: seed x 600 s into the trace")
     p.add_argument("--quick", action="store_true", help="a few requests per run, one rate")
     p.add_argument("--data-dir", help="traces folder (default $SGLANG_SLO_DATA or ../shared/data)")
     p.add_argument("--out", type=Path, default=Path("results/speculation"))
@@ -218,7 +222,8 @@ def main(argv: list[str] | None = None) -> int:
                 for mix in args.mix_list:
                     slo_mix, trace = MIX_SETUPS[mix]
                     margs = argparse.Namespace(**{**vars(args), "trace": trace})
-                    spec, scale = workload(margs, slo_mix), mix_scale(slo_mix, args.slowdown)
+                    spec = replace(workload(margs, slo_mix), start_s=args.seed * SEED_SPAN_S)
+                    scale = mix_scale(slo_mix, args.slowdown)
                     for rate in args.rates_of[mix]:
                         flush(server.url)
                         print(f"-- {mix} / {config} @ {rate:g} units/s", flush=True)
