@@ -281,7 +281,11 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         settings = slo.config.speculation
         if settings is not None:
             slo.spec = attach_slo_controller(
-                self.draft_worker, settings["candidates"], slo.meter.spec_cost_ratio, settings.get("margin", 0.05)
+                self.draft_worker,
+                settings["candidates"],
+                slo.meter.spec_cost_ratio,
+                settings.get("margin", 0.05),
+                mixed_chunk=bool(self.server_args.enable_mixed_chunk),  # EAGLE: its decodes draft in decode-only steps
             )
 
     def _slo_spec_steps(self) -> int:

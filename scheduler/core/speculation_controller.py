@@ -73,6 +73,7 @@ class SloSpeculation:
         tighten_floor: float = 0.25,
         mixed_batches: bool = True,
         draft_for_prefill: bool = False,
+        decode_only_drafts: bool = False,
     ) -> None:
         steps = sorted({int(s) for s in candidates})
         if not steps or steps[0] < 0:
@@ -87,6 +88,9 @@ class SloSpeculation:
         self.tighten_floor = tighten_floor
         self.mixed_batches = mixed_batches  # does prefill ride in verify batches (spec_length)
         self.draft_for_prefill = draft_for_prefill  # draft to buy prefill budget (the paper's gain), see `_target`
+        # The engine drafts only in decode-only steps; a step with prefill runs its decodes plain
+        # beside it (SGLang's EAGLE with mixed batches): see `_target`.
+        self.decode_only_drafts = decode_only_drafts
         self._pending: int | None = None
         self._pending_for = 0
         self.switches = 0
@@ -175,12 +179,28 @@ class SloSpeculation:
         base = choices[self.candidates[0]]
         if not base.feasible:
             return winner  # the TPOTs bind: no drafts cannot keep them
+        if self.decode_only_drafts:
+            return self._fastest_per_token(choices, base)
         if not self.draft_for_prefill:
             return base
         small_gain = winner.prefill_rate <= base.prefill_rate * (1.0 + self.margin)
         if small_gain or pending_prefill(view) <= base.prefill_budget:
             return base
         return winner
+
+    def _per_token_s(self, choice: LengthChoice) -> float:
+        """Decode seconds per token a request gains at this length: its verify (and drafts) over Acc(s)."""
+        return choice.exec_time_s / acceptance(choice.steps, self.acceptance.alpha)
+
+    def _fastest_per_token(self, choices: dict[int, LengthChoice], base: LengthChoice) -> LengthChoice:
+        """Where drafting happens only in decode-only steps it takes no prefill's time: nothing
+        waits for those steps but the decodes, and every token a decode banks ahead of its
+        deadline-based schedule is slack for the longer mixed steps. So the length with the least
+        decode time per token, where it beats no drafting by the margin (the verify grows with
+        the batch: a compute-bound batch gains nothing and stays at no drafting)."""
+        feasible = [c for c in choices.values() if c.feasible]
+        fastest = min(feasible, key=lambda c: (self._per_token_s(c), c.steps))
+        return fastest if self._per_token_s(fastest) * (1.0 + self.margin) < self._per_token_s(base) else base
 
     def _consider(self, winner: LengthChoice, now: LengthChoice) -> None:
         if winner.steps == self.current:
@@ -189,7 +209,10 @@ class SloSpeculation:
         if winner.feasible and not now.feasible:
             self._switch(winner.steps)  # the current length misses a TPOT another keeps: now
             return
-        clear_gain = winner.prefill_rate > now.prefill_rate * (1.0 + self.margin)
+        if self.decode_only_drafts:  # the gain is time per token (`_fastest_per_token`)
+            clear_gain = self._per_token_s(winner) * (1.0 + self.margin) < self._per_token_s(now)
+        else:
+            clear_gain = winner.prefill_rate > now.prefill_rate * (1.0 + self.margin)
         shorter = winner.steps < now.steps  # drafting does not pay (`_target`): back off
         if not clear_gain and not shorter and now.feasible:
             self._pending, self._pending_for = None, 0

@@ -13,7 +13,7 @@ import pytest
 from scheduler.core.estimates import next_token_due
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.slos_serve.spec_length import Tier, best, choose_uniform
+from scheduler.core.slos_serve.spec_length import Tier, acceptance, best, choose_uniform
 from scheduler.core.speculation_controller import SloSpeculation, effective_tpot_s, tiers_of
 from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, RequestView
@@ -352,3 +352,28 @@ def test_tpot_bound_batch_drafts_by_default() -> None:
     assert c.last.feasible
     steps = [c.update(view((30, 32)), PERF) for _ in range(3)]
     assert steps == [2, 0, 0]
+
+
+def test_decode_only_drafts_take_the_least_time_per_token() -> None:
+    """SGLang's EAGLE with mixed batches drafts only in decode-only steps (prefill rides beside
+    plain decodes), where drafting takes no prefill's time: a memory-bound batch whose TPOT no
+    drafting keeps drafts, at the length with the least decode time per token, and the rule
+    that would stay at 0 there (no TPOT binds) does not apply."""
+    plain = controller(initial=0, dwell=2)
+    assert [plain.update(view((30, 32)), PERF) for _ in range(3)] == [0, 0, 0]
+    c = controller(initial=0, dwell=2, decode_only_drafts=True)
+    steps = [c.update(view((30, 32)), PERF) for _ in range(3)]
+    choices = uniform_choices(30, 32)
+    alpha = c.acceptance.alpha
+    per_token = {s: ch.exec_time_s / acceptance(s, alpha) for s, ch in choices.items() if ch.feasible}
+    assert steps[:1] == [0] and steps[-1] == min(per_token, key=per_token.get) > 0
+    assert c.switches == 1
+
+
+def test_decode_only_drafts_stay_at_none_on_a_compute_bound_batch() -> None:
+    """Where the verify tokens set the step time, a longer verify takes as long per token as the
+    plain decodes: no length beats none by the margin."""
+    c = controller(initial=2, dwell=2, decode_only_drafts=True)
+    for _ in range(3):
+        c.update(view((200, 512)), PERF)
+    assert c.get_steps_for_batch(512) == 0
