@@ -276,7 +276,13 @@ def test_uneven_calibration_scales_short_prompts_more() -> None:
     assert scale.tpot_factor == 1
 
 
-FIXED_SLO_MIXES = ("none", "slos-chatbot", "slos-coder")  # one SLO per application: nothing is drawn
+FIXED_SLO_MIXES = (
+    "none",
+    "slos-chatbot",
+    "slos-coder",
+    "slos-chat-tight",
+    "slos-chat-tight10",
+)  # one SLO per application: nothing is drawn
 
 
 def test_slos_serve_applications_have_their_papers_tiers() -> None:
