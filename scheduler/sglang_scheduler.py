@@ -85,6 +85,11 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
                     self.slo.config.emulate_draft_acceptance,
                     position_offset=EAGLE_DRAFT_POSITION_LAG,
                 )
+        if self.slo.spec is not None:
+            # SGLang's resolved mixed batching (set after the draft worker is built; its server
+            # args keep the operator's input): under EAGLE's mixed steps drafts run only in
+            # decode-only steps, which the controller's rule depends on
+            self.slo.spec.decode_only_drafts = bool(self.is_mixed_chunk)
         self._slo_bind_engine()
         self.slo.sync = pass_sync(self)
         self._slo_start_status()
@@ -285,7 +290,6 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
                 settings["candidates"],
                 slo.meter.spec_cost_ratio,
                 settings.get("margin", 0.05),
-                mixed_chunk=bool(self.server_args.enable_mixed_chunk),  # EAGLE: its decodes draft in decode-only steps
             )
 
     def _slo_spec_steps(self) -> int:

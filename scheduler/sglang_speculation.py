@@ -37,7 +37,7 @@ def measured_draft_ratio(spec_worker: Any, target_runner: Any) -> float | None:
 
 
 def attach_slo_controller(
-    spec_worker: Any, candidates: list[int], draft_ratio: float, margin: float = 0.05, mixed_chunk: bool = False
+    spec_worker: Any, candidates: list[int], draft_ratio: float, margin: float = 0.05
 ) -> SloSpeculation | None:
     """Install the SLO controller on an EAGLE-family worker; None for workers without adaptive
     support (NGRAM), which keep their fixed length."""
@@ -49,9 +49,7 @@ def attach_slo_controller(
     steps = sorted(set(candidates) | {initial})
     # No prefill rides in a verify batch: STANDALONE runs prefill in passes of its own, and in
     # EAGLE's mixed steps the decodes do not draft
-    controller = SloSpeculation(
-        steps, draft_ratio, initial=initial, margin=margin, mixed_batches=False, decode_only_drafts=mixed_chunk
-    )
+    controller = SloSpeculation(steps, draft_ratio, initial=initial, margin=margin, mixed_batches=False)
     spec_worker.adaptive_controller = AdaptiveController(spec_worker, controller)
     logger.info("SLO speculation: candidate lengths %s, draft/target cost %.3f", steps, draft_ratio)
     return controller

@@ -257,6 +257,7 @@ class SloSpeculation:
             "steps": self.current,
             "candidate_steps": self.candidates,
             "alpha": round(self.acceptance.alpha, 4),
+            "decode_only_drafts": self.decode_only_drafts,
             "mean_accepted_drafts": self.acceptance.mean_accepted(),
             "verifies": self.acceptance.verifies,
             "steps_used": {str(k): v for k, v in sorted(self.steps_used.items())},

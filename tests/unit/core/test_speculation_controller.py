@@ -258,6 +258,7 @@ STATUS_KEYS = {
     "steps_used",
     "tokens_per_verify",
     "draft_ratio",
+    "decode_only_drafts",
     "tiers",
     "tightened_requests",
     "switches",
