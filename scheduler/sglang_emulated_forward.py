@@ -138,16 +138,16 @@ def is_installed(model: Any) -> bool:
     return isinstance(vars(model).get("forward"), EmulatedForward)
 
 
-def install(model_runner: Any, position_offset: int = 0) -> bool:
-    """Replace the loaded model's forward with the stand-in (idempotent); False, with a warning,
-    when the model does not fit, and its full forward keeps running. `position_offset`: how far
-    the positions SGLang passes this model lag the target's for the same token."""
-    return _install(model_runner, lambda model: EmulatedForward(model, position_offset))
+def install(model_runner: Any) -> bool:
+    """Replace the loaded target model's forward with the stand-in (idempotent); False, with a
+    warning, when the model does not fit, and its full forward keeps running."""
+    return _install(model_runner, EmulatedForward)
 
 
 def install_draft(draft_runner: Any, target_runner: Any, acceptance: float, position_offset: int = 0) -> bool:
     """The draft's stand-in (`EmulatedDraft`) over the target's, which must be installed first;
-    False, the draft's full forward kept, when either does not fit."""
+    False, the draft's full forward kept, when either does not fit. `position_offset`: how far
+    the positions SGLang passes the draft lag the target's for the same token."""
     target = vars(target_runner.model).get("forward")
     if not isinstance(target, EmulatedForward):
         logger.warning("the draft runs its full forward: the target's stand-in is not installed")
