@@ -8,8 +8,9 @@ aimed at what makes one policy's pass slow, read off the policies themselves:
 - `forced`: a full batch (nothing admitted can start), a few running prompts still in prefill
   and a deep queue of open latency requests with long TTFTs: the SLOs-Serve DP
   (scheduler/core/slos_serve/dp.py) admits up to its candidates every pass and they stay
-  forced, so the forced set grows pass after pass, and once it stops being feasible the
-  re-solve runs over them as free items (the square of their number);
+  forced, so the forced set grows pass after pass; some running prompts are already past
+  their first token's due time, and the rest cannot all make theirs, so every pass decides the
+  most urgent items again (scheduler/core/slos_serve/admission.py);
 - `tiers`: deadlines spread over three decades and TPOTs all distinct, so the DP's state space
   (decoders per tier) and the ladder of derived tiers are as wide as they get;
 - `compound`: every request a compound call, most in a few very large stages and the rest in

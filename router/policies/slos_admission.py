@@ -5,7 +5,7 @@ SLOs are still attainable there. The router's virtual replica is what it knows i
 it has in flight on the worker (`running_on`) and the worker's measured EMAs. In-flight requests
 with a first token are decoders in their TPOT tier; those without one are forced prefill items due
 by their prefill deadline; the new request is the one optional item, admitted iff the DP (App. C
-form, `scheduler.core.slos_serve.dp.admit`) keeps it while every forced item still holds. SLO terms
+form, `scheduler.core.slos_serve.admission.admit`) keeps it while every forced item still holds. SLO terms
 come from the core's own `demand`, so deadline and compound requests get the same derived prefill
 deadline and TPOT tier as on the single server, and requests the core would not guarantee (no SLO,
 or a first-token deadline already missed) decode in the no-target slot: they take batch slots but
@@ -37,7 +37,8 @@ from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients, PerfModel
 from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
-from scheduler.core.slos_serve.dp import DpItem, TierBudget, admit
+from scheduler.core.slos_serve.admission import admit
+from scheduler.core.slos_serve.dp import DpItem, TierBudget
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand
 from scheduler.core.types import RequestView
 
@@ -157,12 +158,21 @@ class ReplicaAdmission:
         for t in decoders:
             counts[slot[t]] += 1
         items = [
-            DpItem(r.rid, d.deadline, d.prefill_tokens, d.mem_tokens, slot[d.tpot], r.slo.weight, forced=r is not req)
+            DpItem(
+                r.rid,
+                d.deadline,
+                d.prefill_tokens,
+                d.mem_tokens,
+                slot[d.tpot],
+                r.slo.weight,
+                forced=r is not req,
+                started=r is not req,
+            )
             for r, d in prefills
         ]
         budget = TierBudget(perf, tiers, held, self.chunk, self.idle)
         # fallback_items=0: when the forced requests cannot all be kept, the answer is no; the
-        # re-solve that would decide which to free is not needed for it.
+        # re-decision of which to keep is not needed for it.
         result = admit(items, budget, tuple(counts), now, mem_budget, w.max_running, fallback_items=0)
         # A replica that cannot keep its own forced requests takes no more (they are not dropped).
         return result.forced_ok and req.rid in result.admitted

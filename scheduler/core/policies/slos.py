@@ -21,9 +21,10 @@ from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
 from scheduler.core.row_reads import SloTable
+from scheduler.core.slos_serve.admission import admit
 from scheduler.core.slos_serve.arrival_bound import ArrivalBoundBudget, arrival_chunk
 from scheduler.core.slos_serve.batch_formation import EPS
-from scheduler.core.slos_serve.dp import DpItem, admit
+from scheduler.core.slos_serve.dp import DpItem
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tiers, expected_outputs
 from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
@@ -145,7 +146,15 @@ class SlosServePolicy:
         demands = {i: self._demand(view.waiting[i], now) for i in candidates}
         forced = queue.forced
 
-        targets, per_target = _tally(decoding[~np.isnan(decoding)])
+        known = decoding[~np.isnan(decoding)]
+        if self.alpha is None and known.size:
+            # A batch's shape depends only on the tightest tier and the number of decoders
+            # (TierBudget.canonical), so one tier stands for every running target: the same
+            # decisions, without a DP tier per distinct target. Speculation's length choice
+            # weighs every tier, so it keeps them.
+            targets, per_target = known.min(keepdims=True), np.array([known.size])
+        else:
+            targets, per_target = _tally(known)
         tiers = sorted(
             set(targets.tolist())
             | {d.tpot for _, d in prefilling + forced if d.tpot is not None}
@@ -157,12 +166,12 @@ class SlosServePolicy:
             counts[index[t]] = n
         counts[-1] = int(np.count_nonzero(np.isnan(decoding)))
 
-        def item(r: RequestView, d: Demand, forced_item: bool, mem: int) -> DpItem:
+        def item(r: RequestView, d: Demand, forced_item: bool, mem: int, started: bool = False) -> DpItem:
             tier = index[d.tpot] if d.tpot is not None else -1
-            return DpItem(r.rid, d.deadline, d.prefill_tokens, mem, tier, r.slo.weight, forced_item)
+            return DpItem(r.rid, d.deadline, d.prefill_tokens, mem, tier, r.slo.weight, forced_item, started)
 
         # Running prefills already hold their memory; admitted-but-waiting ones do not yet.
-        items = [item(r, d, True, 0) for r, d in prefilling]
+        items = [item(r, d, True, 0, started=True) for r, d in prefilling]
         items += [item(view.waiting[i], d, True, d.mem_tokens) for i, d in forced]
         items += [item(view.waiting[i], d, False, d.mem_tokens) for i, d in demands.items() if d is not None]
 
@@ -190,7 +199,7 @@ class SlosServePolicy:
             spec_steps=spec,
         )
         # Admissions the engine could not start on time make the forced set infeasible: then the
-        # most urgent items are decided again and the rest wait in the best-effort tier.
+        # promises that still fit are kept, the others wait in the best-effort tier.
         result = admit(
             items,
             budget,

@@ -8,20 +8,21 @@ set their time and size, Alg. 2) and pays p_i; budget must never go negative, so
 admitted prefill finishes by its deadline (EDF), and every state must be stable (its decodes
 fit in the batch time), so every admitted TPOT holds. Decoding is deadline-based: a request's
 token k is due at pDDL + k·TPOT, so its decode demand starts at its prefill deadline.
-Forced items (running requests, earlier admissions) can never be skipped.
+Forced items (running requests, earlier admissions) can never be skipped; admission.py decides
+which promises to keep when that has no solution.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.slos_serve.batch_formation import BatchShape, prefill_capacity
 from scheduler.core.slos_serve.spec_length import Tier, acceptance, optimize_spec_lengths
 from scheduler.core.types import PerfModel
-from scheduler.core.work_budget import BudgetExhausted, WorkBudget
+from scheduler.core.work_budget import WorkBudget
 
 EPS = 1e-9
 # Work units (work_budget.py) of the DP's steps, in the ratio of their costs in this module's
@@ -43,6 +44,7 @@ class DpItem:
     tier: int = -1  # index into the tier TPOTs; -1: decodes with no TPOT target
     value: float = 1.0
     forced: bool = False
+    started: bool = False  # its prefill runs already: it cannot be declined, only lost
 
 
 @dataclass
@@ -52,7 +54,7 @@ class DpResult:
     value: float
     slack_tokens: float  # prefill budget left at the last admitted deadline
     counts: Counts  # final decoders per tier (collapsed to the tightest one by TierBudget.canonical)
-    forced_ok: bool = True  # False: the forced items were infeasible and were freed
+    forced_ok: bool = True  # False: the forced items were infeasible; those that did not fit were declined
     admitted_items: list[DpItem] = field(default_factory=list)
     exhausted: bool = False  # True: the work budget ran out; the forced items kept greedily, no others
 
@@ -150,58 +152,7 @@ def _insert(front: list[_Entry], entry: _Entry) -> None:
     front.append(entry)
 
 
-def admit(
-    items: Sequence[DpItem],
-    budget: Callable[[Counts], BatchShape],
-    base_counts: Counts,
-    now: float,
-    mem_budget: float = math.inf,
-    max_decoders: int | None = None,
-    fallback_items: int | None = None,
-    work: WorkBudget | None = None,
-) -> DpResult:
-    """Choose the most valuable set of items whose prefill deadlines, TPOTs, memory and batch
-    size all hold under the model, the forced ones included (freed if that is impossible).
-
-    Freed items are solved again, but only the `fallback_items` most urgent (None: all); the
-    rest are declined. Forced items pin the DP's predecessors, free ones do not: re-solving a
-    deep forced set as free items costs the square of its size (seconds at 100 items, a
-    stalled card while the plan runs). `work` bounds both solves together: once it runs out,
-    the result is `kept_promises` (exhausted=True), which is linear in the items."""
-    try:
-        result = _solve(items, budget, base_counts, now, mem_budget, max_decoders, work)
-        if result is None:
-            freed = sorted((replace(it, forced=False) for it in items), key=lambda it: it.deadline)
-            limit = len(freed) if fallback_items is None else max(0, fallback_items)
-            result = _solve(freed[:limit], budget, base_counts, now, mem_budget, max_decoders, work)
-            assert result is not None  # admitting nothing is always a solution
-            result.declined += [it.rid for it in freed[limit:]]
-            result.forced_ok = False
-    except BudgetExhausted:
-        return kept_promises(items, now)
-    return result
-
-
-def kept_promises(items: Sequence[DpItem], now: float) -> DpResult:
-    """The plan when the search's budget runs out: the earlier promises (forced items) kept as
-    they stand, in prefill-deadline order, and no new item admitted (they wait in the
-    best-effort tier and are decided again next pass). Whether the promises still fit was
-    the question the budget could not afford; the engine's batch cap and memory still bound
-    what starts. One sort of the items: no batch shape is computed."""
-    ordered = sorted(items, key=lambda it: (it.deadline, not it.forced))
-    chosen = [it for it in ordered if it.forced and it.deadline > now]
-    return DpResult(
-        admitted=[c.rid for c in chosen],
-        declined=[it.rid for it in ordered if not (it.forced and it.deadline > now)],
-        value=sum(c.value for c in chosen),
-        slack_tokens=0.0,
-        counts=(),
-        admitted_items=chosen,
-        exhausted=True,
-    )
-
-
-def _solve(
+def solve(
     items: Sequence[DpItem],
     budget: Callable[[Counts], BatchShape],
     base_counts: Counts,
@@ -209,7 +160,10 @@ def _solve(
     mem_budget: float,
     max_decoders: int | None,
     work: WorkBudget | None = None,
+    debt: float = 0.0,
 ) -> DpResult | None:
+    """The most valuable feasible set keeping every forced item, or None when there is none.
+    `debt`: prefill tokens the first batches owe before any item's (prompts already lost)."""
     order = sorted(range(len(items)), key=lambda k: (items[k].deadline, not items[k].forced))
     seq = [items[k] for k in order]
     times = [now] + [it.deadline for it in seq]
@@ -219,7 +173,7 @@ def _solve(
     states: list[dict[Counts, list[_Entry]]] = [dict() for _ in range(len(seq) + 1)]
     base_ok = budget(base_counts).stable
     if base_ok:
-        states[0][base_counts] = [(0.0, 0.0, 0.0, None, -1)]
+        states[0][base_counts] = [(0.0, -debt, 0.0, None, -1)]
     lo = 0  # states before the last forced item may not be predecessors
     slot_of = len(base_counts) - 1
     spend = work.spend if work is not None else None

@@ -154,12 +154,16 @@ def _max_prefill(perf: RooflinePerfModel, batch_time: float, decoders: int, kv: 
     return p
 
 
-def _check_feasible(items, base, tiers, perf, now, chunk_cap, kv=0, idle=0.05, mem_budget=math.inf, max_dec=None):
+def _check_feasible(
+    items, base, tiers, perf, now, chunk_cap, kv=0, idle=0.05, mem_budget=math.inf, max_dec=None, lost=()
+):
     """Replay the plan batch by batch: between consecutive admitted prefill deadlines, batches
     as long as the tightest decoding TPOT carry one token per decoder (never longer than any
-    decoder's TPOT) and EDF prefill; each admitted prefill must finish by its deadline."""
+    decoder's TPOT) and EDF prefill; each admitted prefill must finish by its deadline. `lost`:
+    started prompts that were not kept: their tokens go first, and they decode untargeted."""
     counts = list(base)
-    remaining = {it.rid: it.prefill_tokens for it in items}
+    counts[-1] += len(lost)
+    remaining = {it.rid: it.prefill_tokens for it in [*lost, *items]}
     finish: dict[str, float] = {}
     t = now
     for deadline in sorted({it.deadline for it in items}):
@@ -181,7 +185,7 @@ def _check_feasible(items, base, tiers, perf, now, chunk_cap, kv=0, idle=0.05, m
             batch_time, per_batch = idle, max(0, _max_prefill(perf, idle, decoders, kv))
         for k in range(math.floor((deadline - t) / batch_time + 1e-9)):
             left = per_batch
-            for it in sorted(items, key=lambda x: x.deadline):
+            for it in [*lost, *sorted(items, key=lambda x: x.deadline)]:
                 if left <= 0:
                     break
                 if remaining[it.rid] > 0:
@@ -225,7 +229,8 @@ def scenarios(draw):
                 prefill_tokens=draw(st.integers(1, 4000)),
                 mem_tokens=draw(st.integers(1, 3000)),
                 tier=draw(st.integers(-1, nt - 1)),
-                forced=draw(st.booleans()) and i < 2,
+                forced=(forced := draw(st.booleans()) and i < 3),
+                started=forced and draw(st.booleans()),
             )
         )
     cap = draw(st.sampled_from([None, 512, 2048]))
@@ -235,14 +240,16 @@ def scenarios(draw):
 
 
 @settings(max_examples=150, deadline=None)
-@given(scenarios())
-def test_every_admitted_set_is_feasible(sc):
+@given(scenarios(), st.sampled_from([0.0, 0.15]))
+def test_every_admitted_set_is_feasible(sc, now):
     tiers, base, perf, items, cap, mem, max_dec = sc
-    result = admit(items, TierBudget(perf, tiers, 0, cap), base, 0.0, mem, max_dec)
+    result = admit(items, TierBudget(perf, tiers, 0, cap), base, now, mem, max_dec)
     if result.forced_ok:
-        assert {it.rid for it in items if it.forced} <= set(result.admitted)
+        assert {it.rid for it in items if it.forced and it.deadline > now} <= set(result.admitted)
     assert sorted(result.admitted + result.declined) == sorted(it.rid for it in items)
-    _check_feasible(result.admitted_items, base, tiers, perf, 0.0, cap, mem_budget=mem, max_dec=max_dec)
+    # a started prompt already late still runs: its tokens go first, then it decodes untargeted
+    lost = [it for it in items if it.started and it.deadline <= now]
+    _check_feasible(result.admitted_items, base, tiers, perf, now, cap, mem_budget=mem, max_dec=max_dec, lost=lost)
 
 
 @settings(max_examples=100, deadline=None)
@@ -271,28 +278,60 @@ def _deep_infeasible_forced(n: int) -> list[DpItem]:
     return [late] + [DpItem(f"r{i:03d}", 6.0 + i, 1, tier=0, forced=True) for i in range(n)]
 
 
-def test_the_re_solve_after_infeasible_forced_items_takes_only_the_most_urgent():
+def test_the_promises_that_still_fit_are_kept_when_one_cannot_be():
     items = _deep_infeasible_forced(40)
-    result = admit(items, TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0, fallback_items=5)
+    result = admit(items, TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0)
     assert not result.forced_ok
-    # only the five most urgent were decided again ("late" among them, which cannot make it)
-    urgent = {"r000", "r001", "r002", "r003"}
-    assert result.admitted and set(result.admitted) <= urgent
-    assert set(result.declined) == ({"late"} | urgent | {f"r{i:03d}" for i in range(4, 40)}) - set(result.admitted)
+    # three decoders run at one token per unit out of six: the next three promises fit beside
+    # them; a seventh decoder would leave the batch no room for prefill under its TPOT
+    assert result.admitted == ["r000", "r001", "r002"]
+    assert set(result.declined) == {"late"} | {f"r{i:03d}" for i in range(3, 40)}
 
 
-def test_a_deep_infeasible_forced_set_costs_linear_dp_work_when_bounded():
-    """Unbounded, the re-solve's work grows with the square of the freed set (it was 4-22 s
-    per plan at ~100 waiting admissions in a simulated overload); bounded it stays flat."""
+def test_only_the_most_urgent_items_are_decided_again():
+    items = [DpItem("late", 1.0, 600, tier=0, forced=True)]
+    items += [DpItem(name, deadline, 1) for name, deadline in (("a", 3.0), ("b", 4.0), ("c", 5.0))]
+    result = admit(items, TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0, fallback_items=3)
+    assert not result.forced_ok
+    assert result.admitted == ["a", "b"] and set(result.declined) == {"late", "c"}
+
+
+def test_the_re_decision_keeps_the_most_promises_not_the_earliest():
+    """`big` (due at 4) fits alone, and so do the three small ones after it, not all four:
+    giving up the one large prompt keeps three, where keeping promises in deadline order would
+    keep one."""
+    items = [DpItem("big", 4.0, 12, tier=-1, forced=True)]
+    items += [DpItem(f"s{i}", 5.0 + i, 4, tier=-1, forced=True) for i in range(3)]
+    budget = TierBudget(SIX_PER_UNIT, [1.0])
+    assert admit(items[:1], budget, (3, 0), 0.0).forced_ok
+    result = admit(items, budget, (3, 0), 0.0)
+    assert not result.forced_ok and result.admitted == ["s0", "s1", "s2"] and result.declined == ["big"]
+
+
+def test_a_prompt_already_late_breaks_no_other_promise_and_its_tokens_still_count():
+    """A started prefill past its first token's due time runs anyway: its tokens come before
+    anything admitted now (three per unit are free; `x` needs three by t=2, which fits only
+    without them). A waiting one past its due time is simply declined."""
+    later = [DpItem("kept", 6.0, 1, tier=0, forced=True), DpItem("x", 2.0, 3)]
+    budget = TierBudget(SIX_PER_UNIT, [1.0])
+    for started, x_fits in ((True, False), (False, True)):
+        lost = DpItem("lost", -1.0, 6, tier=0, forced=True, started=started)
+        result = admit([lost, *later], budget, (3, 0), 0.0)
+        assert result.forced_ok  # the broken promise does not free the kept one
+        assert "kept" in result.admitted and "lost" in result.declined
+        assert ("x" in result.admitted) is x_fits
+
+
+def test_a_deep_infeasible_forced_set_costs_linear_dp_work():
+    """Freeing an infeasible forced set and solving it again with the DP cost the square of its
+    size (4-22 s per plan at ~100 waiting admissions in a simulated overload); deciding it again
+    by Moore-Hodgson's rule does not."""
     work = {}
-    for n, bound in ((20, None), (80, None), (20, 16), (80, 16)):
+    for n in (20, 80):
         meter = WorkBudget(None)  # counts the DP's work units: a measure that does not depend on the host
-        admit(
-            _deep_infeasible_forced(n), TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0, fallback_items=bound, work=meter
-        )
-        work[n, bound] = meter.spent
-    assert work[80, None] > 8 * work[20, None]  # quadratic: 4x the items, far more than 4x the work
-    assert work[80, 16] < 2 * work[20, 16]
+        admit(_deep_infeasible_forced(n), TierBudget(SIX_PER_UNIT, [1.0]), (3, 0), 0.0, work=meter)
+        work[n] = meter.spent
+    assert work[80] < 5 * work[20]  # 4x the items, about 4x the work (the DP's re-solve: over 8x)
 
 
 # ------------------------------------------------------------- batch formation (Alg. 2)
