@@ -79,10 +79,9 @@ def _ttft_need(
         return need, urgent
     remaining = np.maximum(c.prompt[pending] - c.cached[pending], 1).astype(np.int64)
     s = slack[pending]
-    # One model call per distinct chunk size; the rest on the columns (a deep queue of latency
+    # Every step time in one array operation, the rest on the columns (a deep queue of latency
     # requests made this a Python step per request, the largest part of a plan-path pass).
-    sizes, at = np.unique(np.minimum(remaining, limit), return_inverse=True)
-    step = prefill_step_times(perf, sizes, decodes, kv)[at]
+    step = prefill_step_times(perf, np.minimum(remaining, limit), decodes, kv)
     if (s <= step).any():
         return limit, True  # tight: prefill it as fast as possible
     fastest = step * -(-remaining // limit)

@@ -43,11 +43,13 @@ class PerfModel(Protocol):
 
 def prefill_step_times(perf: PerfModel, prefill_tokens: np.ndarray, decode_reqs: int, kv_tokens: int) -> np.ndarray:
     """`perf.step_time(p, decode_reqs, kv_tokens)` for each p: in one array operation where the
-    model has one (`prefill_step_times`, the same values), else one call per p."""
+    model has one (`prefill_step_times`, the same values), else one call per distinct p."""
     at_once = getattr(perf, "prefill_step_times", None)
     if at_once is not None:
         return np.asarray(at_once(prefill_tokens, decode_reqs, kv_tokens), dtype=np.float64)
-    return np.array([perf.step_time(p, decode_reqs, kv_tokens) for p in prefill_tokens.tolist()], dtype=np.float64)
+    sizes, at = np.unique(prefill_tokens, return_inverse=True)
+    times = np.array([perf.step_time(p, decode_reqs, kv_tokens) for p in sizes.tolist()], dtype=np.float64)
+    return times[at.reshape(prefill_tokens.shape)]
 
 
 @dataclass(frozen=True)
