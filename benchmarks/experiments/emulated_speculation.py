@@ -47,7 +47,7 @@ from benchmarks.goodput.harness import Target, header_run, run_once
 from benchmarks.goodput.loadgen import LengthControl, LoadOptions
 from benchmarks.goodput.report import describe, write_results
 from benchmarks.goodput.scoring import check_consistency
-from benchmarks.goodput.workload import plan
+from benchmarks.goodput.workload import SEED_SPAN_S, plan
 from benchmarks.workloads.text import PromptText
 
 MIX_SETUPS = {
@@ -57,9 +57,6 @@ MIX_SETUPS = {
     "chat-tight10": ("slos-chat-tight10", "azure-conv"),  # and 10 ms
 }
 DRAFTS = {"EAGLE": "tiny-eagle", "STANDALONE": "tiny-draft"}  # the tiny target's drafts
-# A seed's workload starts this far into the trace: other requests and another arrival pattern (the
-# mixes' SLOs do not depend on the seed, so the same window under every seed would be one run).
-SEED_SPAN_S = 600.0
 FULL = {"units": 60, "rates": "chatbot=0.5,1,1.5;coder=0.5,1,1.5", "max_output": 128, "drain_timeout": 150.0}
 QUICK = {"units": 12, "rates": "chatbot=2;coder=2", "max_output": 32, "drain_timeout": 60.0}
 

@@ -17,6 +17,7 @@ from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec
 from benchmarks.simulator.runner import Run, simulate
+from benchmarks.simulator.speculative_decoding import APART
 from benchmarks.simulator.worker import EngineOptions
 
 TARGET = 0.9
@@ -33,7 +34,9 @@ class Config:
     routing_params: tuple[tuple[str, Any], ...] = ()
     policy_params: tuple[tuple[str, Any], ...] = ()
     speculation: str | None = None
-    spec_mixed: bool = False
+    spec_layout: str = APART
+    spec_alpha: float = 0.7  # the draft's true acceptance (SLOs-Serve's OPT-125m draft)
+    draft_ratio: float = 0.05  # a draft pass's cost / a target decode pass's
     report_s: float = 0.25  # the worker agents' load-report period (the live default)
 
     def cluster(self, seed: int) -> ClusterConfig:
@@ -46,9 +49,9 @@ class Config:
             routing=self.routing,
             routing_params=tuple(params.items()),
             speculation=self.speculation,
-            spec_alpha=0.7,
-            draft_ratio=0.05,
-            spec_mixed=self.spec_mixed,
+            spec_alpha=self.spec_alpha,
+            draft_ratio=self.draft_ratio,
+            spec_layout=self.spec_layout,
             report_s=self.report_s,
             seed=seed,
             stream_scores=True,

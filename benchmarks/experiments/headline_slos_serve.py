@@ -13,6 +13,7 @@ from benchmarks.experiments.headline_grid import TARGET, Config, Grid, workload_
 from benchmarks.experiments.headline_report import Experiment, Row, geomean, ratio_text
 from benchmarks.goodput.capacity import search_capacity
 from benchmarks.simulator.runner import slo_scale
+from benchmarks.simulator.speculative_decoding import IN_VERIFY
 
 SLOS_SCENARIOS = {  # scenario: (trace, mix, arrivals)
     "chatbot": ("azure-conv", "slos-chatbot", "trace"),
@@ -27,7 +28,7 @@ def slos_serve(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
         Config("vllm", "a100:1", policy="fcfs"),
         Config("sarathi", "a100:1", policy="sarathi"),
         Config("slos", "a100:1", policy="slos"),
-        Config("slos+spec", "a100:1", policy="slos", speculation="slo", spec_mixed=True),
+        Config("slos+spec", "a100:1", policy="slos", speculation="slo", spec_layout=IN_VERIFY),
     ]
     scale = slo_scale(1.0, "a100")  # TTFT as a slowdown over this card's own zero-load TTFT (Tab. 1)
     caps: dict[tuple[str, str], list[float]] = defaultdict(list)

@@ -26,6 +26,11 @@ from benchmarks.workloads.traces import (
     window,
 )
 
+# Where a seed's trace window starts, per seed, for runs that take trace arrivals: other requests
+# and another arrival pattern (the fixed-SLO mixes draw nothing, so the same window under every
+# seed would be one run).
+SEED_SPAN_S = 600.0
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:

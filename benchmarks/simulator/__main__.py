@@ -35,6 +35,7 @@ from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec
 from benchmarks.simulator.runner import Run, simulate, slo_scale
+from benchmarks.simulator.speculative_decoding import APART, LAYOUTS
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TRACES
 from router.policies import ROUTING_POLICIES
@@ -74,7 +75,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--speculation", default="none", help="none, fixed:S, slo or slo:S")
     c.add_argument("--spec-alpha", type=float, default=0.7, help="the draft's true acceptance rate")
     c.add_argument("--draft-ratio", type=float, default=0.1, help="draft step cost / target decode step")
-    c.add_argument("--spec-mixed", action="store_true", help="prefill rides in verify batches (not SGLang's way)")
+    c.add_argument(
+        "--spec-layout",
+        choices=LAYOUTS,
+        default=APART,
+        help="where prefill goes: apart (STANDALONE), decode-only (EAGLE: steps with prefill do not draft), "
+        "in-verify (SLOs-Serve's design, not SGLang's)",
+    )
     c.add_argument("--no-prefix-cache", action="store_true")
     c.add_argument("--no-overlap", action="store_true", help="engines without SGLang's overlap schedule")
     c.add_argument("--host-latency-ms", type=float, default=0.0, help="client send to engine queue (real time)")
@@ -140,7 +147,7 @@ def cluster_config(args: argparse.Namespace, routing: str, policy: str, seed: in
         speculation=None if args.speculation == "none" else args.speculation,
         spec_alpha=args.spec_alpha,
         draft_ratio=args.draft_ratio,
-        spec_mixed=args.spec_mixed,
+        spec_layout=args.spec_layout,
         prefix_cache=not args.no_prefix_cache,
         seed=seed,
         horizon_s=args.horizon_s,

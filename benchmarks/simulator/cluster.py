@@ -32,7 +32,7 @@ from benchmarks.simulator.client import CLIENT_MAX_TOKENS, sim_requests, unsent_
 from benchmarks.simulator.pool import KV_BYTES_PER_TOKEN, PoolSpec, card
 from benchmarks.simulator.prefixes import prefix_hashes
 from benchmarks.simulator.routing import Flight, SimRouter
-from benchmarks.simulator.speculative_decoding import SimSpeculation
+from benchmarks.simulator.speculative_decoding import APART, SimSpeculation
 from benchmarks.simulator.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
 from router.policies import RoutingContext, RoutingPolicy
@@ -60,7 +60,7 @@ class ClusterConfig:
     speculation: str | None = None  # "fixed:S" | "slo" | "slo:S"
     spec_alpha: float = 0.7  # the draft's true acceptance rate (engines only see verify results)
     draft_ratio: float = 0.1  # a draft step's cost over the target's decode step
-    spec_mixed: bool = False  # prefill rides in verify batches (SLOs-Serve's design; SGLang runs them apart)
+    spec_layout: str = APART  # where prefill goes under speculation (speculative_decoding.LAYOUTS)
     prefix_cache: bool = True  # engines reuse computed prompt blocks (SGLang's radix cache)
     trace_block_tokens: int = MOONCAKE_BLOCK_TOKENS  # the trace's prefix block (WorkloadSpec.block_tokens)
     client_max_tokens: int = CLIENT_MAX_TOKENS  # the max_new_tokens clients send (the load generator's)
@@ -133,7 +133,7 @@ class ClusterSim:
             spec = None
             if config.speculation and role != PREFILL:
                 spec = SimSpeculation(
-                    config.speculation, config.spec_alpha, config.draft_ratio, config.seed + k, config.spec_mixed
+                    config.speculation, config.spec_alpha, config.draft_ratio, config.seed + k, config.spec_layout
                 )
             workers.append(
                 SimWorker(
@@ -143,7 +143,7 @@ class ClusterSim:
                     config.engine,
                     clock,
                     spec,
-                    config.spec_mixed,
+                    config.spec_layout,
                     prefix_block_tokens=64 if config.prefix_cache else 0,
                 )
             )

@@ -11,6 +11,11 @@ controller itself (scheduler/core/speculation_controller.py), fed every verify's
 every pass, with levers sized on the speculative cost at its length (EngineMeter.lever_model).
 Every step costs the target's verify pass plus `draft_ratio` x its decode pass per draft step
 (scheduler/core/speculation_cost.py).
+
+Where prefill goes (`LAYOUTS`), as SGLang 0.5.23 resolves it: STANDALONE and NGRAM run prefill
+in passes of their own (`apart`); EAGLE and EAGLE3 keep mixed batches, and a step that carries
+prefill runs its decodes without drafts (`decode-only`); SLOs-Serve's design rides prefill in
+the verify batch (`in-verify`), which SGLang does not do.
 """
 
 from __future__ import annotations
@@ -26,14 +31,19 @@ from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, PerfModel
 
 SLO_CANDIDATES = (0, 1, 2, 3, 4)
+APART, DECODE_ONLY, IN_VERIFY = "apart", "decode-only", "in-verify"
+LAYOUTS = (APART, DECODE_ONLY, IN_VERIFY)
 
 
 class SimSpeculation:
     """The `scheduler.core.sim_engine.Speculation` hook of one engine."""
 
-    def __init__(self, mode: str, alpha: float, draft_ratio: float, seed: int = 0, mixed: bool = False) -> None:
+    def __init__(self, mode: str, alpha: float, draft_ratio: float, seed: int = 0, layout: str = APART) -> None:
         if not 0.0 <= alpha < 1.0:
             raise ValueError(f"acceptance alpha must be in [0, 1), got {alpha}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"speculation layout {layout!r}: expected one of {', '.join(LAYOUTS)}")
+        self.decode_only = layout == DECODE_ONLY
         self.alpha = alpha
         self.draft_ratio = draft_ratio
         self.rng = np.random.default_rng(seed)
@@ -41,7 +51,13 @@ class SimSpeculation:
         self.fixed = 0
         if mode == "slo" or mode.startswith("slo:"):
             top = int(mode.partition(":")[2] or SLO_CANDIDATES[-1])
-            self.controller = SloSpeculation(range(top + 1), draft_ratio, initial=top, mixed_batches=mixed)
+            self.controller = SloSpeculation(
+                range(top + 1),
+                draft_ratio,
+                initial=top,
+                mixed_batches=layout == IN_VERIFY,
+                decode_only_drafts=self.decode_only,
+            )
         elif mode.startswith("fixed:"):
             self.fixed = int(mode.partition(":")[2])
         else:

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.pool import sglang_chunk
+from benchmarks.simulator.speculative_decoding import APART
 from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
 from router.routing_views import WorkerView
 from scheduler.components.meter import PREFILL_PROBE_TOKENS
@@ -56,7 +57,7 @@ class SimWorker:
         options: EngineOptions,
         clock: Callable[[], float],
         speculation: Speculation | None = None,
-        spec_mixed: bool = False,
+        spec_layout: str = APART,
         prefix_block_tokens: int = 0,
     ) -> None:
         self.worker_id = worker_id
@@ -66,7 +67,7 @@ class SimWorker:
         self.registration_gpu, card_model = card.name.split("/")[0], card.name.split("/")[-1]
         policy: Policy = make_policy(options.policy, card.plan_with, **dict(options.policy_params))
         mixed = options.mixed and not (options.policy == "fcfs" and options.stock_fcfs)
-        mixed = mixed and (speculation is None or spec_mixed)  # SGLang runs prefill apart from verifies
+        mixed = mixed and (speculation is None or spec_layout != APART)  # STANDALONE runs prefill apart
         settings = settings_for(policy, mixed_batching=mixed, role=role)
         chunk = options.chunk if options.chunk is not None else sglang_chunk(self.registration_gpu, card_model)
         startup = None

@@ -102,6 +102,8 @@ class SimBatching(SimViews):
         decoders_kv = self.kv_used - sum(st.prefilled for st in self.prefilling)
         kv = (decoders_kv if n_decode or joined else 0) + sum(st.prefilled + take for st, take in prefill)
         decodes = n_decode + len(joined) + ghosts
+        if self.spec is not None and prefill and self.spec.decode_only:
+            spec_steps = 0  # EAGLE's mixed step: the decodes beside a prefill do not draft
         if self.spec is not None:
             dt = self.spec.step_time(self.perf, prefill_tokens, decodes, kv, spec_steps if decodes else 0)
         else:

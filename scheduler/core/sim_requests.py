@@ -74,7 +74,11 @@ class PrefixCache:
 
 
 class Speculation(Protocol):
-    """Speculative decoding on one engine: the drafting length, its cost and its acceptance."""
+    """Speculative decoding on one engine: the drafting length, its cost and its acceptance.
+    `decode_only`: a step that carries prefill runs its decodes without drafts (SGLang's EAGLE
+    with mixed batches); else every decode step drafts."""
+
+    decode_only: bool
 
     def steps(self) -> int:
         """Drafted tokens per decoding request in the next decode step (0: no speculation)."""

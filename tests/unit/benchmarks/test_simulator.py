@@ -18,6 +18,7 @@ from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TraceRequest
 from router.policies.base import RoutingPolicy
 from router.routing_views import Decision, RouteRequest, RunningView, WorkerView
+from scheduler.core.sim_engine import StepOutcome
 
 
 def planned_requests(n: int = 60, rate: float = 30.0, seed: int = 0, chain_every: int = 7) -> list[PlannedRequest]:
@@ -178,6 +179,33 @@ def test_speculative_decoding_emits_more_tokens_per_step_and_the_controller_lear
     controller = sim.workers[0].engine.spec.controller  # type: ignore[union-attr]
     assert controller.acceptance.verifies > 0 and controller.acceptance.alpha == pytest.approx(0.8, abs=0.1)
     assert all(len(r.token_s) == r.target_output_tokens for r in spec.records)
+
+
+@pytest.mark.parametrize(
+    "layout, decodes_beside_prefill, drafts_beside_prefill",
+    [("apart", False, False), ("decode-only", True, False), ("in-verify", True, True)],
+)
+def test_where_prefill_goes_under_speculation(
+    layout: str, decodes_beside_prefill: bool, drafts_beside_prefill: bool
+) -> None:
+    """STANDALONE runs prefill in steps of its own; EAGLE's mixed steps decode beside a prefill
+    without drafts; SLOs-Serve's verify batches carry both. Seen in each step's output: a step
+    that sends a first token carried prefill; drafts show as more decode tokens than decodes."""
+    sim = ClusterSim(config(policy="edf", speculation="fixed:3", spec_alpha=0.9, spec_layout=layout))
+    worker, outcomes = sim.workers[0], []
+    observe = worker.observe
+
+    def spy(outcome: StepOutcome) -> None:
+        outcomes.append(outcome)
+        observe(outcome)
+
+    worker.observe = spy  # type: ignore[method-assign]
+    sim.run(planned_requests(n=60, rate=30.0))
+    beside = [o for o in outcomes if o.first_tokens and o.decodes]
+    alone = [o for o in outcomes if not o.first_tokens and o.decodes]
+    assert any(o.decode_tokens > o.decodes for o in alone)  # decode-only steps draft in every layout
+    assert bool(beside) is decodes_beside_prefill
+    assert any(o.decode_tokens > o.decodes for o in beside) is drafts_beside_prefill
 
 
 def test_shared_trace_prefix_blocks_hash_alike_and_the_engine_reuses_them() -> None:
