@@ -39,12 +39,34 @@ def effective_tpot_s(r: RequestView, now: float, catch_up_tokens: int, floor: fl
     return max(tpot * floor, tpot - (now - due) / catch_up_tokens)
 
 
-def pending_prefill(view: EngineView) -> int:
+def pending_prefill(view: EngineView, up_to: int | None = None) -> int:
     """Prompt tokens still to prefill: the waiting requests' and those running without their
-    first token (counted whole: the view does not say how far their chunks have got)."""
-    waiting = sum(max(r.prompt_len - r.prefix_cached, 0) for r in view.waiting)
-    started = sum(max(r.prompt_len - r.prefix_cached, 0) for r in view.running if r.first_token_time is None)
-    return waiting + started
+    first token (counted whole: the view does not say how far their chunks have got). `up_to`:
+    stop counting once there are that many (a deep queue is not walked to its end)."""
+    total = 0
+    for r in [*(r for r in view.running if r.first_token_time is None), *view.waiting]:
+        total += max(r.prompt_len - r.prefix_cached, 0)
+        if up_to is not None and total >= up_to:
+            break
+    return total
+
+
+# The most prefill chunks the decode-only rule counts ahead (`pending_prefill`'s walk stops there).
+PENDING_CHUNKS = 8
+
+
+def least_lead_s(running: Sequence[RequestView], now: float) -> float | None:
+    """How long before its next token is due the running request nearest its deadline-based
+    schedule is (negative: behind); None when no running request decodes to a TPOT."""
+    leads = [
+        due - now
+        for r in running
+        if r.slo.tpot_ms is not None
+        and not r.best_effort_tier
+        and r.first_token_time is not None
+        and (due := next_token_due(r)) is not None
+    ]
+    return min(leads, default=None)
 
 
 def _count_tiers(tpots: Iterable[float | None]) -> list[Tier]:
@@ -102,6 +124,7 @@ class SloSpeculation:
         self._per_tier_args: tuple[Any, ...] | None = None
         self._memo: dict[tuple[Any, ...], dict[int, LengthChoice]] = {}
         self._memo_perf: PerfModel | None = None
+        self._mixed_step_s = 0.0  # the prefill in view (at least a full chunk) beside these decodes
         self.tiers: list[Tier] = []
         self.steps_used: dict[int, int] = {}  # verifies run at each length
         self._cuda_graph_bs: list[int] | None = None
@@ -141,6 +164,11 @@ class SloSpeculation:
         limit = view.chunk_size if view.chunk_size > 0 else 8192
         alpha = round(self.acceptance.alpha, 3)
         mixed = self.mixed_batches
+        if self.decode_only_drafts:
+            # the prefill the decodes will sit beside: what waits (a burst of long prompts is
+            # many mixed steps in a row), at least a full chunk (an arrival's)
+            prefill = max(limit, pending_prefill(view, up_to=PENDING_CHUNKS * limit))
+            self._mixed_step_s = perf.step_time(prefill, len(view.running), kv)
         choices = self._choices(cost, alpha, kv, limit)
         self._per_tier_args = (cost, self.tiers, alpha, kv, limit, mixed)
         self.per_tier = None  # the paper's per-tier optimum: only reported, computed on demand
@@ -180,6 +208,9 @@ class SloSpeculation:
         if not base.feasible:
             return winner  # the TPOTs bind: no drafts cannot keep them
         if self.decode_only_drafts:
+            lead = least_lead_s(view.running, view.now)
+            if lead is not None and lead >= self._mixed_step_s:
+                return base  # the schedules outlast the prefill in view (`_fastest_per_token`)
             return self._fastest_per_token(choices, base)
         if not self.draft_for_prefill:
             return base
@@ -193,11 +224,15 @@ class SloSpeculation:
         return choice.exec_time_s / acceptance(choice.steps, self.acceptance.alpha)
 
     def _fastest_per_token(self, choices: dict[int, LengthChoice], base: LengthChoice) -> LengthChoice:
-        """Where drafting happens only in decode-only steps it takes no prefill's time: nothing
-        waits for those steps but the decodes, and every token a decode banks ahead of its
-        deadline-based schedule is slack for the longer mixed steps. So the length with the least
-        decode time per token, where it beats no drafting by the margin (the verify grows with
-        the batch: a compute-bound batch gains nothing and stays at no drafting)."""
+        """Where drafting happens only in decode-only steps it takes no prefill's time, and every
+        token a decode banks ahead of its deadline-based schedule is slack for the longer mixed
+        steps. So the length with the least decode time per token, where it beats no drafting by
+        the margin (the verify grows with the batch: a compute-bound batch gains nothing and
+        stays at no drafting). Only while some running request is nearer its next token's due
+        time than the prefill in view takes beside the decodes (what waits, at least one full
+        chunk: `update`): with more slack than that the mixed steps keep the TPOTs unaided, and a
+        longer decode-only step only delays the next prefill, which every arrival's TTFT waits
+        out."""
         feasible = [c for c in choices.values() if c.feasible]
         fastest = min(feasible, key=lambda c: (self._per_token_s(c), c.steps))
         return fastest if self._per_token_s(fastest) * (1.0 + self.margin) < self._per_token_s(base) else base

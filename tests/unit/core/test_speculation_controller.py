@@ -42,10 +42,19 @@ def decoding(rid: str, tpot_ms: float, generated: int = 10, ttft_ms: float = 10_
 
 
 def view(
-    *groups: tuple[float, int], now: float = NOW, extra: list[RequestView] | None = None, backlog: int = 65536
+    *groups: tuple[float, int],
+    now: float = NOW,
+    extra: list[RequestView] | None = None,
+    backlog: int = 65536,
+    lead_s: float | None = None,
 ) -> EngineView:
-    """Decoding groups (TPOT ms, count) and `backlog` prompt tokens waiting for prefill."""
-    running = [decoding(f"{tpot}-{i}", tpot) for tpot, n in groups for i in range(n)]
+    """Decoding groups (TPOT ms, count) and `backlog` prompt tokens waiting for prefill. `lead_s`:
+    every decode's next token due that long after `now` (None: long after, a 10 s TTFT)."""
+
+    def ttft_ms(tpot: float) -> float:  # next token due at ttft + generated·tpot (generated = 10)
+        return 10_000.0 if lead_s is None else 1000.0 * (now + lead_s) - 10 * tpot
+
+    running = [decoding(f"{tpot}-{i}", tpot, ttft_ms=ttft_ms(tpot)) for tpot, n in groups for i in range(n)]
     running += extra or []
     waiting = [RequestView("queued", latency_slo(100), arrival=now, prompt_len=backlog)] if backlog else []
     return EngineView(
@@ -315,7 +324,7 @@ def test_compute_bound_batch_backs_off_to_no_drafting() -> None:
     step time; drafting shortens no TPOT that binds and costs prefill, so the length goes to 0."""
     c = controller(initial=2, dwell=2)
     for _ in range(3):
-        c.update(view((200, 512)), PERF)
+        c.update(view((200, 512), lead_s=0.0), PERF)
     assert c.get_steps_for_batch(512) == 0
     assert c.last.feasible
 
@@ -357,13 +366,13 @@ def test_tpot_bound_batch_drafts_by_default() -> None:
 
 def test_decode_only_drafts_take_the_least_time_per_token() -> None:
     """SGLang's EAGLE with mixed batches drafts only in decode-only steps (prefill rides beside
-    plain decodes), where drafting takes no prefill's time: a memory-bound batch whose TPOT no
-    drafting keeps drafts, at the length with the least decode time per token, and the rule
-    that would stay at 0 there (no TPOT binds) does not apply."""
+    plain decodes), where drafting takes no prefill's time: a memory-bound batch whose next
+    tokens are due now (a mixed step would make them late) drafts, at the length with the least
+    decode time per token, where the rule that stays at 0 while no TPOT binds would not."""
     plain = controller(initial=0, dwell=2)
-    assert [plain.update(view((30, 32)), PERF) for _ in range(3)] == [0, 0, 0]
+    assert [plain.update(view((30, 32), lead_s=0.0), PERF) for _ in range(3)] == [0, 0, 0]
     c = controller(initial=0, dwell=2, decode_only_drafts=True)
-    steps = [c.update(view((30, 32)), PERF) for _ in range(3)]
+    steps = [c.update(view((30, 32), lead_s=0.0), PERF) for _ in range(3)]
     choices = uniform_choices(30, 32)
     alpha = c.acceptance.alpha
     per_token = {s: ch.exec_time_s / acceptance(s, alpha) for s, ch in choices.items() if ch.feasible}
@@ -371,10 +380,27 @@ def test_decode_only_drafts_take_the_least_time_per_token() -> None:
     assert c.switches == 1
 
 
+def test_decode_only_drafts_stay_at_none_while_the_schedules_outlast_the_prefill_in_view() -> None:
+    """The same batch, its next tokens due later than a step with a full prefill chunk would end
+    and nothing else waiting: the mixed steps keep the TPOTs unaided, and a longer decode-only
+    step would only delay the next prefill (every arrival's TTFT). It stops drafting when the
+    slack grows back, and drafts again when a burst of prompts (many mixed steps in a row)
+    waits."""
+    mixed_step_s = PERF.step_time(CHUNK, 32, 32 * 1010)
+    slack = view((30, 32), lead_s=1.5 * mixed_step_s, backlog=0)
+    c = controller(initial=0, dwell=2, decode_only_drafts=True)
+    assert [c.update(slack, PERF) for _ in range(3)] == [0, 0, 0]
+    drafting = controller(initial=4, dwell=2, decode_only_drafts=True)
+    assert [drafting.update(slack, PERF) for _ in range(3)] == [4, 0, 0]
+    burst = view((30, 32), lead_s=1.5 * mixed_step_s, backlog=4 * CHUNK)
+    steps = [drafting.update(burst, PERF) for _ in range(3)]
+    assert steps[0] == 0 and steps[1] == steps[2] > 0
+
+
 def test_decode_only_drafts_stay_at_none_on_a_compute_bound_batch() -> None:
     """Where the verify tokens set the step time, a longer verify takes as long per token as the
     plain decodes: no length beats none by the margin."""
     c = controller(initial=2, dwell=2, decode_only_drafts=True)
     for _ in range(3):
-        c.update(view((200, 512)), PERF)
+        c.update(view((200, 512), lead_s=0.0), PERF)
     assert c.get_steps_for_batch(512) == 0
