@@ -53,6 +53,10 @@ def pending_prefill(view: EngineView, up_to: int | None = None) -> int:
 
 # The most prefill chunks the decode-only rule counts ahead (`pending_prefill`'s walk stops there).
 PENDING_CHUNKS = 8
+# Drafting stops once every running request is further ahead of its schedule than this many
+# times the prefill in view takes beside the decodes: more prompts keep arriving, each a mixed
+# step or more, and catching up again waits out the controller's dwell.
+LEAD_MIXED_STEPS = 4.0
 
 
 def least_lead_s(running: Sequence[RequestView], now: float) -> float | None:
@@ -209,7 +213,7 @@ class SloSpeculation:
             return winner  # the TPOTs bind: no drafts cannot keep them
         if self.decode_only_drafts:
             lead = least_lead_s(view.running, view.now)
-            if lead is not None and lead >= self._mixed_step_s:
+            if lead is not None and lead >= LEAD_MIXED_STEPS * self._mixed_step_s:
                 return base  # the schedules outlast the prefill in view (`_fastest_per_token`)
             return self._fastest_per_token(choices, base)
         if not self.draft_for_prefill:
@@ -229,10 +233,10 @@ class SloSpeculation:
         steps. So the length with the least decode time per token, where it beats no drafting by
         the margin (the verify grows with the batch: a compute-bound batch gains nothing and
         stays at no drafting). Only while some running request is nearer its next token's due
-        time than the prefill in view takes beside the decodes (what waits, at least one full
-        chunk: `update`): with more slack than that the mixed steps keep the TPOTs unaided, and a
-        longer decode-only step only delays the next prefill, which every arrival's TTFT waits
-        out."""
+        time than a few times what the prefill in view takes beside the decodes (what waits, at
+        least one full chunk: `update`, `LEAD_MIXED_STEPS`): with more slack than that the mixed
+        steps keep the TPOTs unaided, and a longer decode-only step only delays the next
+        prefill, which every arrival's TTFT waits out."""
         feasible = [c for c in choices.values() if c.feasible]
         fastest = min(feasible, key=lambda c: (self._per_token_s(c), c.steps))
         return fastest if self._per_token_s(fastest) * (1.0 + self.margin) < self._per_token_s(base) else base

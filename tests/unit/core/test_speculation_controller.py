@@ -14,7 +14,7 @@ from scheduler.core.estimates import next_token_due
 from scheduler.core.perf_model import RooflinePerfModel, RooflineTerm
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.slos_serve.spec_length import Tier, acceptance, best, choose_uniform
-from scheduler.core.speculation_controller import SloSpeculation, effective_tpot_s, tiers_of
+from scheduler.core.speculation_controller import LEAD_MIXED_STEPS, SloSpeculation, effective_tpot_s, tiers_of
 from scheduler.core.speculation_cost import SpecCost
 from scheduler.core.types import EngineView, RequestView
 
@@ -381,18 +381,18 @@ def test_decode_only_drafts_take_the_least_time_per_token() -> None:
 
 
 def test_decode_only_drafts_stay_at_none_while_the_schedules_outlast_the_prefill_in_view() -> None:
-    """The same batch, its next tokens due later than a step with a full prefill chunk would end
-    and nothing else waiting: the mixed steps keep the TPOTs unaided, and a longer decode-only
-    step would only delay the next prefill (every arrival's TTFT). It stops drafting when the
-    slack grows back, and drafts again when a burst of prompts (many mixed steps in a row)
-    waits."""
+    """The same batch, its next tokens due later than a few steps with a full prefill chunk
+    would take and nothing else waiting: the mixed steps keep the TPOTs unaided, and a longer
+    decode-only step would only delay the next prefill (every arrival's TTFT). It stops
+    drafting when the slack grows back, and drafts again when a burst of prompts (many mixed
+    steps in a row) waits."""
     mixed_step_s = PERF.step_time(CHUNK, 32, 32 * 1010)
-    slack = view((30, 32), lead_s=1.5 * mixed_step_s, backlog=0)
+    slack = view((30, 32), lead_s=1.5 * LEAD_MIXED_STEPS * mixed_step_s, backlog=0)
     c = controller(initial=0, dwell=2, decode_only_drafts=True)
     assert [c.update(slack, PERF) for _ in range(3)] == [0, 0, 0]
     drafting = controller(initial=4, dwell=2, decode_only_drafts=True)
     assert [drafting.update(slack, PERF) for _ in range(3)] == [4, 0, 0]
-    burst = view((30, 32), lead_s=1.5 * mixed_step_s, backlog=4 * CHUNK)
+    burst = view((30, 32), lead_s=1.5 * LEAD_MIXED_STEPS * mixed_step_s, backlog=4 * CHUNK)
     steps = [drafting.update(burst, PERF) for _ in range(3)]
     assert steps[0] == 0 and steps[1] == steps[2] > 0
 
