@@ -74,8 +74,8 @@ from scheduler.core.perf_model import default_model  # noqa: E402
 from scheduler.core.plan_path import LeverModel, settings_for  # noqa: E402
 from scheduler.core.policies import POLICIES, PolicyContext  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
-from scheduler.core.slos_serve.admission import admit  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget  # noqa: E402
+from scheduler.core.slos_serve.soft_admission import admit  # noqa: E402
 
 # -- engine side: SLO policies ---------------------------------------------------------------
 

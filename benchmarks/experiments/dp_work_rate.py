@@ -14,8 +14,8 @@ import numpy as np
 
 from benchmarks.experiments.plan_path_states import ENGINE_NOW
 from scheduler.core.perf_model import default_model
-from scheduler.core.slos_serve.admission import admit
 from scheduler.core.slos_serve.dp import DpItem, TierBudget
+from scheduler.core.slos_serve.soft_admission import admit
 from scheduler.core.work_budget import UNITS_PER_MS, WorkBudget
 
 

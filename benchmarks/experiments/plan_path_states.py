@@ -10,7 +10,7 @@ aimed at what makes one policy's pass slow, read off the policies themselves:
   (scheduler/core/slos_serve/dp.py) admits up to its candidates every pass and they stay
   forced, so the forced set grows pass after pass; some running prompts are already past
   their first token's due time, and the rest cannot all make theirs, so every pass decides the
-  most urgent items again (scheduler/core/slos_serve/admission.py);
+  most urgent items again (scheduler/core/slos_serve/soft_admission.py);
 - `tiers`: deadlines spread over three decades and TPOTs all distinct, so the DP's state space
   (decoders per tier) and the ladder of derived tiers are as wide as they get;
 - `compound`: every request a compound call, most in a few very large stages and the rest in

@@ -5,7 +5,7 @@ SLOs are still attainable there. The router's virtual replica is what it knows i
 it has in flight on the worker (`running_on`) and the worker's measured EMAs. In-flight requests
 with a first token are decoders in their TPOT tier; those without one are forced prefill items due
 by their prefill deadline; the new request is the one optional item, admitted iff the DP (App. C
-form, `scheduler.core.slos_serve.admission.admit`) keeps it while every forced item still holds. SLO terms
+form, `scheduler.core.slos_serve.soft_admission.admit`) keeps it while every forced item still holds. SLO terms
 come from the core's own `demand`, so deadline and compound requests get the same derived prefill
 deadline and TPOT tier as on the single server, and requests the core would not guarantee (no SLO,
 or a first-token deadline already missed) decode in the no-target slot: they take batch slots but
@@ -37,9 +37,9 @@ from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients, PerfModel
 from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
-from scheduler.core.slos_serve.admission import admit
 from scheduler.core.slos_serve.dp import DpItem, TierBudget
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand
+from scheduler.core.slos_serve.soft_admission import admit
 from scheduler.core.types import RequestView
 
 

@@ -2,7 +2,7 @@
 
 A plan the engine waits for leaves the card idle, so the slowest pass matters, not the median:
 a search whose cost grows with the square of the queue (the SLOs-Serve DP re-solving a freed
-forced set, which slos_serve/admission.py now decides in n log n) once stalled a live card for
+forced set, which slos_serve/soft_admission.py now decides in n log n) once stalled a live card for
 seconds. Every search in a policy therefore runs under a `WorkBudget`; when it runs out, the
 policy falls back to a plan it can form in linear time (its last promises, its greedy order)
 and counts the pass, which /slo/status reports (`budget_fallbacks`).

@@ -21,11 +21,11 @@ from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
 from scheduler.core.row_reads import SloTable
-from scheduler.core.slos_serve.admission import admit
 from scheduler.core.slos_serve.arrival_bound import ArrivalBoundBudget, arrival_chunk
 from scheduler.core.slos_serve.batch_formation import EPS
 from scheduler.core.slos_serve.dp import DpItem
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand, derived_tiers, expected_outputs
+from scheduler.core.slos_serve.soft_admission import admit
 from scheduler.core.slos_serve.spec_length import Tier, optimize_spec_lengths
 from scheduler.core.types import EngineView, PerfModel, RequestView, StepPlan
 from scheduler.core.work_budget import WorkBudget, units_for_ms

@@ -8,7 +8,7 @@ set their time and size, Alg. 2) and pays p_i; budget must never go negative, so
 admitted prefill finishes by its deadline (EDF), and every state must be stable (its decodes
 fit in the batch time), so every admitted TPOT holds. Decoding is deadline-based: a request's
 token k is due at pDDL + k·TPOT, so its decode demand starts at its prefill deadline.
-Forced items (running requests, earlier admissions) can never be skipped; admission.py decides
+Forced items (running requests, earlier admissions) can never be skipped; soft_admission.py decides
 which promises to keep when that has no solution.
 """
 
