@@ -199,7 +199,8 @@ class SlosServePolicy:
             spec_steps=spec,
         )
         # Admissions the engine could not start on time make the forced set infeasible: then the
-        # promises that still fit are kept, the others wait in the best-effort tier.
+        # most urgent items are decided again (soft_admission) and the rest wait in the
+        # best-effort tier.
         result = admit(
             items,
             budget,
