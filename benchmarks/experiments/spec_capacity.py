@@ -5,8 +5,8 @@ where drafting is meant to pay. Two families of systems:
 
 - SLOs-Serve's (one A100): Sarathi, SLOs-Serve, and SLOs-Serve with the SLO-adaptive length
   and prefill in verify batches (the paper's design; alpha 0.7, draft 5 % of a decode);
-- SGLang's EAGLE as the live benchmark runs it (one H100, EDF): no speculation, a fixed length
-  3 and `--slo-speculation`, mixed batches whose steps with prefill decode without drafts,
+- SGLang's EAGLE as the live benchmark runs it (one H100, EDF): no speculation, fixed lengths
+  1-4 and `--slo-speculation`, mixed batches whose steps with prefill decode without drafts,
   alpha 0.8 and a draft pass at 0.1 of a decode (benchmarks.experiments.emulated_speculation).
 
 One JSON record per (scenario, seed, system), merged into --out.

@@ -158,16 +158,7 @@ class ReplicaAdmission:
         for t in decoders:
             counts[slot[t]] += 1
         items = [
-            DpItem(
-                r.rid,
-                d.deadline,
-                d.prefill_tokens,
-                d.mem_tokens,
-                slot[d.tpot],
-                r.slo.weight,
-                forced=r is not req,
-                started=r is not req,
-            )
+            DpItem(r.rid, d.deadline, d.prefill_tokens, d.mem_tokens, slot[d.tpot], r.slo.weight, forced=r is not req)
             for r, d in prefills
         ]
         budget = TierBudget(perf, tiers, held, self.chunk, self.idle)

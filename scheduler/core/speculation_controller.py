@@ -14,6 +14,7 @@ keep. It is policy, so it lives in the core as plain Python; the adapter
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from typing import Any
 
 from scheduler.core.estimates import next_token_due
@@ -44,7 +45,7 @@ def pending_prefill(view: EngineView, up_to: int | None = None) -> int:
     first token (counted whole: the view does not say how far their chunks have got). `up_to`:
     stop counting once there are that many (a deep queue is not walked to its end)."""
     total = 0
-    for r in [*(r for r in view.running if r.first_token_time is None), *view.waiting]:
+    for r in chain((r for r in view.running if r.first_token_time is None), view.waiting):
         total += max(r.prompt_len - r.prefix_cached, 0)
         if up_to is not None and total >= up_to:
             break

@@ -44,7 +44,7 @@ class DpItem:
     tier: int = -1  # index into the tier TPOTs; -1: decodes with no TPOT target
     value: float = 1.0
     forced: bool = False
-    started: bool = False  # its prefill runs already: it cannot be declined, only lost
+    started: bool = False  # its prefill runs already: past its deadline, its tokens are still owed
 
 
 @dataclass
