@@ -233,7 +233,9 @@ def _slos_serve(req: TraceRequest, rng: random.Random, scale: Scale) -> Body:
 
 def _slos_app(ttft_slowdown: float, tpot_ms: float) -> Drawer:
     """One application of SLOs-Serve Tab. 1/2: ChatBot is loose on prefill and decode, Coder
-    loose on prefill and tight on decode."""
+    loose on prefill and tight on decode, Summarizer tight on prefill and loose on decode.
+    Reasoning is tight on prefill, thinking and response alike: its response SLO is loose, but
+    the server sees one decode stream and takes a request's tightest decode SLO (§3.2.1)."""
     return lambda req, rng, scale: _slos_tier(ttft_slowdown, tpot_ms, req, scale)
 
 
@@ -295,6 +297,8 @@ MIXES: dict[str, Mix] = {
     "slos-serve": Mix({"latency": 1}, {"latency": _slos_serve}),
     "slos-chatbot": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_LOOSE[1])}),
     "slos-coder": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], SLOS_TIGHT[1])}),
+    "slos-summarizer": Mix({"latency": 1}, {"latency": _slos_app(SLOS_TIGHT[0], SLOS_LOOSE[1])}),
+    "slos-reasoning": Mix({"latency": 1}, {"latency": _slos_app(SLOS_TIGHT[0], SLOS_TIGHT[1])}),
     # ChatBot's TTFT with a TPOT tight enough that decoding, not prefill, may bind (issue #48:
     # where SLO-adaptive speculation is meant to pay); H100 TPOTs, scaled to the card like every mix
     "slos-chat-tight": Mix({"latency": 1}, {"latency": _slos_app(SLOS_LOOSE[0], 20.0)}),

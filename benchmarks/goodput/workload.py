@@ -16,6 +16,7 @@ from typing import Any
 
 from benchmarks.goodput.mixes import Scale, apply_mix
 from benchmarks.goodput.records import PlannedRequest
+from benchmarks.workloads.lengths import LENGTH_SOURCES, with_lengths
 from benchmarks.workloads.traces import (
     MOONCAKE_BLOCK_TOKENS,
     TraceRequest,
@@ -46,6 +47,7 @@ class WorkloadSpec:
     mix: str = "tempo"
     seed: int = 0
     cycle: bool = False  # a window with fewer than `units` units repeats (fresh rids) until it has them
+    lengths: str | None = None  # a length source (benchmarks.workloads.lengths) replacing the trace's lengths
 
     def __post_init__(self) -> None:
         if self.arrivals not in ("trace", "poisson"):
@@ -56,6 +58,8 @@ class WorkloadSpec:
             raise ValueError(f"length_scale must be > 0, got {self.length_scale}")
         if self.max_prompt < 1 or self.max_output < 1:
             raise ValueError("max_prompt and max_output must be >= 1")
+        if self.lengths is not None and self.lengths not in LENGTH_SOURCES:
+            raise ValueError(f"unknown length source {self.lengths!r}; valid: {', '.join(LENGTH_SOURCES)}")
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace, seed: int, **more: Any) -> WorkloadSpec:
@@ -96,7 +100,8 @@ def _unit_starts(requests: list[TraceRequest]) -> list[float]:
 
 
 def base_requests(spec: WorkloadSpec) -> list[TraceRequest]:
-    """The trace's window, `units` units of it, lengths shaped; arrivals still the trace's own."""
+    """The trace's window, `units` units of it, lengths (the trace's, or the length source's drawn
+    with the spec's seed) shaped; arrivals still the trace's own."""
     loaded = load(spec.trace, spec.data_dir)
     reqs = loaded.requests
     if spec.start_s or spec.window_s is not None:
@@ -107,6 +112,8 @@ def base_requests(spec: WorkloadSpec) -> list[TraceRequest]:
         raise ValueError(f"trace {spec.trace!r} has no request in the chosen window")
     if spec.cycle:
         reqs = _cycled(reqs, spec.units)
+    if spec.lengths is not None:
+        reqs = with_lengths(reqs, spec.lengths, spec.seed, spec.data_dir)
     return [_shaped(r, spec) for r in reqs]
 
 

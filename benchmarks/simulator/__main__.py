@@ -37,6 +37,7 @@ from benchmarks.simulator.pool import PoolSpec
 from benchmarks.simulator.runner import Run, simulate, slo_scale
 from benchmarks.simulator.speculative_decoding import APART, LAYOUTS
 from benchmarks.simulator.worker import EngineOptions
+from benchmarks.workloads.lengths import LENGTH_SOURCES
 from benchmarks.workloads.traces import TRACES
 from router.policies import ROUTING_POLICIES
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
@@ -87,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--host-latency-ms", type=float, default=0.0, help="client send to engine queue (real time)")
     w = p.add_argument_group("workload")
     w.add_argument("--trace", default="azure-conv", choices=sorted(TRACES))
+    w.add_argument("--lengths", choices=sorted(LENGTH_SOURCES), help="lengths from this source, not the trace's")
     w.add_argument("--data-dir")
     w.add_argument("--units", type=int, default=1000, help="arrival units per run")
     w.add_argument("--cycle", action="store_true", help="repeat the trace when it has fewer units")
@@ -156,7 +158,7 @@ def cluster_config(args: argparse.Namespace, routing: str, policy: str, seed: in
 
 
 def workload_spec(args: argparse.Namespace, seed: int) -> WorkloadSpec:
-    return WorkloadSpec.from_flags(args, seed, data_dir=args.data_dir, cycle=args.cycle)
+    return WorkloadSpec.from_flags(args, seed, data_dir=args.data_dir, cycle=args.cycle, lengths=args.lengths)
 
 
 def summary(runs: list[dict[str, Any]]) -> str:

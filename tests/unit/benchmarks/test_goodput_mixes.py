@@ -280,6 +280,8 @@ FIXED_SLO_MIXES = (
     "none",
     "slos-chatbot",
     "slos-coder",
+    "slos-summarizer",
+    "slos-reasoning",
     "slos-chat-tight",
     "slos-chat-tight10",
 )  # one SLO per application: nothing is drawn
@@ -292,6 +294,16 @@ def test_slos_serve_applications_have_their_papers_tiers() -> None:
     assert {p.slo["tpot_ms"] for p in chat} == {100.0} and {p.slo["tpot_ms"] for p in coder} == {50.0}
     for a, b in zip(chat, coder):  # both loose on prefill: 5x the zero-load TTFT
         assert a.slo["ttft_ms"] == b.slo["ttft_ms"] == round(5 * SCALE1.zero_load_ttft_ms(a.req.prompt_tokens), 1)
+
+
+def test_summarizer_and_reasoning_are_tight_on_prefill_and_reasoning_on_its_whole_decode() -> None:
+    trace = flat(50)
+    summ = apply_mix(trace, "slos-summarizer", SCALE1, seed=1)
+    reason = apply_mix(trace, "slos-reasoning", SCALE1, seed=1)
+    # Summarizer reads at reading speed; Reasoning's thinking is tight and its tightest SLO binds
+    assert {p.slo["tpot_ms"] for p in summ} == {100.0} and {p.slo["tpot_ms"] for p in reason} == {50.0}
+    for a, b in zip(summ, reason):  # both tight on prefill: 3x the zero-load TTFT
+        assert a.slo["ttft_ms"] == b.slo["ttft_ms"] == round(3 * SCALE1.zero_load_ttft_ms(a.req.prompt_tokens), 1)
 
 
 @pytest.mark.parametrize("mix", sorted(MIXES))
