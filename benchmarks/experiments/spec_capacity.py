@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 
 from benchmarks.cli import doc_parser
-from benchmarks.experiments.headline_grid import TARGET, Config, Grid, workload_spec
-from benchmarks.experiments.headline_slos_serve import SLOS_SCENARIOS
+from benchmarks.experiments.headline_grid import TARGET, Config, Grid
+from benchmarks.experiments.headline_slos_serve import SLOS_SCENARIOS, Scenario
 from benchmarks.goodput.capacity import search_capacity
 from benchmarks.goodput.workload import SEED_SPAN_S
 from benchmarks.simulator.runner import slo_scale
@@ -53,9 +53,9 @@ SYSTEMS = {
 }
 
 
-def scenarios() -> dict[str, tuple[str, str, str]]:
+def scenarios() -> dict[str, Scenario]:
     """The headline's scenarios and the tight-TPOT chat tiers."""
-    return {**SLOS_SCENARIOS, **{name: ("azure-conv", f"slos-{name}", "trace") for name in TIGHT_CHAT}}
+    return {**SLOS_SCENARIOS, **{name: Scenario("azure-conv", f"slos-{name}") for name in TIGHT_CHAT}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,10 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     res = json.loads(args.out.read_text()) if args.out.exists() else {}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for scenario in args.scenarios.split(","):
-        trace, mix, arrivals = table[scenario]
         for seed in [int(s) for s in args.seeds.split(",")]:
             start = seed * SEED_SPAN_S if args.seed_windows else 0.0
-            spec = workload_spec(trace, mix, args.units, seed, arrivals=arrivals, start_s=start)
+            spec = table[scenario].spec(args.units, seed, start_s=start)
             for label in args.systems.split(","):
                 cfg, t0 = SYSTEMS[label], time.perf_counter()
                 scale = slo_scale(1.0, cfg.pool.split(":")[0])  # the mix's targets on this card
