@@ -25,7 +25,7 @@ class SloServerConfig:
     policy_params: dict[str, Any] = field(default_factory=dict)
     default_slo: dict[str, Any] | None = None  # applied to requests that carry no SLO
     status_address: str = ""  # ZMQ address the scheduler publishes its status on
-    status_interval_s: float = 0.2
+    status_interval_s: float = 0.1  # as fresh as the router agent's load reports
     length_predictor: str | None = (
         DEFAULT_LENGTH_PREDICTOR  # scheduler.core.analyzer.spec: history[:Q], none or an artifact
     )

@@ -19,6 +19,7 @@ from benchmarks.simulator.pool import PoolSpec
 from benchmarks.simulator.runner import Run, simulate
 from benchmarks.simulator.speculative_decoding import APART
 from benchmarks.simulator.worker import EngineOptions
+from server.agent_load import REPORT_S
 
 TARGET = 0.9
 
@@ -37,7 +38,7 @@ class Config:
     spec_layout: str = APART
     spec_alpha: float = 0.7  # the draft's true acceptance (SLOs-Serve's OPT-125m draft)
     draft_ratio: float = 0.05  # a draft pass's cost / a target decode pass's
-    report_s: float = 0.25  # the worker agents' load-report period (the live default)
+    report_s: float = REPORT_S  # the worker agents' load-report period (the live default)
 
     def cluster(self, seed: int) -> ClusterConfig:
         params = dict(self.routing_params)

@@ -40,6 +40,7 @@ from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
 from scheduler.core.pacing import SlowedPerfModel
 from scheduler.core.sim import Arrivals
 from scheduler.core.sim_engine import KV_TOO_LARGE, PREFILLED, SimRequest, StepOutcome
+from server.agent_load import REPORT_S
 
 # event kinds, in their order at equal times
 _SEND, _TRANSFER, _STEP, _KICK, _REPORT, _TICK = 0, 1, 2, 3, 4, 5
@@ -53,7 +54,7 @@ class ClusterConfig:
     routing: str = "round_robin"
     routing_params: tuple[tuple[str, Any], ...] = ()
     length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR  # the router's default
-    report_s: float = 0.25  # the worker agent's default
+    report_s: float = REPORT_S  # the worker agent's default
     migrate_interval_s: float | None = 0.1  # the dispatcher's default; None: never
     kv_link_gb_s: float = 50.0  # PD: KV transfer bandwidth per pair (GB/s)
     kv_latency_s: float = 0.001
