@@ -22,6 +22,7 @@ from benchmarks.goodput.workload import plan
 from benchmarks.simulator.pool import card
 from benchmarks.simulator.runner import slo_scale
 from router.pd_sizing import TierMix, pd_sizing, split_devices
+from server.agent_load import REPORT_S
 
 FACTORS = (0.5, 0.7, 0.85, 1.0, 1.15, 1.3, 1.45, 1.6)  # load, x the PD-optimal rate: past every crossing
 QUICK_FACTORS = (0.6, 0.9, 1.1)
@@ -155,7 +156,7 @@ def polyserve(
             "1.18×",
             f"{co_x:.2f}× ({co_fresh:.2f}× with 10 ms load reports)",
             ratio_text(co_x, 1.18),
-            why + "; the router places on load reports up to 0.25 s old, plus its own placements since",
+            why + f"; the router places on load reports up to {REPORT_S:g} s old, plus its own placements since",
         ),
         Row(
             "PolyServe",
