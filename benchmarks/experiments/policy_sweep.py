@@ -31,7 +31,7 @@ from typing import Any
 
 from benchmarks.goodput.scoring import RunMetrics
 from benchmarks.simulator.card import Card
-from benchmarks.simulator.engine import ORDERING_BASELINES, _ratios, add_workload_args, run_point, workload_spec
+from benchmarks.simulator.engine import ORDERING_BASELINES, add_workload_args, goodput_ratios, run_point, workload_spec
 
 PROJECT_MIXES = (
     "chat",
@@ -157,7 +157,7 @@ def versus_best(per_seed: Sequence[dict[str, RunMetrics]], policy: str) -> list[
     """`policy`'s goodput over the best ordering baseline of the same seed, per seed (the engine's ratio)."""
     runs = [seed[policy] for seed in per_seed]
     best = [max((seed[b] for b in ORDERING_BASELINES), key=lambda m: m.goodput_rps or 0.0) for seed in per_seed]
-    return _ratios(runs, best)
+    return goodput_ratios(runs, best)
 
 
 def best_baseline(seed: dict[str, RunMetrics]) -> str:

@@ -168,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.setdefault((rate, name), []).append(m)
     summary = []
     for (rate, name), runs in sorted(rows.items()):
-        ratio = _ratios(runs, rows.get((rate, "fcfs")) or runs)
+        ratio = goodput_ratios(runs, rows.get((rate, "fcfs")) or runs)
         ordering = [rows[(rate, b)] for b in ORDERING_BASELINES if (rate, b) in rows]
         best_base = [max(seed, key=lambda m: m.goodput_rps or 0.0) for seed in zip(*ordering, strict=True)]
-        vs_best = _ratios(runs, best_base) if best_base and name not in ORDERING_BASELINES + ("fcfs",) else None
+        vs_best = goodput_ratios(runs, best_base) if best_base and name not in ORDERING_BASELINES + ("fcfs",) else None
         summary.append(
             {
                 "rate": rate,
@@ -219,7 +219,7 @@ def _mean_of(values: Iterable[float | None]) -> float | None:
     return statistics.mean(present) if present else None
 
 
-def _ratios(runs: Sequence[RunMetrics], base: Sequence[RunMetrics]) -> list[float]:
+def goodput_ratios(runs: Sequence[RunMetrics], base: Sequence[RunMetrics]) -> list[float]:
     """Goodput over the same seed's baseline, per seed (a baseline that attained nothing has
     no ratio; nan when none has one)."""
     out = [(m.goodput_rps or 0.0) / b.goodput_rps for m, b in zip(runs, base, strict=False) if b.goodput_rps]
