@@ -8,8 +8,9 @@
   time. A request ahead of its deadline-based schedule (PolyServe §2.3) lends its slack to
   prefill; one already late constrains nothing (its attainment is lost). With separate prefill
   steps (SGLang's default) every decode waits out the prefill step, so the prefill step plus the
-  decode step after it must fit. The chunk is at least what the most urgent waiting request
-  needs to make its TTFT, and never above the start-up size.
+  decode step after it must fit. A larger chunk only where the raise pays: the first tokens it
+  makes of waiting requests that need it outweigh the running requests whose next token its
+  step makes late. Never above the start-up size.
 - Prefill gate: when no useful chunk fits and no waiting request needs one for its TTFT, the
   step decodes only; the running requests' slack grows, and prefill resumes when it fits.
 - A target no batch can meet (not even one request) sets no lever: capping would only starve.
@@ -50,45 +51,87 @@ def tightest_tpot(view: EngineView, columns: ViewColumns | None = None) -> float
     return None if math.isnan(tightest) else tightest / 1000.0  # the min of the ms, then to s: the same number
 
 
-def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewColumns | None = None) -> float | None:
-    """Seconds the next step may last and keep every on-time running latency request on its
-    deadline-based schedule (None: no running request to protect). Under speculation a step
-    gives `tokens_per_step` tokens, so the last of them is the one that must be on time."""
-    c = columns if columns is not None else columns_of(view)
+def _running_slack(view: EngineView, tokens_per_step: float, c: ViewColumns) -> tuple[np.ndarray, np.ndarray] | None:
+    """(seconds each on-time running latency request's next due token is away, its weight);
+    None: no running request to protect. Under speculation a step gives `tokens_per_step`
+    tokens, so the last of them is the one that must be on time."""
     run = slice(c.n_waiting, None)
     ahead = int(math.ceil(tokens_per_step)) - 1
     generated = c.generated[run]
     due = c.token_due(generated + ahead, run)  # nan without a TTFT
     # A request already late (due < now) constrains nothing: its attainment is lost.
     keep = (generated > 0) & ~c.be_tier[run] & ~np.isnan(c.tpot_ms[run]) & (due >= view.now)
-    return float((due[keep] - view.now).min()) if keep.any() else None
+    if not keep.any():
+        return None
+    return due[keep] - view.now, c.weight[run][keep].astype(np.float64)
 
 
-def _ttft_need(
-    view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int, c: ViewColumns
-) -> tuple[int, bool]:
-    """(tokens per step the most urgent waiting request needs to finish its prefill on time,
-    whether deferring prefill by one decode step would make one miss its TTFT). A request
-    whose TTFT has passed needs nothing: no chunk size can save it."""
-    need, urgent = 0, False
+def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewColumns | None = None) -> float | None:
+    """Seconds the next step may last and keep every on-time running latency request on its
+    deadline-based schedule (None: no running request to protect)."""
+    c = columns if columns is not None else columns_of(view)
+    slack = _running_slack(view, tokens_per_step, c)
+    return None if slack is None else float(slack[0].min())
+
+
+@dataclass(frozen=True)
+class _TtftNeeds:
+    """Per savable waiting request: the tokens per step it needs to make its first token in
+    time, and its weight; `urgent`: deferring prefill by one decode step makes one miss."""
+
+    tokens: np.ndarray
+    weight: np.ndarray
+    urgent: bool
+
+
+_NO_NEEDS = _TtftNeeds(np.zeros(0, dtype=np.int64), np.zeros(0), False)
+
+
+def _ttft_needs(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int, c: ViewColumns) -> _TtftNeeds:
+    """What each waiting request needs of the chunk to make its TTFT, each counted alone. A
+    request that would miss even prefilled alone at full speed needs nothing: no chunk size can
+    save it, and sizing the chunk for it only makes running requests late."""
     decode_s = perf.step_time(0, len(view.running), kv)
     nw = c.n_waiting
     slack = c.arrival[:nw] + c.ttft_s[:nw] - view.now  # nan without a TTFT
     pending = (~c.be_tier[:nw] & ~c.started[:nw] & (slack > 0)).nonzero()[0]
     if pending.size == 0:
-        return need, urgent
+        return _NO_NEEDS
     remaining = np.maximum(c.prompt[pending] - c.cached[pending], 1).astype(np.int64)
     s = slack[pending]
     # Every step time in one array operation, the rest on the columns (a deep queue of latency
     # requests made this a Python step per request, the largest part of a plan-path pass).
     step = prefill_step_times(perf, np.minimum(remaining, limit), decodes, kv)
-    if (s <= step).any():
-        return limit, True  # tight: prefill it as fast as possible
     fastest = step * -(-remaining // limit)
+    savable = s > fastest
+    if not savable.any():
+        return _NO_NEEDS
+    remaining, s, step, fastest = remaining[savable], s[savable], step[savable], fastest[savable]
     urgent = bool((s - decode_s < fastest).any())
     steps_left = np.maximum(np.floor(s / step).astype(np.int64), 1)
-    need = max(need, int((-(-remaining // steps_left)).max()))
-    return need, urgent
+    tokens = np.minimum(-(-remaining // steps_left), limit)
+    return _TtftNeeds(tokens, c.weight[:nw][pending[savable]].astype(np.float64), urgent)
+
+
+def _weighed_chunk(
+    perf: PerfModel, fit: int, needs: _TtftNeeds, room: np.ndarray, running_weight: np.ndarray, riding: int, kv: int
+) -> int:
+    """The chunk that wins the most: a chunk above `fit` makes the first tokens of the waiting
+    requests whose need it covers, and costs the running requests whose next token its step
+    makes late (each loses its per-token SLO). `fit` (no running request late) unless some
+    larger need saves more weight than it costs."""
+    above = needs.tokens > fit
+    if not above.any():
+        return fit
+    sizes, at = np.unique(needs.tokens[above], return_inverse=True)
+    gain = np.cumsum(np.bincount(at, weights=needs.weight[above], minlength=sizes.size))
+    steps = prefill_step_times(perf, sizes, riding, kv)
+    order = np.argsort(room)
+    late_weight = np.concatenate([[0.0], np.cumsum(running_weight[order])])
+    cost = late_weight[np.searchsorted(room[order], steps, side="right")]
+    net = gain - cost
+    best = int(np.argmax(net))
+    return int(sizes[best]) if net[best] > 0 else fit
 
 
 def batch_levers(
@@ -116,14 +159,17 @@ def batch_levers(
             # not save it, so leave batch and chunk to SGLang.
             return BatchLevers(None, None, tightest)
         cap = max(perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests), 1)
-    budget = step_budget(view, tokens_per_step, c)
-    if view.chunk_size <= 0 or budget is None:
+    slack = _running_slack(view, tokens_per_step, c)
+    if view.chunk_size <= 0 or slack is None:
         return BatchLevers(cap, None, tightest)
     riding = decodes if mixed_batching else 0  # decodes inside the prefill step itself
-    room = (budget if mixed_batching else budget - perf.step_time(0, decodes, kv)) / (1 + STEP_MARGIN)
-    fit = perf.max_chunk_within(room, riding, kv, view.chunk_size) if room > 0 else 0
-    need, urgent = _ttft_need(view, perf, riding, kv, view.chunk_size, c)
-    if fit < MIN_CHUNK and not urgent:
+    budgets, running_weight = slack
+    room = (budgets if mixed_batching else budgets - perf.step_time(0, decodes, kv)) / (1 + STEP_MARGIN)
+    tightest_room = float(room.min())
+    fit = perf.max_chunk_within(tightest_room, riding, kv, view.chunk_size) if tightest_room > 0 else 0
+    needs = _ttft_needs(view, perf, riding, kv, view.chunk_size, c)
+    if fit < MIN_CHUNK and not needs.urgent:
         # too little room for a useful chunk, and no TTFT needs one now: decode, bank slack
         return BatchLevers(cap, MIN_CHUNK, tightest, prefill=False)
-    return BatchLevers(cap, min(view.chunk_size, max(fit, need, MIN_CHUNK)), tightest)
+    chunk = _weighed_chunk(perf, max(fit, MIN_CHUNK), needs, room, running_weight, riding, kv)
+    return BatchLevers(cap, min(view.chunk_size, chunk), tightest)

@@ -9,9 +9,10 @@ sorting them by context length and taking the window of B with the largest prior
 (homogeneous lengths batch faster). p is tuned online by hill-climbing on the goodput observed
 per epoch. Running requests can be swapped out only at frame boundaries and only when the gain
 beats the stall cost and the App. D.2 margin. Requests past their max_queue_ms are dropped.
-Our one addition, `latency_urgency`: a latency request that can still make its SLO is worth a
-little more than deadline work of the same value per second, because its TTFT window closes in
-seconds while deadline work can wait for a later frame (0 gives the paper's priority).
+Our one addition, urgency: a latency request that can still make its SLO is worth a little more
+than deadline work of the same value per second (`latency_urgency`), and more again as its TTFT
+window closes (`ttft_urgency`), because it must start now or never while deadline work can wait
+for a later frame (both 0 give the paper's priority).
 A best-effort request (no SLO) adds nothing to the goodput being maximised, so its deemed goodput
 is `best_effort_value` (0 by default) and only δ's aging raises it (JITServe §3, §4.2).
 The multi-replica half (§4.3, power-of-K copies) is a routing policy: router/policies/jit.py.
@@ -98,12 +99,20 @@ class GmaxParams:
     # tuned online like the cutoff: deadline work pays back within an epoch, the latency work a
     # tuner starves does not show as a loss there. The sweep: benchmarks/RESULTS.md.
     latency_urgency: float = 0.05
-    # The most prompt tokens one step prefills (0: the engine's start-up chunk), over what the
-    # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget
-    # was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Our reading: small
-    # prefills pace how fast GMAX starts requests, and its length bounds err long
-    # (benchmarks/RESULTS.md).
-    chunk_cap: int = 512
+    # A latency request waiting for its first token is worth this x the share of its TTFT window
+    # already gone, over and above latency_urgency. Value per second of work alone ignores how
+    # soon a window closes: near capacity GMAX started deadline work, or short answers, inside
+    # the windows of latency requests it then lost. A request about to miss its first token
+    # outranks one that can wait (EDF's insight), one with its whole window ahead ranks by value
+    # per second as in the paper (0: off).
+    ttft_urgency: float = 8.0
+    # The most prompt tokens one step prefills (0: the engine's start-up chunk, sized down by the
+    # perf model's levers). JITServe runs on vLLM's chunked prefill, whose default token budget
+    # (512) was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580); the levers' chunk,
+    # which weighs the first tokens a larger chunk makes against the running requests' tokens it
+    # makes late, does that balance per step, and a fixed 512 on top starved the first tokens of
+    # fast cards (benchmarks/RESULTS.md, the sweep).
+    chunk_cap: int = 0
     # goodput(r) of a best-effort request, as a share of a met SLO request's. The objective
     # (requests or tokens that meet their SLO, as /slo/status counts) has no term for them, so
     # 0 leaves them to δ's aging, JITServe's guard against their starvation (§4.2), and they run
@@ -117,6 +126,7 @@ class GmaxParams:
         require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)
         require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
         require(self.latency_urgency >= 0.0, "latency_urgency", "must be >= 0", self.latency_urgency)
+        require(self.ttft_urgency >= 0.0, "ttft_urgency", "must be >= 0", self.ttft_urgency)
         require(self.best_effort_value >= 0.0, "best_effort_value", "must be >= 0", self.best_effort_value)
         require(
             self.chunk_cap == 0 or self.chunk_cap >= MIN_CHUNK,
@@ -142,6 +152,7 @@ class GmaxPolicy:
         self.per_request = params.objective == "requests"
         self.stage_deadlines = params.stage_deadlines
         self.latency_urgency = params.latency_urgency
+        self.ttft_urgency = params.ttft_urgency
         self.chunk_cap = params.chunk_cap or None
         self.best_effort_value = params.best_effort_value
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})
@@ -182,7 +193,8 @@ class GmaxPolicy:
         if self.per_request:  # met only if every remaining token is on time
             remaining = np.maximum(a.total_out, a.generated + 1.0) - a.generated
             on_time = np.where(on_time >= remaining, 1.0, 0.0)
-        goodput = np.where(lat, a.weight * on_time * (1.0 + self.latency_urgency), goodput)
+        urgency = self._urgency(a, first_emit, lat)
+        goodput = np.where(lat, a.weight * on_time * urgency, goodput)
 
         # Compound: a stage is scored as a whole (aggregated goodput over aggregated work).
         comp = a.group >= 0
@@ -196,6 +208,16 @@ class GmaxPolicy:
         if self.fairness > 0:
             prio = fairness_blend(prio, a.attained, self.fairness)
         return prio
+
+    def _urgency(self, a: ReqArrays, first_emit: np.ndarray, lat: np.ndarray) -> np.ndarray | float:
+        """Goodput multiplier of the latency requests `lat`: 1 + latency_urgency, plus
+        ttft_urgency x the share of the TTFT window gone by the time its first token can come."""
+        base = 1.0 + self.latency_urgency
+        if self.ttft_urgency <= 0:
+            return base
+        window = np.where(lat, a.ttft_s, 1.0)  # finite where lat; elsewhere unused
+        gone = np.clip((first_emit - a.arrival) / window, 0.0, 1.0)
+        return base + self.ttft_urgency * np.where(lat & (a.generated == 0), gone, 0.0)
 
     # -- planning ----------------------------------------------------------------------------
 

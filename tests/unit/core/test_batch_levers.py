@@ -106,8 +106,12 @@ def test_no_room_for_a_chunk_decodes_only_unless_a_ttft_needs_prefill() -> None:
     now = _due(20.0, 9) + 0.015  # 5 ms left before the next token is due
     calm = batch_levers(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=60_000.0)], now=now), PERF)
     assert not calm.prefill
-    urgent = batch_levers(_view(running, [_req("w", tpot_ms=20.0, ttft_ms=now * 1000 + 30.0)], now=now), PERF)
+    # 20 prompt tokens beside 4 decodes take 34 ms: due in 45 ms, it cannot wait out a decode step
+    soon = _req("w", tpot_ms=20.0, ttft_ms=now * 1000 + 45.0, prompt=20)
+    urgent = batch_levers(_view(running, [soon], now=now), PERF)
     assert urgent.prefill and urgent.chunk_size >= MIN_CHUNK
+    lost = _req("w", tpot_ms=20.0, ttft_ms=now * 1000 + 30.0, prompt=20)  # no chunk makes it in time
+    assert not batch_levers(_view(running, [lost], now=now), PERF).prefill
 
 
 def test_chunk_never_exceeds_startup() -> None:
@@ -115,17 +119,43 @@ def test_chunk_never_exceeds_startup() -> None:
     assert levers.chunk_size == 256
 
 
-def test_urgent_ttft_raises_the_chunk_above_the_decode_budget() -> None:
-    running = [_decoding(f"r{i}", 40.0, 10) for i in range(4)]
-    now = _due(40.0, 9)
-    calm = batch_levers(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=60_000.0, prompt=2000)], now=now), PERF)
-    urgent = batch_levers(
-        _view(running, [_req("w", tpot_ms=40.0, ttft_ms=now * 1000 + 50.0, prompt=2000)], now=now), PERF
-    )
-    assert urgent.chunk_size > calm.chunk_size
-    assert urgent.chunk_size == 512
-    missed = batch_levers(_view(running, [_req("w", tpot_ms=40.0, ttft_ms=10.0, prompt=2000)], now=now), PERF)
-    assert missed.chunk_size == calm.chunk_size  # a TTFT already missed needs nothing
+def _one_stream_due_in_40_ms() -> tuple[list[RequestView], float]:
+    """One running stream whose next token is due in 40 ms: about 25 prompt tokens fit its slack."""
+    return [_decoding("r", 40.0, 10)], _due(40.0, 9)
+
+
+def _ttft_in(now: float, ms: float, rid: str, prompt: int = 100) -> RequestView:
+    return _req(rid, tpot_ms=1_000.0, ttft_ms=now * 1000 + ms, prompt=prompt)
+
+
+def test_a_larger_chunk_wins_when_it_saves_more_first_tokens_than_next_tokens_it_makes_late() -> None:
+    running, now = _one_stream_due_in_40_ms()
+    calm = batch_levers(_view(running, [_req("w", tpot_ms=1_000.0, ttft_ms=60_000.0)], now=now), PERF)
+    assert calm.chunk_size is not None and calm.chunk_size < 100
+    # two 100-token prompts due in 130 ms: each needs its whole prompt in one 111 ms step, which
+    # makes the stream's next token late; two first tokens are worth more than one stream
+    two = batch_levers(_view(running, [_ttft_in(now, 130.0, "a"), _ttft_in(now, 130.0, "b")], now=now), PERF)
+    assert two.chunk_size == 100
+
+
+def test_the_chunk_stays_within_the_running_slack_when_the_trade_is_not_worth_it() -> None:
+    running, now = _one_stream_due_in_40_ms()
+    calm = batch_levers(_view(running, [_req("w", tpot_ms=1_000.0, ttft_ms=60_000.0)], now=now), PERF)
+    one = batch_levers(_view(running, [_ttft_in(now, 130.0, "a")], now=now), PERF)  # one for one: no gain
+    assert one.chunk_size == calm.chunk_size
+    many_running = [_decoding(f"r{i}", 40.0, 10) for i in range(4)]
+    two = [_ttft_in(now, 200.0, "a"), _ttft_in(now, 200.0, "b")]
+    assert batch_levers(_view(many_running, two, now=now), PERF).chunk_size < 100  # 2 saved, 4 late
+
+
+def test_a_ttft_no_chunk_can_save_does_not_raise_the_chunk() -> None:
+    running, now = _one_stream_due_in_40_ms()
+    calm = batch_levers(_view(running, [_req("w", tpot_ms=1_000.0, ttft_ms=60_000.0)], now=now), PERF)
+    # 2 000 tokens need four 512-token steps of over half a second each; the windows are 50 ms
+    lost = [_ttft_in(now, 50.0, f"w{i}", prompt=2000) for i in range(5)]
+    assert batch_levers(_view(running, lost, now=now), PERF).chunk_size == calm.chunk_size
+    missed = [_req(f"m{i}", tpot_ms=40.0, ttft_ms=10.0, prompt=2000) for i in range(5)]  # already past
+    assert batch_levers(_view(running, missed, now=now), PERF).chunk_size == calm.chunk_size
 
 
 def test_online_model_is_not_ready_until_it_has_measured_enough() -> None:

@@ -256,7 +256,7 @@ def _latency_and_deadline_twins() -> list[SimRequest]:
 
 @pytest.mark.parametrize("urgency, both_met", [(0.0, False), (GmaxParams().latency_urgency, True), (0.5, True)])
 def test_latency_urgency_serves_the_request_that_cannot_wait_first(urgency, both_met):
-    pol = GmaxPolicy(GmaxParams(aging_delta=0.0, tune_cutoff=False, latency_urgency=urgency))
+    pol = GmaxPolicy(GmaxParams(aging_delta=0.0, tune_cutoff=False, latency_urgency=urgency, ttft_urgency=0.0))
     outcomes = run_single_slot(pol, _latency_and_deadline_twins()).outcomes()
     assert outcomes["dl"].attained
     assert outcomes["lat"].attained is both_met
@@ -270,8 +270,9 @@ def test_latency_urgency_scales_a_reachable_latency_requests_value_only():
         return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=200)
 
     view = _view([lat("reachable", 500), lat("too-late", 1), deadline_request("dl", prompt=100, out=200)])
-    plain = GmaxPolicy(GmaxParams(aging_delta=0.0, latency_urgency=0.0), perf_model=perf).priorities(view)
-    urgent = GmaxPolicy(GmaxParams(aging_delta=0.0, latency_urgency=0.5), perf_model=perf).priorities(view)
+    plain = GmaxPolicy(GmaxParams(aging_delta=0.0, latency_urgency=0.0, ttft_urgency=0.0), perf_model=perf)
+    urgent = GmaxPolicy(GmaxParams(aging_delta=0.0, latency_urgency=0.5, ttft_urgency=0.0), perf_model=perf)
+    plain, urgent = plain.priorities(view), urgent.priorities(view)
     assert urgent[0] == pytest.approx(1.5 * plain[0]) and plain[0] > 0
     assert urgent[1] == plain[1] == 0.0  # a request that cannot make it gains nothing
     assert urgent[2] == pytest.approx(plain[2])
@@ -280,6 +281,39 @@ def test_latency_urgency_scales_a_reachable_latency_requests_value_only():
 def test_negative_latency_urgency_names_the_field():
     with pytest.raises(ValueError, match="latency_urgency"):
         GmaxParams(latency_urgency=-0.1)
+    with pytest.raises(ValueError, match="ttft_urgency"):
+        GmaxParams(ttft_urgency=-1.0)
+
+
+def _ttft_urgency_ratio(now: float, generated: int = 0) -> float:
+    """A reachable latency request's priority with ttft_urgency 2 over its priority without."""
+    slo = SloSpec(ttft_ms=2_000, tpot_ms=100, slo_class=SloClass.LATENCY)
+    req = RequestView(rid="lat", slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=200, generated=generated)
+    view = _view([req], now=now) if generated == 0 else _view([], [req], now=now)
+    params = {"aging_delta": 0.0, "latency_urgency": 0.0}
+    plain = GmaxPolicy(GmaxParams(**params, ttft_urgency=0.0), perf_model=small_gpu()).priorities(view)
+    urgent = GmaxPolicy(GmaxParams(**params, ttft_urgency=2.0), perf_model=small_gpu()).priorities(view)
+    assert plain[0] > 0
+    return float(urgent[0] / plain[0])
+
+
+def test_ttft_urgency_grows_as_a_waiting_requests_window_closes():
+    early, late = _ttft_urgency_ratio(0.0), _ttft_urgency_ratio(1.5)
+    assert 1.0 < early < late <= 3.0  # 1 + 2 x the share of the window gone, at most all of it
+    assert _ttft_urgency_ratio(1.5, generated=5) == pytest.approx(1.0)  # its first token is out
+
+
+@pytest.mark.parametrize("ttft_urgency, latency_met", [(0.0, False), (GmaxParams().ttft_urgency, True)])
+def test_ttft_urgency_starts_the_request_whose_window_closes_before_cheaper_work(ttft_urgency, latency_met):
+    # The deadline request is cheaper (half the work), so value per second serves it first and
+    # the latency request, second, misses its 3-iteration TTFT; urgency serves it in its window.
+    latency = SloSpec(ttft_ms=3 * TAU * 1000, tpot_ms=2 * TAU * 1000, slo_class=SloClass.LATENCY)
+    deadline = SloSpec(deadline_ms=100 * TAU * 1000, slo_class=DL)
+    reqs = [SimRequest("dl", deadline, 0.0, 8, 3, 3, 3), SimRequest("lat", latency, 0.0, 8, 6, 6, 6)]
+    pol = GmaxPolicy(GmaxParams(aging_delta=0.0, tune_cutoff=False, latency_urgency=0.0, ttft_urgency=ttft_urgency))
+    outcomes = run_single_slot(pol, reqs).outcomes()
+    assert outcomes["dl"].attained
+    assert outcomes["lat"].attained is latency_met
 
 
 # -- best effort (no SLO: no goodput of its own, δ's aging keeps it from starving) -----------
@@ -294,7 +328,7 @@ def _short_best_effort_and_latency() -> list[SimRequest]:
 
 @pytest.mark.parametrize("value, latency_met", [(GmaxParams().best_effort_value, True), (1.0, False)])
 def test_best_effort_runs_on_what_the_slo_work_leaves(value, latency_met):
-    pol = GmaxPolicy(GmaxParams(tune_cutoff=False, best_effort_value=value))
+    pol = GmaxPolicy(GmaxParams(tune_cutoff=False, best_effort_value=value, ttft_urgency=0.0))
     result = run_single_slot(pol, _short_best_effort_and_latency())
     assert result.outcomes()["lat"].attained is latency_met
     assert result.records["be"].finished  # later, not never

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from scheduler.core.admission import certainly_late
-from scheduler.core.batch_limits import _ttft_need, batch_levers, step_budget, tightest_tpot
+from scheduler.core.batch_limits import _ttft_needs, batch_levers, step_budget, tightest_tpot
 from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import absolute_deadline, deadline_seconds, next_token_due, request_deadline, token_due
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
@@ -64,8 +64,10 @@ def _budget(view: EngineView, tokens_per_step: float) -> float | None:
     return min(slack) if slack else None
 
 
-def _need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) -> tuple[int, bool]:
-    need, urgent = 0, False
+def _needs(
+    view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int
+) -> tuple[list[tuple[int, float]], bool]:
+    needs, urgent = [], False
     decode_s = perf.step_time(0, len(view.running), kv)
     for r in view.waiting:
         if r.slo.ttft_ms is None or r.best_effort_tier or r.started:
@@ -75,11 +77,12 @@ def _need(view: EngineView, perf: PerfModel, decodes: int, kv: int, limit: int) 
             continue
         remaining = max(r.prompt_len - r.prefix_cached, 1)
         step = perf.step_time(min(remaining, limit), decodes, kv)
-        urgent = urgent or slack - decode_s < step * -(-remaining // limit)
-        if slack <= step:
-            return limit, True
-        need = max(need, -(-remaining // max(int(slack / step), 1)))
-    return need, urgent
+        fastest = step * -(-remaining // limit)
+        if slack <= fastest:
+            continue  # lost whatever the chunk
+        urgent = urgent or slack - decode_s < fastest
+        needs.append((min(-(-remaining // max(int(slack / step), 1)), limit), r.slo.weight))
+    return needs, urgent
 
 
 def _late_without_model(view: EngineView) -> list[str]:
@@ -153,7 +156,10 @@ def test_the_batch_levers_inputs_are_the_per_request_ones(seed: int, nw: int, nr
         for perf in MODELS:
             for decodes in (0, len(view.running)):
                 for limit in (16, 512, 8192):
-                    assert _ttft_need(view, perf, decodes, kv, limit, c) == _need(view, perf, decodes, kv, limit)
+                    got = _ttft_needs(view, perf, decodes, kv, limit, c)
+                    needs, urgent = _needs(view, perf, decodes, kv, limit)
+                    assert list(zip(got.tokens.tolist(), got.weight.tolist(), strict=True)) == needs
+                    assert got.urgent == urgent
             for mixed in (True, False):
                 assert batch_levers(view, perf, 1.0, mixed) == batch_levers(view, perf, 1.0, mixed, c)
 
