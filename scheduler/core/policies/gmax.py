@@ -120,6 +120,12 @@ class GmaxParams:
     # best-effort request outranked every longer latency request, and under a per-step prefill
     # budget those latency requests waited past their TTFT (benchmarks/RESULTS.md).
     best_effort_value: float = 0.0
+    # A waiting SLO request with no goodput left (it can no longer meet its SLO) runs in the
+    # best-effort tier, after the work that can, where the plan path holds it while SLO work is in
+    # the engine (as Tempo defers its lost causes). Ranked among the rest, δ's aging lifted such
+    # requests back into the batch, and near capacity their prefills cost the first tokens of
+    # long answers that could still make theirs (benchmarks/RESULTS.md, the sweep).
+    defer_lost: bool = True
 
     def __post_init__(self) -> None:
         require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
@@ -155,6 +161,7 @@ class GmaxPolicy:
         self.ttft_urgency = params.ttft_urgency
         self.chunk_cap = params.chunk_cap or None
         self.best_effort_value = params.best_effort_value
+        self.defer_lost = params.defer_lost
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})
         epoch_steps = params.tune_epoch_frames * params.frame_steps
         self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
@@ -173,6 +180,10 @@ class GmaxPolicy:
         """goodput / t_gen per request (waiting first, then running), aged by δ per frame."""
         a = a if a is not None else self._arrays(view)
         sp = sp if sp is not None else Speeds.from_view(self.perf, view)
+        return self._scores(view, a, sp)[0]
+
+    def _scores(self, view: EngineView, a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray]:
+        """(priority, goodput still achievable before aging) per request."""
         now = view.now
         t_pref, t_gen = remaining_work(a, sp)
         t_gen = np.maximum(t_gen, sp.decode_s)
@@ -207,7 +218,7 @@ class GmaxPolicy:
         prio = aged / t_gen
         if self.fairness > 0:
             prio = fairness_blend(prio, a.attained, self.fairness)
-        return prio
+        return prio, goodput
 
     def _urgency(self, a: ReqArrays, first_emit: np.ndarray, lat: np.ndarray) -> np.ndarray | float:
         """Goodput multiplier of the latency requests `lat`: 1 + latency_urgency, plus
@@ -241,7 +252,7 @@ class GmaxPolicy:
         self._observe(view, c)
 
         sp = Speeds.from_view(self.perf, view)
-        prio = self.priorities(view, a, sp)
+        prio, worth = self._scores(view, a, sp)
         length = a.prompt + a.generated
         nw = a.n_waiting
         batch = view.max_running_requests
@@ -261,8 +272,11 @@ class GmaxPolicy:
         for part in (chosen[:nw].nonzero()[0], (~chosen[:nw]).nonzero()[0]):
             parts.append(part[lexsort_fast((a.arrival[part], -prio[part]))])
         order_idx = np.concatenate(parts)
+        positions = a.n_waiting == len(view.waiting)  # nothing dropped: positions in the view's queue
+        if self.defer_lost:
+            order_idx = self._defer_lost(plan, a, worth, order_idx, positions)
         plan.order = a.rids_at(order_idx)
-        if a.n_waiting == len(view.waiting):  # nothing dropped: positions in the view's queue
+        if positions:
             plan.order_at = order_idx
 
         if at_frame and self.preempt and running and nw:
@@ -270,6 +284,22 @@ class GmaxPolicy:
         self._removed = set(plan.drop) | set(plan.preempt)
         self.tuner.step(view.step, view.now)
         return plan
+
+    @staticmethod
+    def _defer_lost(
+        plan: StepPlan, a: ReqArrays, worth: np.ndarray, order_idx: np.ndarray, positions: bool
+    ) -> np.ndarray:
+        """`order_idx` with the waiting SLO requests worth nothing moved to its end, in the tier."""
+        nw = a.n_waiting
+        lost = (worth[:nw] <= 0) & (a.cls[:nw] != BEST_EFFORT)
+        if not lost.any():
+            return order_idx
+        at = lost.nonzero()[0]
+        plan.best_effort = frozenset(a.rids_at(at))
+        if positions:
+            plan.best_effort_at = at
+        in_order = lost[order_idx]
+        return np.concatenate([order_idx[~in_order], order_idx[in_order]])
 
     def _victims(self, a: ReqArrays, sp: Speeds, prio: np.ndarray, chosen: np.ndarray, batch: int) -> list[str]:
         nw = a.n_waiting

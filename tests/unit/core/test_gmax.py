@@ -17,7 +17,7 @@ from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.sim import SimRequest
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import RequestView
+from scheduler.core.types import EngineView, RequestView
 from tests.unit.core.policy_cases import (
     TAU,
     best_effort_finishes,
@@ -314,6 +314,34 @@ def test_ttft_urgency_starts_the_request_whose_window_closes_before_cheaper_work
     outcomes = run_single_slot(pol, reqs).outcomes()
     assert outcomes["dl"].attained
     assert outcomes["lat"].attained is latency_met
+
+
+# -- lost causes (an SLO request with no goodput left runs in the best-effort tier) -----------
+
+
+def _lost_and_reachable(now: float = 1.0) -> EngineView:
+    """Two waiting latency requests at `now`: one whose 500 ms TTFT has passed, one just in."""
+    slo = SloSpec(ttft_ms=500, tpot_ms=100, slo_class=SloClass.LATENCY)
+    lost = RequestView(rid="lost", slo=slo, arrival=0.0, prompt_len=100, predicted_output_len=20)
+    fresh = RequestView(rid="fresh", slo=slo, arrival=now, prompt_len=100, predicted_output_len=400)
+    return _view([lost, fresh], now=now)
+
+
+def test_a_request_that_can_no_longer_meet_its_slo_runs_in_the_tier_after_the_rest():
+    view = _lost_and_reachable()
+    plan = GmaxPolicy(GmaxParams(tune_cutoff=False), perf_model=small_gpu()).plan(view)
+    assert plan.best_effort == {"lost"}
+    assert list(plan.order) == ["fresh", "lost"]
+    assert plan.order_at is not None and plan.best_effort_at.tolist() == [0]  # its queue position
+
+
+def test_without_defer_lost_a_lost_request_keeps_its_aged_rank_outside_the_tier():
+    view = _lost_and_reachable(now=30.0)  # aged 30 s: its aging outweighs the fresh request's value
+    plan = GmaxPolicy(GmaxParams(tune_cutoff=False, defer_lost=False), perf_model=small_gpu()).plan(view)
+    assert not plan.best_effort
+    assert list(plan.order)[0] == "lost"
+    deferred = GmaxPolicy(GmaxParams(tune_cutoff=False), perf_model=small_gpu()).plan(view)
+    assert list(deferred.order) == ["fresh", "lost"]
 
 
 # -- best effort (no SLO: no goodput of its own, δ's aging keeps it from starving) -----------
