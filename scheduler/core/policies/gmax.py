@@ -106,13 +106,13 @@ class GmaxParams:
     # outranks one that can wait (EDF's insight), one with its whole window ahead ranks by value
     # per second as in the paper (0: off).
     ttft_urgency: float = 8.0
-    # The most prompt tokens one step prefills (0: the engine's start-up chunk, sized down by the
-    # perf model's levers). JITServe runs on vLLM's chunked prefill, whose default token budget
-    # (512) was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580); the levers' chunk,
-    # which weighs the first tokens a larger chunk makes against the running requests' tokens it
-    # makes late, does that balance per step, and a fixed 512 on top starved the first tokens of
-    # fast cards (benchmarks/RESULTS.md, the sweep).
-    chunk_cap: int = 0
+    # The most prompt tokens one step prefills (0: the engine's start-up chunk), over what the
+    # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget
+    # was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Our reading: small
+    # prefills pace how fast GMAX starts requests, and its length bounds err long; under
+    # sustained overload of deadline work it meets more than the start-up chunk, near capacity
+    # on a fast card the first tokens of latency-only traffic want more (benchmarks/RESULTS.md).
+    chunk_cap: int = 512
     # goodput(r) of a best-effort request, as a share of a met SLO request's. The objective
     # (requests or tokens that meet their SLO, as /slo/status counts) has no term for them, so
     # 0 leaves them to δ's aging, JITServe's guard against their starvation (§4.2), and they run

@@ -13,9 +13,9 @@ from tests.unit.core.test_batch_levers import PERF, _req, _view
 STARTUP = 2048
 
 
-def test_gmax_and_its_oracle_carry_a_budget_given_to_them_and_no_other_policy_does() -> None:
-    assert settings_for(make_policy("gmax")).chunk_cap is None  # by default the levers size it
-    assert settings_for(make_policy("gmax_oracle", chunk_cap=512)).chunk_cap == 512
+def test_gmax_and_its_oracle_carry_the_budget_and_no_other_policy_does() -> None:
+    assert settings_for(make_policy("gmax")).chunk_cap == 512
+    assert settings_for(make_policy("gmax_oracle")).chunk_cap == 512
     assert settings_for(make_policy("gmax", chunk_cap=1024)).chunk_cap == 1024
     assert settings_for(make_policy("gmax", chunk_cap=0)).chunk_cap is None  # 0: the start-up chunk
     for name in ("fcfs", "edf", "sjf", "tempo", "slos"):
