@@ -66,14 +66,6 @@ def _running_slack(view: EngineView, tokens_per_step: float, c: ViewColumns) -> 
     return due[keep] - view.now, c.weight[run][keep].astype(np.float64)
 
 
-def step_budget(view: EngineView, tokens_per_step: float = 1.0, columns: ViewColumns | None = None) -> float | None:
-    """Seconds the next step may last and keep every on-time running latency request on its
-    deadline-based schedule (None: no running request to protect)."""
-    c = columns if columns is not None else columns_of(view)
-    slack = _running_slack(view, tokens_per_step, c)
-    return None if slack is None else float(slack[0].min())
-
-
 @dataclass(frozen=True)
 class _TtftNeeds:
     """Per savable waiting request: the tokens per step it needs to make its first token in
