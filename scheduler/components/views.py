@@ -148,6 +148,8 @@ class ViewBuilder:
         if batch is not None and batch.holds(reqs):
             counts = np.fromiter(map(len, map(_OUTPUT_IDS, reqs)), dtype=np.int64, count=len(reqs))
             grew = (counts != batch.counts).nonzero()[0]
+            if grew.size and batch.unstarted[grew].any():  # a first token: its view reads its stamp
+                return self._batch_views(reqs, pass_rows)
             if grew.size:
                 grown = counts[grew]
                 attained = (batch.prompt_lens[grew] + grown).astype(float).tolist()  # exact: whole numbers
@@ -160,9 +162,15 @@ class ViewBuilder:
                 batch.counts = counts
             pass_rows.known(batch.rows)
             return batch.views
+        return self._batch_views(reqs, pass_rows)
+
+    def _batch_views(self, reqs: Sequence[Any], pass_rows: _PassRowsBuilder) -> list[RequestView]:
+        """`views` of a running batch not seen as it is, kept for the passes that find it
+        unchanged but for its output counts. A request still prefilling (no token yet) keeps
+        its count until its first token, which ends the batch's fast path for one pass."""
         self._batch = None
         views = self.views(reqs, pass_rows)
-        if self.lengths is None and all(v.first_token_time is not None for v in views):
+        if self.lengths is None:
             # every later pass that finds the batch unchanged is a decode step: counts only
             self._batch = _RunningBatch(reqs, views, [self._cache[req.rid] for req in reqs])
         return views
@@ -296,6 +304,7 @@ class _RunningBatch:
         self.prefixes = list(map(_PREFIX, reqs))
         self.counts = np.fromiter(map(itemgetter(2), entries), dtype=np.int64, count=len(entries))
         self.prompt_lens = np.fromiter((v.prompt_len for v in views), dtype=np.int64, count=len(views))
+        self.unstarted = np.fromiter((v.first_token_time is None for v in views), dtype=bool, count=len(views))
         self._rows: np.ndarray | None = None
 
     @property

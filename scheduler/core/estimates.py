@@ -256,15 +256,27 @@ def group_reduce(values: np.ndarray, group: np.ndarray, how: str) -> np.ndarray:
     return out
 
 
-def preemption_pays(
-    gain_rate_in: float, gain_rate_out: float, horizon_s: float, stall_s: float, batch_rate: float, margin: float
-) -> bool:
-    """Swap a running request out only if the extra gain over the next quantum/frame beats what
-    the whole batch loses while the victim's KV is rebuilt, and by a relative margin (JITServe
-    App. D.2's 1+δ threshold, which bounds preemption chains)."""
-    if gain_rate_in <= gain_rate_out * (1.0 + margin):
-        return False
-    return (gain_rate_in - gain_rate_out) * horizon_s > stall_s * max(batch_rate, 0.0)
+def swaps_that_pay(
+    gain_rate_in: np.ndarray,
+    gain_rate_out: np.ndarray,
+    horizon_s: float,
+    stall_s: np.ndarray,
+    batch_rate: float,
+    margin: float,
+    also: np.ndarray | None = None,
+) -> int:
+    """How many of the pairs (strongest blocked request, weakest running one), taken in order,
+    are swapped: each swap must beat what the whole batch loses while the victim's KV is rebuilt
+    over the next quantum/frame, and by a relative margin (JITServe App. D.2's 1+δ threshold,
+    which bounds preemption chains); the first pair that does not pay ends the swaps. `also`:
+    a further condition per pair. One array pass: the pairs can be a whole batch."""
+    pays = (gain_rate_in > gain_rate_out * (1.0 + margin)) & (
+        (gain_rate_in - gain_rate_out) * horizon_s > stall_s * max(batch_rate, 0.0)
+    )
+    if also is not None:
+        pays &= also
+    stop = (~pays).nonzero()[0]
+    return int(stop[0]) if stop.size else int(pays.size)
 
 
 def fairness_blend(priority: np.ndarray, attained: np.ndarray, f: float) -> np.ndarray:

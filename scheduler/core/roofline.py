@@ -159,6 +159,25 @@ class RooflinePerfModel(StepTimeModel):
             ],
         )
 
+    def _prefill_guess(self, budget_s: float, decode_reqs: int, kv_tokens: int, spec_tokens: int) -> int | None:
+        if not self._rising:
+            return None
+        steps = spec_steps(decode_reqs, spec_tokens) if spec_tokens > 0 else 0
+        return self._within(
+            budget_s,
+            [
+                (
+                    b
+                    + k_tokens * (decode_reqs + spec_tokens)
+                    + k_spec * steps
+                    + k_kv * kv_tokens
+                    + k_seqs * decode_reqs,
+                    k_tokens,
+                )
+                for b, k_tokens, k_spec, k_kv, k_seqs in self._rows
+            ],
+        )
+
     @property
     def terms(self) -> list[RooflineTerm]:
         return [RooflineTerm(*map(float, row)) for row in self._theta]

@@ -147,6 +147,19 @@ class StepTimeModel(ABC):
         guess = self._chunk_guess(budget_s, decode_reqs, kv_tokens)
         return largest_fitting(fits, limit) if guess is None or limit < 1 else settle(fits, guess, limit)
 
+    def max_prefill_within(
+        self, budget_s: float, decode_reqs: int, kv_tokens: int, spec_tokens: int, limit: int
+    ) -> int:
+        """Largest count of prefill tokens ≤ `limit` whose iteration beside `decode_reqs` decodes
+        attending `kv_tokens` (not growing with the prefill) fits `budget_s`; 0 if not even one
+        token fits. SLOs-Serve's DP asks it for every batch shape it tries."""
+
+        def fits(tokens: int) -> bool:
+            return self.step_time(tokens, decode_reqs, kv_tokens, spec_tokens) <= budget_s
+
+        guess = self._prefill_guess(budget_s, decode_reqs, kv_tokens, spec_tokens)
+        return largest_fitting(fits, limit) if guess is None or limit < 1 else settle(fits, guess, limit)
+
     def _batch_guess(
         self, budget_s: float, kv_tokens_per_req: float, prefill_tokens: int, spec_tokens_per_req: int, extra_kv: int
     ) -> int | None:
@@ -156,4 +169,8 @@ class StepTimeModel(ABC):
 
     def _chunk_guess(self, budget_s: float, decode_reqs: int, kv_tokens: int) -> int | None:
         """As `_batch_guess`, for the largest prefill chunk."""
+        return None
+
+    def _prefill_guess(self, budget_s: float, decode_reqs: int, kv_tokens: int, spec_tokens: int) -> int | None:
+        """As `_batch_guess`, for the most prefill tokens at a fixed KV count."""
         return None

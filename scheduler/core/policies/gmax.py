@@ -35,7 +35,7 @@ from scheduler.core.estimates import (
     fairness_blend,
     group_reduce,
     lexsort_fast,
-    preemption_pays,
+    swaps_that_pay,
     quantum_boundary,
 )
 from scheduler.core.pass_columns import columns_of
@@ -317,12 +317,8 @@ class GmaxPolicy:
         pairs = min(blocked.size, out_of_group.size)
         blocked, out_of_group = blocked[:pairs], out_of_group[:pairs]
         stalls = sp.prefill_time(a.prompt[out_of_group] + a.generated[out_of_group])  # one call, not one per pair
-        victims: list[str] = []
-        for w, v, stall in zip(prio[blocked].tolist(), out_of_group.tolist(), stalls.tolist(), strict=True):
-            if not preemption_pays(w, float(prio[v]), horizon, stall, batch_rate, self.preempt_margin):
-                break
-            victims.append(a.rids[v])
-        return victims
+        swaps = swaps_that_pay(prio[blocked], prio[out_of_group], horizon, stalls, batch_rate, self.preempt_margin)
+        return a.rids_at(out_of_group[:swaps])
 
     # -- online cutoff tuning ----------------------------------------------------------------
 

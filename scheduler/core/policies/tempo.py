@@ -31,7 +31,7 @@ from scheduler.core.estimates import (
     group_reduce,
     lexsort_fast,
     nan_as,
-    preemption_pays,
+    swaps_that_pay,
     quantum_boundary,
     token_dues,
 )
@@ -260,13 +260,16 @@ class TempoPolicy:
         horizon = self.quantum_steps * sp.decode_s
         batch_rate = float(dens[nw:].sum())
         pairs = min(contenders.size, victims.size)
-        stalls = sp.prefill_time(a.prompt[victims[:pairs]] + a.generated[victims[:pairs]]).tolist()  # one call
-        out: list[str] = []
-        for w, v, stall in zip(contenders[:pairs].tolist(), victims[:pairs].tolist(), stalls, strict=True):
-            # Fairness may reorder admission, but a swap must also pay in raw gain terms.
-            if prio[w] <= prio[v] or not preemption_pays(
-                dens[w], dens[v], horizon, stall, batch_rate, self.preempt_margin
-            ):
-                break
-            out.append(a.rids[v])
-        return out
+        blocked, victims = contenders[:pairs], victims[:pairs]
+        stalls = sp.prefill_time(a.prompt[victims] + a.generated[victims])  # one call
+        # Fairness may reorder admission, but a swap must also pay in raw gain terms.
+        swaps = swaps_that_pay(
+            dens[blocked],
+            dens[victims],
+            horizon,
+            stalls,
+            batch_rate,
+            self.preempt_margin,
+            prio[blocked] > prio[victims],
+        )
+        return a.rids_at(victims[:swaps])

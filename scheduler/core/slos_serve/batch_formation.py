@@ -37,6 +37,9 @@ def prefill_capacity(
         over = perf.step_time(0, decode_reqs, kv_tokens, spec_tokens) - batch_time
         return -1.0 - over  # more negative = further from fitting
     if integral:
+        within = getattr(perf, "max_prefill_within", None)  # a model that can solve for it (fakes: search)
+        if within is not None:
+            return float(within(batch_time + EPS, decode_reqs, kv_tokens, spec_tokens, TOKEN_LIMIT))
         return float(largest_fitting(fits, TOKEN_LIMIT))
     lo, hi = 0.0, 1.0
     while fits(hi):

@@ -293,6 +293,9 @@ def test_chunk_inverse_is_consistent_with_each_members_step_time(
 
     _assert_largest_within(t, chunk, budget, limit)
 
+    tokens = model.max_prefill_within(budget, decodes, kv, 0, limit)
+    _assert_largest_within(lambda p: model.step_time(p, decodes, kv), tokens, budget, limit)
+
 
 def test_slowed_and_online_members_answer_like_the_model_they_wrap() -> None:
     base = RooflinePerfModel(TRUE)
@@ -405,6 +408,14 @@ def test_a_rooflines_largest_batch_and_chunk_are_the_searched_ones(
 
     assert model.max_batch_within(budget, kv_per_req, prefill, spec, extra, limit) == largest_fitting(batch_fits, limit)
     assert model.max_chunk_within(budget, decodes, kv, limit * 8) == largest_fitting(chunk_fits, limit * 8)
+    spec_tokens = decodes * spec
+
+    def prefill_fits(p: int) -> bool:  # the KV count stays put: SLOs-Serve's budget beside decodes
+        return model.step_time(p, decodes, kv, spec_tokens) <= budget
+
+    assert model.max_prefill_within(budget, decodes, kv, spec_tokens, limit * 8) == largest_fitting(
+        prefill_fits, limit * 8
+    )
 
 
 def test_the_solved_batch_is_checked_where_the_kv_count_rounds() -> None:
