@@ -35,8 +35,8 @@ from scheduler.core.estimates import (
     fairness_blend,
     group_reduce,
     lexsort_fast,
-    swaps_that_pay,
     quantum_boundary,
+    swaps_that_pay,
 )
 from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model

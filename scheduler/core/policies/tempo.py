@@ -31,8 +31,8 @@ from scheduler.core.estimates import (
     group_reduce,
     lexsort_fast,
     nan_as,
-    swaps_that_pay,
     quantum_boundary,
+    swaps_that_pay,
     token_dues,
 )
 from scheduler.core.pass_columns import columns_of
