@@ -6,7 +6,10 @@
 - Prefill chunk (PolyServe §4.7, continuous chunked-prefill prediction, with the DSLO's banked
   slack): the largest chunk whose step keeps every running latency request's next token on
   time. A request ahead of its deadline-based schedule (PolyServe §2.3) lends its slack to
-  prefill; one already late constrains nothing (its attainment is lost). With separate prefill
+  prefill; one already late constrains nothing (its attainment is lost). A running deadline
+  request is held to its pace (time left over tokens left): when every step of a queue's
+  prefill is long, decodes that ride them finish late (a long chunk lengthens the steps of
+  every running request's remaining tokens, not just the next one). With separate prefill
   steps (SGLang's default) every decode waits out the prefill step, so the prefill step plus the
   decode step after it must fit. A larger chunk only where the raise pays: the first tokens it
   makes of waiting requests that need it outweigh the running requests whose next token its
@@ -24,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.columns import ViewColumns
+from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN
 from scheduler.core.pass_columns import columns_of
 from scheduler.core.step_time import prefill_step_times
 from scheduler.core.types import EngineView, PerfModel
@@ -34,6 +38,9 @@ MIN_CHUNK = 16
 # a long prefill short, and a chunk sized to the whole slack then makes the next token late,
 # after which whole-chunk prefills make it later still).
 STEP_MARGIN = 0.1
+# A running deadline request bounds the chunk by its pace only while that pace is at least this
+# many plain decode steps (see _running_slack).
+PACE_FLOOR_STEPS = 2.0
 
 
 @dataclass(frozen=True)
@@ -51,19 +58,34 @@ def tightest_tpot(view: EngineView, columns: ViewColumns | None = None) -> float
     return None if math.isnan(tightest) else tightest / 1000.0  # the min of the ms, then to s: the same number
 
 
-def _running_slack(view: EngineView, tokens_per_step: float, c: ViewColumns) -> tuple[np.ndarray, np.ndarray] | None:
-    """(seconds each on-time running latency request's next due token is away, its weight);
-    None: no running request to protect. Under speculation a step gives `tokens_per_step`
-    tokens, so the last of them is the one that must be on time."""
+def _running_slack(
+    view: EngineView, tokens_per_step: float, c: ViewColumns, decode_s: float
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(seconds each on-time running request's next step may take, its weight); None: no
+    running request to protect. A latency request's next due token is that far away (under
+    speculation a step gives `tokens_per_step` tokens, so the last of them is the one that must
+    be on time). A deadline request's is its pace: the time to its deadline over the tokens it
+    may still have to make (the upper-bound length), times the tokens a step gives."""
     run = slice(c.n_waiting, None)
     ahead = int(math.ceil(tokens_per_step)) - 1
     generated = c.generated[run]
     due = c.token_due(generated + ahead, run)  # nan without a TTFT
     # A request already late (due < now) constrains nothing: its attainment is lost.
     keep = (generated > 0) & ~c.be_tier[run] & ~np.isnan(c.tpot_ms[run]) & (due >= view.now)
-    if not keep.any():
+    budgets, weights = due[keep] - view.now, c.weight[run][keep]
+    cls = c.cls[run]
+    left = np.maximum(c.total_out(DEFAULT_OUTPUT_LEN)[run] - generated, 1.0)
+    pace = (c.deadline[run] - view.now) / left * tokens_per_step  # nan without a deadline
+    # A pace under PACE_FLOOR_STEPS plain decode steps leaves prefill almost no room: holding
+    # every chunk to it would stall the queue for a request that even plain decodes barely
+    # keep on time.
+    paced = ((cls == DEADLINE) | (cls == COMPOUND)) & ~c.be_tier[run] & (pace >= PACE_FLOOR_STEPS * decode_s)
+    if paced.any():
+        budgets = np.concatenate([budgets, pace[paced]])
+        weights = np.concatenate([weights, c.weight[run][paced]])
+    if budgets.size == 0:
         return None
-    return due[keep] - view.now, c.weight[run][keep].astype(np.float64)
+    return budgets, weights.astype(np.float64)
 
 
 @dataclass(frozen=True)
@@ -151,7 +173,7 @@ def batch_levers(
             # not save it, so leave batch and chunk to SGLang.
             return BatchLevers(None, None, tightest)
         cap = max(perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests), 1)
-    slack = _running_slack(view, tokens_per_step, c)
+    slack = _running_slack(view, tokens_per_step, c, perf.step_time(0, decodes, kv))
     if view.chunk_size <= 0 or slack is None:
         return BatchLevers(cap, None, tightest)
     riding = decodes if mixed_batching else 0  # decodes inside the prefill step itself

@@ -92,6 +92,28 @@ def test_a_late_request_constrains_nothing() -> None:
     assert levers.chunk_size is None and levers.prefill
 
 
+def _deadline_decoding(deadline_s: float, generated: int = 10, cap: int = 110) -> RequestView:
+    slo = SloSpec(deadline_ms=deadline_s * 1000.0, slo_class=SloClass.DEADLINE)
+    return RequestView("d", slo, 0.0, 100, generated=generated, max_new_tokens=cap, first_token_time=0.05)
+
+
+def test_a_deadline_request_holds_the_chunk_to_its_pace() -> None:
+    # 10 s for at most 100 more tokens: a step may take 100 ms, less the margin.
+    chunk = batch_levers(_view([_deadline_decoding(10.0)]), PERF).chunk_size
+    assert chunk is not None and MIN_CHUNK < chunk < 512
+    kv = 110
+    assert PERF.step_time(chunk, 1, kv + chunk) * (1 + STEP_MARGIN) <= 0.1
+    assert PERF.step_time(chunk + 1, 1, kv + chunk + 1) * (1 + STEP_MARGIN) > 0.1
+    # a longer deadline, a longer pace, a larger chunk; the client's cap is the bound on tokens left
+    assert batch_levers(_view([_deadline_decoding(20.0)]), PERF).chunk_size > chunk
+    assert batch_levers(_view([_deadline_decoding(10.0, cap=60)]), PERF).chunk_size > chunk
+
+
+def test_a_pace_under_two_decode_steps_leaves_the_chunk_alone() -> None:
+    # 1.5 s for 100 tokens: 15 ms a token, where a plain decode step takes 11 ms
+    assert batch_levers(_view([_deadline_decoding(1.5)]), PERF).chunk_size is None
+
+
 def test_separate_prefill_steps_must_leave_room_for_the_decode_step_after_them() -> None:
     view = _view([_decoding(f"r{i}", 60.0, 10) for i in range(4)], now=_due(60.0, 9))
     mixed = batch_levers(view, PERF, mixed_batching=True)

@@ -12,9 +12,16 @@ import numpy as np
 import pytest
 
 from scheduler.core.admission import certainly_late
-from scheduler.core.batch_limits import _running_slack, _ttft_needs, batch_levers, tightest_tpot
+from scheduler.core.batch_limits import PACE_FLOOR_STEPS, _running_slack, _ttft_needs, batch_levers, tightest_tpot
 from scheduler.core.columns import ViewColumns
-from scheduler.core.estimates import absolute_deadline, deadline_seconds, next_token_due, request_deadline, token_due
+from scheduler.core.estimates import (
+    absolute_deadline,
+    deadline_seconds,
+    next_token_due,
+    output_bound,
+    request_deadline,
+    token_due,
+)
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model, default_model, linear_model
 from scheduler.core.plan_path import LeverModel, PlanSettings, finalize_plan
@@ -53,7 +60,7 @@ def _tightest(view: EngineView) -> float | None:
     return min(tpots) if tpots else None
 
 
-def _budget(view: EngineView, tokens_per_step: float) -> float | None:
+def _budget(view: EngineView, tokens_per_step: float, decode_s: float) -> float | None:
     ahead = int(math.ceil(tokens_per_step)) - 1
     slack = []
     for r in view.running:
@@ -61,6 +68,12 @@ def _budget(view: EngineView, tokens_per_step: float) -> float | None:
             due = token_due(r.slo, r.arrival, r.generated + ahead)
             if due is not None and due >= view.now:
                 slack.append(due - view.now)
+        deadline = request_deadline(r)
+        if r.slo.slo_class in (SloClass.DEADLINE, SloClass.COMPOUND) and not r.best_effort_tier and deadline:
+            left = max(output_bound(r.predicted_output_len, r.max_new_tokens, r.generated) - r.generated, 1.0)
+            pace = (deadline - view.now) / left * tokens_per_step
+            if pace >= PACE_FLOOR_STEPS * decode_s:
+                slack.append(pace)
     return min(slack) if slack else None
 
 
@@ -152,8 +165,10 @@ def test_the_batch_levers_inputs_are_the_per_request_ones(seed: int, nw: int, nr
         assert tightest_tpot(view, c) == _tightest(view)
         kv = sum(r.prompt_len + r.generated for r in view.running)
         for tokens_per_step in (1.0, 2.5):
-            slack = _running_slack(view, tokens_per_step, c)
-            assert (None if slack is None else float(slack[0].min())) == _budget(view, tokens_per_step)
+            for decode_s in (0.0, 0.02, 0.5):
+                slack = _running_slack(view, tokens_per_step, c, decode_s)
+                budget = _budget(view, tokens_per_step, decode_s)
+                assert (None if slack is None else float(slack[0].min())) == pytest.approx(budget)
         for perf in MODELS:
             for decodes in (0, len(view.running)):
                 for limit in (16, 512, 8192):
