@@ -162,7 +162,7 @@ def batch_levers(
     nw = c.n_waiting
     tightest = tightest_tpot(view, c)
     decodes = len(view.running)
-    kv = int((c.prompt[nw:] + c.generated[nw:]).sum())  # whole token counts: the float sum is exact
+    kv = _running_kv(c)
     cap = None
     if tightest is not None:
         tpot = tightest * tokens_per_step
@@ -187,3 +187,19 @@ def batch_levers(
         return BatchLevers(cap, MIN_CHUNK, tightest, prefill=False)
     chunk = _weighed_chunk(perf, max(fit, MIN_CHUNK), needs, room, running_weight, riding, kv)
     return BatchLevers(cap, min(view.chunk_size, chunk), tightest)
+
+
+def _running_kv(c: ViewColumns) -> int:
+    """KV tokens the running requests attend (whole token counts: the float sum is exact)."""
+    nw = c.n_waiting
+    return int((c.prompt[nw:] + c.generated[nw:]).sum())
+
+
+def step_ratio_chunk(view: EngineView, perf: PerfModel, ratio: float, columns: ViewColumns | None = None) -> int:
+    """The largest chunk whose mixed step takes at most `ratio` plain decode steps of the
+    running batch (of one decode when none runs), and at least MIN_CHUNK: a per-step prefill
+    budget stated in time, so a card that prefills faster than it decodes gets more tokens."""
+    c = columns if columns is not None else columns_of(view)
+    decodes, kv = len(view.running), _running_kv(c)
+    budget = ratio * perf.step_time(0, max(decodes, 1), kv)
+    return max(perf.max_chunk_within(budget, decodes, kv, max(view.chunk_size, MIN_CHUNK)), MIN_CHUNK)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
-from scheduler.core.batch_limits import batch_levers
+from scheduler.core.batch_limits import batch_levers, step_ratio_chunk
 from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.decode_admission import decode_cap
 from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
@@ -57,6 +57,9 @@ class PlanSettings:
     # The most prompt tokens one step prefills under the levers (None: the start-up chunk): a
     # policy's own per-step token budget, over whatever the perf model sizes (gmax.py).
     chunk_cap: int | None = None
+    # The same budget stated as a step time: the chunk whose mixed step takes at most this many
+    # plain decode steps (batch_limits.step_ratio_chunk; None: none).
+    chunk_step_ratio: float | None = None
     # f of the fair-share blend between tenants (scheduler/core/fairness.py; 0: the policy's
     # order alone). Nothing changes while fewer than two tenants (API keys) have work waiting.
     tenant_fairness: float = DEFAULT_TENANT_FAIRNESS
@@ -76,6 +79,7 @@ def settings_for(
         mixed_batching=mixed_batching,
         role=role,
         chunk_cap=getattr(policy, "chunk_cap", None) if levers else None,  # optional: few policies set one
+        chunk_step_ratio=getattr(policy, "chunk_step_ratio", None) if levers else None,
         tenant_fairness=tenant_fairness,
     )
 
@@ -221,6 +225,9 @@ def _levers(
         cap = decode_cap(view, lever_model.perf, lever_model.tokens_per_step, c)
     if settings.chunk_cap and settings.role == MIXED:
         chunk = min(chunk if chunk is not None else view.chunk_size, settings.chunk_cap)
+    if settings.chunk_step_ratio and settings.role == MIXED and lever_model is not None and view.chunk_size > 0:
+        budget = step_ratio_chunk(view, lever_model.perf, settings.chunk_step_ratio, c)
+        chunk = min(chunk if chunk is not None else view.chunk_size, budget)
     if cap is not None:
         cap = max(1, min(cap, view.max_running_requests))
     if chunk is not None:

@@ -106,13 +106,17 @@ class GmaxParams:
     # outranks one that can wait (EDF's insight), one with its whole window ahead ranks by value
     # per second as in the paper (0: off).
     ttft_urgency: float = 8.0
-    # The most prompt tokens one step prefills (0: the engine's start-up chunk), over what the
-    # perf model sizes. JITServe runs on vLLM's chunked prefill, whose default token budget
-    # was tuned for the best ITL/TTFT balance (vllm-project/vllm#4580). Our reading: small
-    # prefills pace how fast GMAX starts requests, and its length bounds err long; under
-    # sustained overload of deadline work it meets more than the start-up chunk, near capacity
-    # on a fast card the first tokens of latency-only traffic want more (benchmarks/RESULTS.md).
-    chunk_cap: int = 512
+    # The most prompt tokens one step prefills, over what the perf model sizes: as many as keep
+    # the mixed step within this many plain decode steps of the running batch (0: off).
+    # JITServe runs on vLLM's chunked prefill, whose default budget of 512 tokens was tuned for
+    # the best ITL/TTFT balance (vllm-project/vllm#4580) on an A100, where a 512-token step of
+    # Llama-3-8B beside 64 decodes takes about 2.75 decode steps. Stated in time, the budget
+    # carries over to a card that prefills faster than it decodes (an H100 gets about twice
+    # the tokens). Our reading: small prefills pace how fast GMAX starts requests, and its
+    # length bounds err long (benchmarks/RESULTS.md, the sweep).
+    chunk_step_ratio: float = 2.75
+    # The same budget in tokens (0: none), e.g. 512 for vLLM's default as it is.
+    chunk_cap: int = 0
     # goodput(r) of a best-effort request, as a share of a met SLO request's. The objective
     # (requests or tokens that meet their SLO, as /slo/status counts) has no term for them, so
     # 0 leaves them to δ's aging, JITServe's guard against their starvation (§4.2), and they run
@@ -134,6 +138,7 @@ class GmaxParams:
         require(self.latency_urgency >= 0.0, "latency_urgency", "must be >= 0", self.latency_urgency)
         require(self.ttft_urgency >= 0.0, "ttft_urgency", "must be >= 0", self.ttft_urgency)
         require(self.best_effort_value >= 0.0, "best_effort_value", "must be >= 0", self.best_effort_value)
+        require(self.chunk_step_ratio >= 0.0, "chunk_step_ratio", "must be >= 0", self.chunk_step_ratio)
         require(
             self.chunk_cap == 0 or self.chunk_cap >= MIN_CHUNK,
             "chunk_cap",
@@ -160,6 +165,7 @@ class GmaxPolicy:
         self.latency_urgency = params.latency_urgency
         self.ttft_urgency = params.ttft_urgency
         self.chunk_cap = params.chunk_cap or None
+        self.chunk_step_ratio = params.chunk_step_ratio or None
         self.best_effort_value = params.best_effort_value
         self.defer_lost = params.defer_lost
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})

@@ -31,6 +31,7 @@ class OracleVariant:
         self.name = name
         self.slo_levers = base.slo_levers
         self.chunk_cap = getattr(base, "chunk_cap", None)
+        self.chunk_step_ratio = getattr(base, "chunk_step_ratio", None)
 
     @property
     def budget_fallbacks(self) -> int:

@@ -14,12 +14,41 @@ STARTUP = 2048
 
 
 def test_gmax_and_its_oracle_carry_the_budget_and_no_other_policy_does() -> None:
-    assert settings_for(make_policy("gmax")).chunk_cap == 512
-    assert settings_for(make_policy("gmax_oracle")).chunk_cap == 512
+    for name in ("gmax", "gmax_oracle"):
+        settings = settings_for(make_policy(name))
+        assert settings.chunk_step_ratio == pytest.approx(2.75) and settings.chunk_cap is None, name
     assert settings_for(make_policy("gmax", chunk_cap=1024)).chunk_cap == 1024
-    assert settings_for(make_policy("gmax", chunk_cap=0)).chunk_cap is None  # 0: the start-up chunk
+    assert settings_for(make_policy("gmax", chunk_step_ratio=0)).chunk_step_ratio is None  # 0: off
     for name in ("fcfs", "edf", "sjf", "tempo", "slos"):
-        assert settings_for(make_policy(name)).chunk_cap is None, name
+        settings = settings_for(make_policy(name))
+        assert settings.chunk_cap is None and settings.chunk_step_ratio is None, name
+
+
+def _streams(n: int) -> list:
+    return [_req(f"r{i}", generated=5, first_token_time=0.5, prompt=100) for i in range(n)]
+
+
+@pytest.mark.parametrize("running", [0, 4, 32])
+def test_a_step_ratio_budget_is_the_largest_chunk_within_that_many_decode_steps(running: int) -> None:
+    # 10 ms + 1 ms a token: best-effort streams, so no lever of the perf model's sizes a chunk
+    view = _view(running=_streams(running), waiting=[_req("w", prompt=6000, ttft_ms=None)], chunk=STARTUP)
+    kv = 105 * running
+    budget = 3.0 * PERF.step_time(0, max(running, 1), kv)  # one decode's step when none runs
+    chunk = finalize_plan(view, StepPlan(), PlanSettings(chunk_step_ratio=3.0), LeverModel(PERF)).chunk_size
+    assert chunk is not None and chunk < STARTUP
+    assert PERF.step_time(chunk, running, kv + chunk) <= budget < PERF.step_time(chunk + 1, running, kv + chunk + 1)
+    wider = finalize_plan(view, StepPlan(), PlanSettings(chunk_step_ratio=6.0), LeverModel(PERF)).chunk_size
+    assert wider > chunk
+
+
+def test_a_step_ratio_budget_waits_for_a_trusted_perf_model() -> None:
+    view = _view(running=_streams(4), waiting=[_req("w", prompt=6000, ttft_ms=None)], chunk=STARTUP)
+    assert finalize_plan(view, StepPlan(), PlanSettings(chunk_step_ratio=3.0), None).chunk_size is None
+
+
+def test_a_negative_step_ratio_is_refused_by_name() -> None:
+    with pytest.raises(ParamError, match="chunk_step_ratio"):
+        make_policy("gmax", chunk_step_ratio=-1.0)
 
 
 def test_a_budget_below_the_smallest_useful_chunk_is_refused_by_name() -> None:

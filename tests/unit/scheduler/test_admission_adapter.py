@@ -94,10 +94,12 @@ def test_an_infeasible_request_is_dropped_with_its_wait_and_class() -> None:
 
 
 @pytest.mark.parametrize(
-    ("policy", "params", "chunk"), [("gmax", {}, 512), ("gmax", {"chunk_cap": 0}, 2048), ("fcfs", {}, 2048)]
+    ("policy", "params", "chunk"),
+    [("gmax", {"chunk_cap": 512}, 512), ("gmax", {}, 2048), ("fcfs", {}, 2048)],
 )
 def test_a_policys_token_budget_is_the_chunk_sglang_prefills(policy, params, chunk) -> None:
-    # GMAX's per-step budget (512) reaches SGLang's PrefillAdder; stock fcfs keeps the start-up chunk.
+    # GMAX's per-step budget reaches SGLang's PrefillAdder; stock fcfs keeps the start-up chunk.
+    # By default the budget is a step time, which a constant step time never binds.
     config = SloServerConfig(policy=policy, policy_params=params)
     s = slo_scheduler(DisaggregationMode.NULL, policy, startup_chunk=2048, perf=constant_model(STEP_S), config=config)
     s.waiting_queue = [StandInReq("long", prompt=4000, ttft_ms=600_000)]
