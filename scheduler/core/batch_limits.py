@@ -68,24 +68,21 @@ def _running_slack(
     may still have to make (the upper-bound length), times the tokens a step gives."""
     run = slice(c.n_waiting, None)
     ahead = int(math.ceil(tokens_per_step)) - 1
-    generated = c.generated[run]
+    generated, cls, protected = c.generated[run], c.cls[run], ~c.be_tier[run]
     due = c.token_due(generated + ahead, run)  # nan without a TTFT
     # A request already late (due < now) constrains nothing: its attainment is lost.
-    keep = (generated > 0) & ~c.be_tier[run] & ~np.isnan(c.tpot_ms[run]) & (due >= view.now)
-    budgets, weights = due[keep] - view.now, c.weight[run][keep]
-    cls = c.cls[run]
+    on_time = (generated > 0) & protected & ~np.isnan(c.tpot_ms[run]) & (due >= view.now)
     left = np.maximum(c.total_out(DEFAULT_OUTPUT_LEN)[run] - generated, 1.0)
     pace = (c.deadline[run] - view.now) / left * tokens_per_step  # nan without a deadline
     # A pace under PACE_FLOOR_STEPS plain decode steps leaves prefill almost no room: holding
-    # every chunk to it would stall the queue for a request that even plain decodes barely
-    # keep on time.
-    paced = ((cls == DEADLINE) | (cls == COMPOUND)) & ~c.be_tier[run] & (pace >= PACE_FLOOR_STEPS * decode_s)
-    if paced.any():
-        budgets = np.concatenate([budgets, pace[paced]])
-        weights = np.concatenate([weights, c.weight[run][paced]])
-    if budgets.size == 0:
+    # every chunk to it would stall the queue for a request that plain decodes barely keep on
+    # time.
+    paced = ((cls == DEADLINE) | (cls == COMPOUND)) & protected & (pace >= PACE_FLOOR_STEPS * decode_s)
+    keep = on_time | paced
+    if not keep.any():
         return None
-    return budgets, weights.astype(np.float64)
+    budget = np.where(on_time, np.fmin(due - view.now, np.where(paced, pace, np.nan)), pace)
+    return budget[keep], c.weight[run][keep].astype(np.float64)
 
 
 @dataclass(frozen=True)
