@@ -108,12 +108,11 @@ class GmaxParams:
     ttft_urgency: float = 8.0
     # The most prompt tokens one step prefills, over what the perf model sizes: as many as keep
     # the mixed step within this many plain decode steps of the running batch (0: off).
-    # JITServe runs on vLLM's chunked prefill, whose default budget of 512 tokens was tuned for
-    # the best ITL/TTFT balance (vllm-project/vllm#4580) on an A100, where a 512-token step of
-    # Llama-3-8B beside 64 decodes takes about 2.75 decode steps. Stated in time, the budget
-    # carries over to a card that prefills faster than it decodes (an H100 gets about twice
-    # the tokens). Our reading: small prefills pace how fast GMAX starts requests, and its
-    # length bounds err long (benchmarks/RESULTS.md, the sweep).
+    # JITServe runs on vLLM's chunked prefill, whose default token budget was tuned for the best
+    # ITL/TTFT balance (vllm-project/vllm#4580) on an A100; the default is the step time that
+    # budget has there (benchmarks/RESULTS.md, GMAX's parameters). Stated in time, the budget
+    # carries over to a card that prefills faster than it decodes, which gets more tokens. Our
+    # reading: small prefills pace how fast GMAX starts requests, and its length bounds err long.
     chunk_step_ratio: float = 2.75
     # The same budget in tokens (0: none), e.g. 512 for vLLM's default as it is.
     chunk_cap: int = 0

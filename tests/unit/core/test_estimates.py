@@ -28,6 +28,7 @@ from scheduler.core.estimates import (
     output_bounds,
     predicted_totals,
     request_deadline,
+    swaps_that_pay,
     token_due,
     token_dues,
 )
@@ -183,3 +184,18 @@ def test_answer_due_names_the_routers_latency_rule(slo, arrival, l_out):
         assert due - last == pytest.approx((slo.tpot_ms or 0.0) / 1000.0, abs=1e-6)
     else:
         assert due is None
+
+
+def test_swaps_stop_at_the_first_pair_that_does_not_pay() -> None:
+    gain_in = np.array([10.0, 8.0, 1.0, 9.0])
+    gain_out = np.array([1.0, 2.0, 0.9, 1.0])
+    stalls = np.array([0.01, 0.01, 0.01, 0.01])
+    # the third pair gains 0.1 over its victim, less than the margin: it and every pair after stop
+    assert swaps_that_pay(gain_in, gain_out, 1.0, stalls, 5.0, 0.2) == 2
+    # a stall the gain over the horizon does not cover stops the first pair
+    assert swaps_that_pay(gain_in, gain_out, 1.0, np.full(4, 10.0), 5.0, 0.2) == 0
+    # no batch gain to lose: only the margin decides
+    assert swaps_that_pay(gain_in[:2], gain_out[:2], 1.0, stalls[:2], 0.0, 0.2) == 2
+    # a further condition per pair (tempo: the fair-share priority must favour the swap too)
+    assert swaps_that_pay(gain_in, gain_out, 1.0, stalls, 5.0, 0.2, np.array([True, False, True, True])) == 1
+    assert swaps_that_pay(np.zeros(0), np.zeros(0), 1.0, np.zeros(0), 5.0, 0.2) == 0
