@@ -170,20 +170,58 @@ def batch_levers(
             # not save it, so leave batch and chunk to SGLang.
             return BatchLevers(None, None, tightest)
         cap = max(perf.max_batch_within(tpot, per_req_kv, limit=view.max_running_requests), 1)
-    slack = _running_slack(view, tokens_per_step, c, perf.step_time(0, decodes, kv))
-    if view.chunk_size <= 0 or slack is None:
+    banked = _slack_room(view, perf, tokens_per_step, mixed_batching, c, kv)
+    if view.chunk_size <= 0 or banked is None:
         return BatchLevers(cap, None, tightest)
     riding = decodes if mixed_batching else 0  # decodes inside the prefill step itself
-    budgets, running_weight = slack
-    room = (budgets if mixed_batching else budgets - perf.step_time(0, decodes, kv)) / (1 + STEP_MARGIN)
-    tightest_room = float(room.min())
-    fit = perf.max_chunk_within(tightest_room, riding, kv, view.chunk_size) if tightest_room > 0 else 0
+    room, running_weight = banked
+    fit = _fit(perf, room, riding, kv, view.chunk_size)
     needs = _ttft_needs(view, perf, riding, kv, view.chunk_size, c)
     if fit < MIN_CHUNK and not needs.urgent:
         # too little room for a useful chunk, and no TTFT needs one now: decode, bank slack
         return BatchLevers(cap, MIN_CHUNK, tightest, prefill=False)
     chunk = _weighed_chunk(perf, max(fit, MIN_CHUNK), needs, room, running_weight, riding, kv)
     return BatchLevers(cap, min(view.chunk_size, chunk), tightest)
+
+
+def _slack_room(
+    view: EngineView, perf: PerfModel, tokens_per_step: float, mixed_batching: bool, c: ViewColumns, kv: int
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the time each protected running request leaves the next prefill step, with the step
+    margin taken off; its weight), or None when no running request is protected."""
+    decode_s = perf.step_time(0, len(view.running), kv)
+    slack = _running_slack(view, tokens_per_step, c, decode_s)
+    if slack is None:
+        return None
+    budgets, weight = slack
+    return (budgets if mixed_batching else budgets - decode_s) / (1 + STEP_MARGIN), weight
+
+
+def _fit(perf: PerfModel, room: np.ndarray, riding: int, kv: int, limit: int) -> int:
+    """The largest chunk whose step keeps every protected running request's next token."""
+    tightest_room = float(room.min())
+    return perf.max_chunk_within(tightest_room, riding, kv, limit) if tightest_room > 0 else 0
+
+
+def banked_slack_chunk(
+    view: EngineView,
+    perf: PerfModel,
+    mixed_batching: bool = True,
+    columns: ViewColumns | None = None,
+    max_step_s: float = math.inf,
+) -> int | None:
+    """The largest prefill chunk the running requests' banked slack allows this step: every
+    on-time one's next token (a deadline one's pace) still on time, and the step no longer
+    than `max_step_s` (a caller's own per-step targets). None: nothing to protect."""
+    c = columns if columns is not None else columns_of(view)
+    if view.chunk_size <= 0:
+        return None
+    kv = _running_kv(c)
+    banked = _slack_room(view, perf, 1.0, mixed_batching, c, kv)
+    if banked is None:
+        return None
+    room = np.minimum(banked[0], max_step_s / (1 + STEP_MARGIN))
+    return _fit(perf, room, len(view.running) if mixed_batching else 0, kv, view.chunk_size)
 
 
 def _running_kv(c: ViewColumns) -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.batch_limits import MIN_CHUNK, banked_slack_chunk
 from scheduler.core.columns import ViewColumns, rows_among
 from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN, LATENCY
 from scheduler.core.pass_columns import columns_of
@@ -71,6 +72,17 @@ class _Queue:
 
 
 @dataclass(frozen=True)
+class _SlackChunks:
+    """`SlosServePolicy._slack_chunks`: prefill tokens beyond the shape's budget the DP may count
+    (`credit`), the chunk that carries them (`longer`), and the chunk the running requests'
+    slack allows at most (`cap`; None: no bound)."""
+
+    credit: float = 0.0
+    longer: int = 0
+    cap: int | None = None
+
+
+@dataclass(frozen=True)
 class SlosServeParams:
     acceptance_rate: float | None = None  # speculation's per-token acceptance; None: no speculation
     max_candidates: int = 16  # undecided requests entering the DP per step
@@ -92,6 +104,14 @@ class SlosServeParams:
     # batches as long as a loose TPOT allows spend a short prompt's TTFT before admission
     # sees it (arrival_bound.py; the share's sweep: benchmarks/RESULTS.md, SLOs-Serve headline).
     arrival_batch_share: float | None = 1.5
+    # This step's chunk follows the running requests' slack, as every SLO policy's does
+    # (batch_limits): longer than Alg. 2's batch as far as their banked slack allows (each
+    # on-time one's next token still on time), which the DP counts once and which runs only
+    # where the admitted set needs it; shorter where a running deadline's pace needs it though
+    # it sits under the derived-TPOT floor. Alg. 2 sizes every batch by the tightest TPOT alone:
+    # under a TPOT near the decode step that leaves prefill nothing even while the decoders run
+    # ahead, and a deadline without a tier gets no say (the sweep: benchmarks/RESULTS.md).
+    banked_slack: bool = True
 
     def __post_init__(self) -> None:
         require(
@@ -121,10 +141,12 @@ class SlosServePolicy:
         self.floor_steps = params.derived_tpot_floor_steps
         self.work_units = units_for_ms(params.search_budget_ms)
         self.arrival_share = params.arrival_batch_share
+        self.banked_slack = params.banked_slack
         self.budget_fallbacks = 0  # passes whose DP ran out of budget (/slo/status)
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._admitted_rows: tuple[int, np.ndarray] | None = None  # their rows (ViewColumns.row_keys)
         self._floor = MIN_DERIVED_TPOT_S
+        self._paced_tpot = math.nan  # the tightest derived tier running this step (nan: none)
         self._spec_memo: dict[tuple, int] = {}  # draft length per decoder mix (changes slowly)
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
@@ -198,9 +220,11 @@ class SlosServePolicy:
             max_spec=self.max_spec,
             spec_steps=spec,
         )
+
         # Admissions the engine could not start on time make the forced set infeasible: then the
         # most urgent items are decided again (soft_admission) and the rest wait in the
         # best-effort tier.
+        slack = self._slack_chunks(view, c, budget, tuple(counts))
         result = admit(
             items,
             budget,
@@ -210,7 +234,11 @@ class SlosServePolicy:
             view.max_running_requests,
             fallback_items=len(prefilling) + self.max_candidates,
             work=WorkBudget(self.work_units),
+            credit=slack.credit,
         )
+        # A longer batch is a longer wait for every arrival (the overlap schedule plans them a
+        # pass late): it runs only where its extra prefill admits more.
+        banked_chunk = slack.longer if result.credit_used else 0
         self.budget_fallbacks += result.exhausted
         # The DP names waiting requests by rid: all of them were forced or candidates.
         at = {rids[i]: i for i in [*candidates, *(i for i, _ in forced)]}
@@ -224,7 +252,7 @@ class SlosServePolicy:
         plan = StepPlan(
             order=c.rid_array[order_at].tolist(),
             best_effort=frozenset(c.rid_array[declined].tolist()),  # kept as it is by the plan path
-            **self._batch_shape(budget, tuple(counts), view, kv),
+            **self._batch_shape(budget, tuple(counts), view, kv, banked_chunk, slack.cap),
         )
         plan.order_at, plan.best_effort_at = order_at, declined
         return plan
@@ -253,6 +281,8 @@ class SlosServePolicy:
             rows = nw + paced.nonzero()[0]
             out = expected_outputs(c.predicted[rows], c.max_new[rows], c.generated[rows], self.default_output)
             decoding[paced] = derived_tiers(left[paced] / out, self._floor)
+        # a derived tier is a pace: nothing is banked ahead of it, so it bounds a banked batch
+        self._paced_tpot = float(np.fmin.reduce(decoding[paced], initial=math.nan)) if paced.any() else math.nan
         prefilling: list[tuple[RequestView, Demand]] = []
         pending = (~started).nonzero()[0]
         keep = np.ones(len(cls), dtype=bool)
@@ -302,12 +332,49 @@ class SlosServePolicy:
         rids = c.rids
         return [i for i in range(nw) if rids[i] in self._admitted]
 
-    def _batch_shape(self, budget: ArrivalBoundBudget, counts: tuple[int, ...], view: EngineView, kv: int) -> dict:
-        """This step's batch: the largest one keeping the tightest running TPOT (Alg. 2)."""
+    def _slack_chunks(
+        self, view: EngineView, c: ViewColumns, budget: ArrivalBoundBudget, counts: tuple[int, ...]
+    ) -> _SlackChunks:
+        """What the running requests' slack allows this step's chunk (the levers' rule:
+        batch_limits.banked_slack_chunk, within slos's own derived tiers): a longer batch than
+        the shape's where they are ahead of schedule (the extra prefill the DP may count), a
+        shorter one where a running request needs it."""
+        if not self.banked_slack or self.alpha is not None:
+            return _SlackChunks()
+        shape = budget(counts)
+        if not shape.stable:
+            return _SlackChunks()
+        paced = self._paced_tpot
+        fit = banked_slack_chunk(view, self.perf, columns=c, max_step_s=math.inf if math.isnan(paced) else paced)
+        if fit is None:
+            return _SlackChunks()
+        longer = min(float(fit), budget.chunk_bound, float(view.chunk_size))
+        extra = longer - shape.prefill_budget
+        return (
+            _SlackChunks(extra, int(longer), max(fit, MIN_CHUNK))
+            if extra >= 1.0
+            else _SlackChunks(cap=max(fit, MIN_CHUNK))
+        )
+
+    def _batch_shape(
+        self,
+        budget: ArrivalBoundBudget,
+        counts: tuple[int, ...],
+        view: EngineView,
+        kv: int,
+        banked_chunk: int = 0,
+        slack_cap: int | None = None,
+    ) -> dict:
+        """This step's batch: the largest one keeping the tightest running TPOT (Alg. 2), longer
+        where the running requests' banked slack pays for it, and no longer than their slack
+        allows (`_slack_chunks`)."""
         shape = budget(counts)
         shaped: dict = {}
         if shape.stable:  # else the tightest TPOT is already lost: throttling prefill saves nothing
-            shaped["chunk_size"] = max(1, min(view.chunk_size, int(shape.prefill_budget)))
+            chunk = max(int(shape.prefill_budget), banked_chunk)
+            if slack_cap is not None:
+                chunk = min(chunk, slack_cap)
+            shaped["chunk_size"] = max(1, min(view.chunk_size, chunk))
         if any(counts[:-1]):
             # the most decoders of today's average context that keep the batch time
             decoders = sum(counts)

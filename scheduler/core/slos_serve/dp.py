@@ -57,6 +57,7 @@ class DpResult:
     forced_ok: bool = True  # False: the forced items were infeasible; those that did not fit were declined
     admitted_items: list[DpItem] = field(default_factory=list)
     exhausted: bool = False  # True: the work budget ran out; the forced items kept greedily, no others
+    credit_used: bool = False  # the admitted set needs the first batch's extra prefill (soft_admission)
 
 
 class TierBudget:

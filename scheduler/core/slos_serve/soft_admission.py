@@ -32,6 +32,7 @@ def admit(
     max_decoders: int | None = None,
     fallback_items: int | None = None,
     work: WorkBudget | None = None,
+    credit: float = 0.0,
 ) -> DpResult:
     """Choose the most valuable set of items whose prefill deadlines, TPOTs, memory and batch
     size all hold under the model, the forced ones included where they still can.
@@ -41,11 +42,13 @@ def admit(
     decodes after without a target. When the other forced items cannot all be kept, the
     `fallback_items` most urgent items (None: all), forced or not, are decided again by
     `most_that_fit` and the rest declined (forced_ok=False). `work` bounds the whole search;
-    once it runs out the result is `kept_promises` (exhausted=True)."""
+    once it runs out the result is `kept_promises` (exhausted=True). `credit`: prefill tokens
+    this step's batch may carry beyond its shape's budget (the running requests' banked
+    slack); `credit_used` says whether the admitted set needs them."""
     lost = [it for it in items if it.forced and it.deadline <= now]
     live = [it for it in items if not (it.forced and it.deadline <= now)]
     started = sum(1 for it in lost if it.started)
-    debt = float(sum(it.prefill_tokens for it in lost if it.started))
+    debt = float(sum(it.prefill_tokens for it in lost if it.started)) - credit
     if started:
         base_counts = base_counts[:-1] + (base_counts[-1] + started,)
     try:
@@ -58,8 +61,22 @@ def admit(
             result.declined += [it.rid for it in urgent[limit:]]
     except BudgetExhausted:
         result = kept_promises(live, now)
+    if credit > 0 and not result.exhausted:
+        result.credit_used = not _fits(
+            result.admitted_items, _Walk(budget, now, mem_budget, max_decoders, None), base_counts, debt + credit
+        )
     result.declined += [it.rid for it in lost]
     return result
+
+
+def _fits(items: Sequence[DpItem], walk: _Walk, counts: Counts, debt: float) -> bool:
+    """Whether these items, in prefill-deadline order, all fit one path of the DP."""
+    state = walk.start(counts, debt)
+    for it in items:
+        if state is None:
+            return False
+        state = walk.extend(state, it)
+    return state is not None
 
 
 def kept_promises(items: Sequence[DpItem], now: float) -> DpResult:

@@ -27,8 +27,9 @@ def _view() -> EngineView:
 
 
 def test_a_prompt_whose_ttft_is_shorter_than_one_tpot_batch_is_admitted():
-    bounded = make_policy("slos", perf_model=PERF, arrival_batch_share=0.5).plan(_view())
-    unbounded = make_policy("slos", perf_model=PERF, arrival_batch_share=None).plan(_view())
+    # the decoders are far ahead of their schedule: banked slack (its own test) is left out here
+    bounded = make_policy("slos", perf_model=PERF, arrival_batch_share=0.5, banked_slack=False).plan(_view())
+    unbounded = make_policy("slos", perf_model=PERF, arrival_batch_share=None, banked_slack=False).plan(_view())
     # one 150 ms batch does not fit in 120 ms: Alg. 2's budget alone declines the prompt
     assert unbounded.best_effort == {"short"}
     assert unbounded.chunk_size is not None and unbounded.chunk_size > 1000

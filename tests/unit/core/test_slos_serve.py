@@ -23,6 +23,7 @@ from scheduler.core.slos_serve import (
 from scheduler.core.slos_serve.spec_length import DraftsInModel, best, choose_uniform
 from scheduler.core.types import EngineView, RequestView
 from scheduler.core.work_budget import WorkBudget
+from tests.unit.core.slos_cases import PACED, chat_beside_a_deadline
 from tests.unit.core.slos_serve_alg2 import alg2_batches, form_batch
 
 # ---------------------------------------------------------------- Fig. 3 (§2.3)
@@ -433,12 +434,8 @@ def test_a_deadline_only_a_near_empty_batch_could_keep_does_not_shrink_every_bat
     """A running deadline that needs a token every ~20 ms on an engine whose single-decoder
     step is ~10 ms: protecting it would cut every batch to a fifth of the chat tier's prefill.
     By default (4 steps) it decodes without a target; with the old one-step floor it binds."""
-    perf = linear_model(base_s=0.01, per_token_s=1e-4)
-    chat = SloSpec(ttft_ms=500, tpot_ms=50, slo_class=SloClass.LATENCY)
-    tight = SloSpec(deadline_ms=4000, slo_class=SloClass.DEADLINE)  # 195 tokens left in 3.9 s
-    running = [RequestView(f"c{i}", chat, 0.0, 100, generated=5, first_token_time=0.2) for i in range(10)]
-    running.append(RequestView("tight", tight, 0.0, 100, generated=5, predicted_output_len=200, first_token_time=0.2))
-    view = EngineView(0.1, [RequestView("w", chat, 0.09, 300)], running, 256, 8192, 10**6, 10**6)
+    perf = PACED
+    view = chat_beside_a_deadline(4000)  # 195 tokens left in 3.9 s
     default = make_policy("slos", perf_model=perf).plan(view)
     one_step = make_policy("slos", perf_model=perf, derived_tpot_floor_steps=1.0).plan(view)
     assert default.batch_cap == 256 and default.chunk_size is not None and default.chunk_size >= 380
