@@ -220,11 +220,10 @@ class SlosServePolicy:
             max_spec=self.max_spec,
             spec_steps=spec,
         )
-
+        slack = self._slack_chunks(view, c, budget, tuple(counts))
         # Admissions the engine could not start on time make the forced set infeasible: then the
         # most urgent items are decided again (soft_admission) and the rest wait in the
         # best-effort tier.
-        slack = self._slack_chunks(view, c, budget, tuple(counts))
         result = admit(
             items,
             budget,
