@@ -203,25 +203,18 @@ def _fit(perf: PerfModel, room: np.ndarray, riding: int, kv: int, limit: int) ->
     return perf.max_chunk_within(tightest_room, riding, kv, limit) if tightest_room > 0 else 0
 
 
-def banked_slack_chunk(
-    view: EngineView,
-    perf: PerfModel,
-    mixed_batching: bool = True,
-    columns: ViewColumns | None = None,
-    max_step_s: float = math.inf,
-) -> int | None:
-    """The largest prefill chunk the running requests' banked slack allows this step: every
-    on-time one's next token (a deadline one's pace) still on time, and the step no longer
-    than `max_step_s` (a caller's own per-step targets). None: nothing to protect."""
-    c = columns if columns is not None else columns_of(view)
+def banked_slack_chunk(view: EngineView, perf: PerfModel, c: ViewColumns, max_step_s: float = math.inf) -> int | None:
+    """The largest prefill chunk of a mixed step that the running requests' banked slack allows:
+    every on-time one's next token (a deadline one's pace) still on time, and the step no
+    longer than `max_step_s` (a caller's own per-step targets). None: nothing to protect."""
     if view.chunk_size <= 0:
         return None
     kv = _running_kv(c)
-    banked = _slack_room(view, perf, 1.0, mixed_batching, c, kv)
+    banked = _slack_room(view, perf, 1.0, True, c, kv)
     if banked is None:
         return None
     room = np.minimum(banked[0], max_step_s / (1 + STEP_MARGIN))
-    return _fit(perf, room, len(view.running) if mixed_batching else 0, kv, view.chunk_size)
+    return _fit(perf, room, len(view.running), kv, view.chunk_size)
 
 
 def _running_kv(c: ViewColumns) -> int:

@@ -146,7 +146,6 @@ class SlosServePolicy:
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._admitted_rows: tuple[int, np.ndarray] | None = None  # their rows (ViewColumns.row_keys)
         self._floor = MIN_DERIVED_TPOT_S
-        self._paced_tpot = math.nan  # the tightest derived tier running this step (nan: none)
         self._spec_memo: dict[tuple, int] = {}  # draft length per decoder mix (changes slowly)
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
@@ -161,7 +160,7 @@ class SlosServePolicy:
         kv_per = kv // max(1, len(view.running))
         self._floor = max(MIN_DERIVED_TPOT_S, self.floor_steps * self.perf.step_time(0, 1, kv_per))
         c = columns_of(view, self._slos)
-        decoding, prefilling = self._running_demands(view, c)
+        decoding, prefilling, paced_tpot = self._running_demands(view, c)
         queue = self._triage(view, c)
         rids = c.rid_array
         candidates = queue.undecided[: max(0, self.max_candidates)].tolist()
@@ -220,7 +219,7 @@ class SlosServePolicy:
             max_spec=self.max_spec,
             spec_steps=spec,
         )
-        slack = self._slack_chunks(view, c, budget, tuple(counts))
+        slack = self._slack_chunks(view, c, budget, tuple(counts), paced_tpot)
         # Admissions the engine could not start on time make the forced set infeasible: then the
         # most urgent items are decided again (soft_admission) and the rest wait in the
         # best-effort tier.
@@ -263,7 +262,9 @@ class SlosServePolicy:
         keys = c.row_keys()
         self._admitted_rows = (keys[0], keys[1][admitted]) if keys is not None else None
 
-    def _running_demands(self, view: EngineView, c: ViewColumns) -> tuple[np.ndarray, list[tuple[RequestView, Demand]]]:
+    def _running_demands(
+        self, view: EngineView, c: ViewColumns
+    ) -> tuple[np.ndarray, list[tuple[RequestView, Demand]], float]:
         """(each decoder's TPOT tier, nan for none; the running requests still prefilling with
         their demands): `demand`'s tiers, read off the columns where they are the SLO's own."""
         now, nw = view.now, c.n_waiting
@@ -281,7 +282,7 @@ class SlosServePolicy:
             out = expected_outputs(c.predicted[rows], c.max_new[rows], c.generated[rows], self.default_output)
             decoding[paced] = derived_tiers(left[paced] / out, self._floor)
         # a derived tier is a pace: nothing is banked ahead of it, so it bounds a banked batch
-        self._paced_tpot = float(np.fmin.reduce(decoding[paced], initial=math.nan)) if paced.any() else math.nan
+        paced_tpot = float(np.fmin.reduce(decoding[paced], initial=math.nan)) if paced.any() else math.nan
         prefilling: list[tuple[RequestView, Demand]] = []
         pending = (~started).nonzero()[0]
         keep = np.ones(len(cls), dtype=bool)
@@ -290,7 +291,7 @@ class SlosServePolicy:
             if (d := self._demand(r, now)) is not None:
                 prefilling.append((r, d))
                 keep[i] = False  # decodes nothing yet
-        return decoding[keep], prefilling
+        return decoding[keep], prefilling, paced_tpot
 
     def _triage(self, view: EngineView, c: ViewColumns) -> _Queue:
         """The waiting queue by prefill deadline (`prefill_deadline`, on the columns): none
@@ -332,7 +333,7 @@ class SlosServePolicy:
         return [i for i in range(nw) if rids[i] in self._admitted]
 
     def _slack_chunks(
-        self, view: EngineView, c: ViewColumns, budget: ArrivalBoundBudget, counts: tuple[int, ...]
+        self, view: EngineView, c: ViewColumns, budget: ArrivalBoundBudget, counts: tuple[int, ...], paced_tpot: float
     ) -> _SlackChunks:
         """What the running requests' slack allows this step's chunk (the levers' rule:
         batch_limits.banked_slack_chunk, within slos's own derived tiers): a longer batch than
@@ -343,8 +344,7 @@ class SlosServePolicy:
         shape = budget(counts)
         if not shape.stable:
             return _SlackChunks()
-        paced = self._paced_tpot
-        fit = banked_slack_chunk(view, self.perf, columns=c, max_step_s=math.inf if math.isnan(paced) else paced)
+        fit = banked_slack_chunk(view, self.perf, c, math.inf if math.isnan(paced_tpot) else paced_tpot)
         if fit is None:
             return _SlackChunks()
         longer = min(float(fit), budget.chunk_bound, float(view.chunk_size))

@@ -206,7 +206,7 @@ def test_slos_tiers_and_queue_triage_are_the_per_request_ones(seed: int, nw: int
             c = ViewColumns.read(view.waiting, view.running)
             now, floor = view.now, policy._floor
 
-            decoding, prefilling = policy._running_demands(view, c)
+            decoding, prefilling, _ = policy._running_demands(view, c)
             expected_decoding, expected_prefilling = [], []
             for r in view.running:
                 d = demand(r, now, default, share, floor)
