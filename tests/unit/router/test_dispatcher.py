@@ -344,7 +344,10 @@ def test_no_worker_is_a_clear_error_after_the_admission_timeout(ctx: zmq.asyncio
             t0 = time.monotonic()
             with pytest.raises(NoWorkerAvailable, match="no healthy worker"):
                 await dispatcher.submit(*_request("r1"))
-            assert time.monotonic() - t0 >= 0.3  # it waited for a worker first (no upper bound: slow hosts)
+            # it waited for a worker first, about the admission timeout: a small tolerance, since
+            # this exact lower bound once failed on CI by a fraction of a millisecond (cause not
+            # found); no upper bound: slow hosts
+            assert time.monotonic() - t0 >= 0.3 - 0.01
             assert dispatcher.status()["rejected"] == 1 and dispatcher.status()["inflight"] == 0
 
             # A worker registering while a request waits for admission gets it (however slowly
