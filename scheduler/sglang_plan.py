@@ -81,8 +81,8 @@ class SloPlanMixin:
         viewed = slo.views.waiting_rids(self.waiting_queue)  # None: not the queue this rank viewed
         perm = order_waiting(self.waiting_queue, plan, slo.states, viewed)
         queue.applied(self.waiting_queue, perm)
-        counters.best_effort_waiting = len(plan.best_effort)
-        counters.held_waiting = len(plan.hold)
+        counters.best_effort_waiting = plan.tier_size()
+        counters.held_waiting = plan.held_size()
         counters.lost_held_passes += bool(plan.hold)
         hold_at = None
         if plan.hold and viewed is not None:  # _slo_admit sets them aside next, from this queue

@@ -206,7 +206,7 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         if plan is not None:
             slo.counters.planned_passes += 1
             order_waiting(self.waiting_queue, plan, slo.states)
-            slo.counters.best_effort_waiting = len(plan.best_effort)
+            slo.counters.best_effort_waiting = plan.tier_size()
             cap = plan.batch_cap
         current.applied = replace(current.applied, decode_cap=cap)
         if cap is None or cap >= self.max_running_requests:

@@ -39,7 +39,14 @@ def order_waiting(
         if ranked is not None:
             if not _in_place(ranked):  # a queue already in the plan's order (the usual pass) stays as it is
                 waiting[:] = list(map(waiting.__getitem__, ranked.tolist()))
-            states.mark_tier(rids, tier)
+            if (
+                plan.tier_flips_at is not None
+                and plan.best_effort_class_at is not None
+                and plan.best_effort_at is not None
+            ):
+                states.mark_tier_at(rids, plan.best_effort_at, plan.tier_flips_at, plan.best_effort_class_at)
+            else:
+                states.mark_tier(rids, tier)
             return ranked
     if rids is None:
         rids = [r.rid for r in waiting]

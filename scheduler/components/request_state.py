@@ -10,11 +10,14 @@ changed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
+from scheduler.core.position_rids import PositionRids
 from scheduler.core.slo import SloSpec, SloValidationError
 from scheduler.core.slo_wire import read_injected
 from wire import ARRIVAL_PARAM, ORACLE_HINT_PARAM, SHARE_PARAM, TENANT_PARAM
@@ -79,6 +82,7 @@ class RequestStates:
         self._states: dict[str, RequestState] = {}
         self._caps: dict[str, int | None] = {}  # set at arrival, before a state exists
         self._declined: set[str] = set()  # known rids the last plan put in the best-effort tier
+        self._declined_be: set[str] = set()  # those of class best effort (their views cannot tell)
         self._tier_changed: set[str] = set()  # rids in or out of `_declined` since `take_tier_changes`
 
     def __len__(self) -> int:
@@ -125,15 +129,47 @@ class RequestStates:
         declined = self._declined
         if (not tier and not declined) or tier == declined:  # equal sizes first: a cheap miss
             return
+        tier = tier.rids() if isinstance(tier, PositionRids) else tier
         left, joined = declined - tier, tier - declined
         if not (left or joined):
             return
         queued = waiting if isinstance(waiting, AbstractSet) else set(waiting)
         gone, came = left & queued, (joined & queued) & self._states.keys()
-        declined -= gone
-        declined |= came
-        self._tier_changed |= gone
-        self._tier_changed |= came
+        for rid in gone:
+            self._set_tier(rid, False)
+        for rid in came:
+            self._set_tier(rid, True)
+
+    def mark_tier_at(
+        self, waiting: Sequence[str], tier_at: np.ndarray, flips_at: np.ndarray, best_effort_at: np.ndarray
+    ) -> None:
+        """`mark_tier` with the tier as positions in `waiting`, for a plan that found where the
+        tier changes (FinalPlan.tier_flips_at): a pass where few requests change tier costs a
+        few, not a set of the tier. Requests of class best effort (`best_effort_at`) are in the
+        tier in their views either way, so they are looked up here, only while any of them is
+        or joins it."""
+        in_tier = np.zeros(len(waiting), dtype=bool)
+        in_tier[tier_at] = True
+        changed = flips_at.tolist()
+        if len(best_effort_at) and (self._declined_be or in_tier[best_effort_at].any()):
+            declined = self._declined
+            changed += [i for i in best_effort_at.tolist() if (waiting[i] in declined) != in_tier[i]]
+        for i in changed:
+            rid = waiting[i]
+            if rid in self._states:
+                self._set_tier(rid, bool(in_tier[i]))
+
+    def _set_tier(self, rid: str, declined: bool) -> None:
+        if declined == (rid in self._declined):
+            return
+        self._tier_changed.add(rid)
+        if declined:
+            self._declined.add(rid)
+            if self._states[rid].slo.is_best_effort:
+                self._declined_be.add(rid)
+        else:
+            self._declined.discard(rid)
+            self._declined_be.discard(rid)
 
     def take_tier_changes(self) -> set[str]:
         """The rids whose tier changed since the last call: what a view builder refreshes,
@@ -153,6 +189,7 @@ class RequestStates:
         self._caps.pop(rid, None)
         if rid in self._declined:
             self._declined.discard(rid)
+            self._declined_be.discard(rid)
             self._tier_changed.add(rid)
         return self._states.pop(rid, None)
 
@@ -161,3 +198,4 @@ class RequestStates:
         self._states = {rid: s for rid, s in self._states.items() if rid in live}
         self._caps = {rid: c for rid, c in self._caps.items() if rid in live}
         self._declined &= live
+        self._declined_be &= live

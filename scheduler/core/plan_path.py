@@ -29,6 +29,7 @@ requests' columns once between them (scheduler/core/columns.py).
 
 from __future__ import annotations
 
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,9 +38,11 @@ from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_l
 from scheduler.core.batch_limits import batch_levers, step_ratio_chunk
 from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.decode_admission import decode_cap
+from scheduler.core.estimates import BEST_EFFORT
 from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes
 from scheduler.core.pass_columns import columns_of, columns_read, sharing
+from scheduler.core.position_rids import PositionRids
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
 from scheduler.core.types import EngineView, PerfModel, Policy, StepPlan
 
@@ -98,8 +101,8 @@ class FinalPlan:
     """A finished plan: the engine applies it verbatim. A None lever leaves the engine's own."""
 
     order: tuple[str, ...] | None = None  # waiting rids, most urgent first; unlisted ones after (others ignored)
-    best_effort: frozenset[str] = frozenset()  # waiting rids in the best-effort tier (run last)
-    hold: frozenset[str] = frozenset()  # best-effort-tier rids not started this pass (lost_hold)
+    best_effort: AbstractSet[str] = frozenset()  # waiting rids in the best-effort tier (run last)
+    hold: AbstractSet[str] = frozenset()  # best-effort-tier rids not started this pass (lost_hold)
     drop: dict[str, str] = field(default_factory=dict)  # waiting rid -> reason
     waits: dict[str, float] = field(default_factory=dict)  # dropped rid -> predicted seconds until it would start
     preempt: tuple[str, ...] = ()  # running rids to retract this pass
@@ -111,6 +114,19 @@ class FinalPlan:
     order_at: np.ndarray | None = field(default=None, compare=False)
     best_effort_at: np.ndarray | None = field(default=None, compare=False)
     hold_at: np.ndarray | None = field(default=None, compare=False)  # `hold` as positions (ascending)
+    # with `best_effort_at`: the positions whose tier this plan changes, of the requests with an
+    # SLO (their views say their tier), and the positions of those of class best effort (their
+    # views are in the tier either way): what RequestStates.mark_tier_at reads
+    tier_flips_at: np.ndarray | None = field(default=None, compare=False)
+    best_effort_class_at: np.ndarray | None = field(default=None, compare=False)
+
+    def tier_size(self) -> int:
+        """How many waiting requests are in the best-effort tier, without building its set."""
+        return len(self.best_effort_at) if self.best_effort_at is not None else len(self.best_effort)
+
+    def held_size(self) -> int:
+        """How many of them this pass holds, likewise."""
+        return len(self.hold_at) if self.hold_at is not None else len(self.hold)
 
 
 def finalize_plan(
@@ -155,17 +171,25 @@ def finalize_plan(
     if settings.levers and c is None:
         c = columns_of(view)  # the levers and the hold read most of them
     cap, chunk, prefill = _levers(view, plan, settings, lever_model, c)
-    if tier_at is not None:  # the tier's rids are all waiting
-        best_effort = frozenset(plan.best_effort - drop.keys() if drop else plan.best_effort)
+    best_effort: AbstractSet[str]
+    if tier_at is not None and drop:  # the tier's rids are all waiting
+        best_effort = frozenset(plan.best_effort - drop.keys())
+    elif tier_at is not None:  # kept as the policy made it (PositionRids: no set built)
+        tier = plan.best_effort
+        best_effort = tier if isinstance(tier, (frozenset, PositionRids)) else frozenset(tier)
     else:
         best_effort = frozenset(plan.best_effort & kept) if plan.best_effort else frozenset()
-    hold: frozenset[str] = frozenset()
-    hold_at = None
+    hold: AbstractSet[str] = frozenset()
+    hold_at = flips_at = best_effort_class_at = None
+    if tier_at is not None and not drop:
+        if c is None:
+            c = columns_of(view)
+        flips_at, best_effort_class_at = _tier_flips(c, tier_at)
     if settings.levers and settings.role != DECODE:
         assert c is not None  # read above for the levers
         if tier_at is not None and not drop:
             hold_at = held_lost_at(view, tier_at, c)
-            hold = _held_rids(c, tier_at, hold_at, best_effort)
+            hold = PositionRids(c.rid_array, hold_at) if hold_at.size else frozenset()
         else:
             hold = held_lost_causes(view, best_effort, c)
     return FinalPlan(
@@ -181,6 +205,8 @@ def finalize_plan(
         order_at=None if drop else plan.order_at,
         best_effort_at=None if drop else tier_at,
         hold_at=hold_at,
+        tier_flips_at=flips_at,
+        best_effort_class_at=best_effort_class_at,
     )
 
 
@@ -235,20 +261,13 @@ def _levers(
     return cap, chunk, prefill
 
 
-def _held_rids(c: ViewColumns, tier_at: np.ndarray, hold_at: np.ndarray, tier: frozenset[str]) -> frozenset[str]:
-    """The rids at `hold_at` (a part of the tier's positions `tier_at`, whose rids are `tier`).
-    A set of thousands of rids costs a hash insert each, so where the tier's rids are distinct
-    (as many as its positions) the hold is taken from the tier's set: all of it when the whole
-    tier is held, else without the few rids not held."""
-    if hold_at.size == 0:
-        return frozenset()
-    if len(tier) != len(tier_at):  # a rid at two positions: go by the held positions alone
-        return frozenset(c.rid_array[hold_at].tolist())
-    if hold_at.size == len(tier_at):
-        return tier
-    if 2 * hold_at.size < len(tier_at):
-        return frozenset(c.rid_array[hold_at].tolist())
-    kept = np.ones(c.n_waiting, dtype=bool)
-    kept[tier_at] = False
-    kept[hold_at] = True
-    return tier.difference(c.rid_array[(~kept).nonzero()[0]].tolist())
+def _tier_flips(c: ViewColumns, tier_at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The waiting positions of requests with an SLO whose tier `tier_at` changes (a view's tier
+    flag is its SLO's best effort or the engine's declined mark), and those of class best
+    effort, whose flag cannot tell."""
+    nw = c.n_waiting
+    in_tier = np.zeros(nw, dtype=bool)
+    in_tier[tier_at] = True
+    best_effort_class = c.cls[:nw] == BEST_EFFORT
+    flips = (in_tier != c.be_tier[:nw]) & ~best_effort_class
+    return flips.nonzero()[0], best_effort_class.nonzero()[0]

@@ -4,12 +4,13 @@ pass; everything here is numpy arithmetic on what it read."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 import numpy as np
 
 from scheduler.core.columns import ViewColumns
 from scheduler.core.packing import floats
+from scheduler.core.position_rids import PositionRids
 from scheduler.core.row_reads import SloTable
 from scheduler.core.types import RequestView
 
@@ -114,6 +115,12 @@ class ReqArrays:
             return self._rid_array[idx].tolist()
         rids = self.rids
         return [rids[i] for i in idx.tolist()]
+
+    def rid_set_at(self, idx: np.ndarray) -> Set[str]:
+        """The rids at these positions as a set, hashed only when asked by rid (PositionRids)."""
+        if self._rid_array is not None:
+            return PositionRids(self._rid_array, idx)
+        return frozenset(self.rids_at(idx))
 
     def take(self, idx: np.ndarray, n_waiting: int) -> ReqArrays:
         """The rows at `idx` (the first n_waiting of them waiting), e.g. without dropped ones."""

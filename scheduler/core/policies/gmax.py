@@ -300,7 +300,7 @@ class GmaxPolicy:
         if not lost.any():
             return order_idx
         at = lost.nonzero()[0]
-        plan.best_effort = frozenset(a.rids_at(at))
+        plan.best_effort = a.rid_set_at(at)
         if positions:
             plan.best_effort_at = at
         in_order = lost[order_idx]

@@ -20,6 +20,7 @@ from scheduler.core.columns import ViewColumns, rows_among
 from scheduler.core.estimates import COMPOUND, DEADLINE, DEFAULT_OUTPUT_LEN, LATENCY
 from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
+from scheduler.core.position_rids import PositionRids
 from scheduler.core.registry import require
 from scheduler.core.row_reads import SloTable
 from scheduler.core.slos_serve.arrival_bound import ArrivalBoundBudget, arrival_chunk
@@ -249,7 +250,7 @@ class SlosServePolicy:
         self._remember(c, admitted)
         plan = StepPlan(
             order=c.rid_array[order_at].tolist(),
-            best_effort=frozenset(c.rid_array[declined].tolist()),  # kept as it is by the plan path
+            best_effort=PositionRids(c.rid_array, declined),  # kept as it is by the plan path
             **self._batch_shape(budget, tuple(counts), view, kv, banked_chunk, slack.cap),
         )
         plan.order_at, plan.best_effort_at = order_at, declined

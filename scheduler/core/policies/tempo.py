@@ -223,7 +223,7 @@ class TempoPolicy:
         order_idx = np.concatenate([head, lost_w, be_w[k_be:]]).astype(np.int64)
         plan = StepPlan(
             order=a.rids_at(order_idx),
-            best_effort=frozenset(a.rids_at(lost_w)),  # the finished plan's tier as it is, not a copy
+            best_effort=a.rid_set_at(lost_w),  # the finished plan's tier as it is, not a copy
             order_at=order_idx,
             best_effort_at=lost_w,
         )

@@ -18,7 +18,7 @@ from scheduler.core.perf_model import default_model
 from scheduler.core.plan_path import FinalPlan, LeverModel, finalize_plan, plan_pass, settings_for
 from scheduler.core.policies import POLICIES, make_policy
 from scheduler.core.slo import REJECT_WHEN_INFEASIBLE, SloClass, SloSpec
-from scheduler.core.types import EngineView
+from scheduler.core.types import EngineView, StepPlan
 from tests.unit.scheduler._stand_in_engine import StandInReq
 from wire import TOKEN_TS_KEY
 
@@ -314,3 +314,60 @@ def test_gmax_credits_a_finished_request_and_not_a_retracted_one(known: bool) ->
         view = views.engine_view(waiting, running, LIMITS)
         policy.plan(view if known else replace(view, known_rows=None))
     assert rewarded == [1.0]  # the finished request alone, worth one met SLO
+
+
+class _RandomTier:
+    """A policy that ranks positions and puts a random part of the queue in the best-effort
+    tier every pass, best-effort-class requests included."""
+
+    name = "random_tier"
+    slo_levers = True
+
+    def __init__(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def plan(self, view: EngineView) -> StepPlan:
+        n = len(view.waiting)
+        order_at = self.rng.permutation(n).astype(np.int64)
+        tier_at = np.sort(order_at[: self.rng.integers(0, n + 1)]) if n else order_at
+        rids = [r.rid for r in view.waiting]
+        return StepPlan(
+            order=[rids[i] for i in order_at.tolist()],
+            best_effort={rids[i] for i in tier_at.tolist()},
+            order_at=order_at,
+            best_effort_at=tier_at,
+        )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_tier_marked_by_position_is_the_plans_tier(seed: int) -> None:
+    """Where the plan gives its tier as positions, the engine marks only what changed (read off
+    the views' tier flags, best-effort-class requests looked up): after every pass each waiting
+    request is declined iff in the plan's tier, a running one keeps the tier it started in,
+    and the next pass's views say so."""
+    clock = ManualClock(5.0)
+    states = RequestStates()
+    views = ViewBuilder(states, clock, CompoundDeadlines())
+    policy = _RandomTier(seed)
+    settings = replace(settings_for(policy), levers=False)
+    reqs = _mixed_requests(40)
+    waiting, running = list(reqs[:30]), []
+    by_positions = 0
+    for step in range(14):
+        clock.advance(0.2)
+        if waiting and step % 3 == 0:  # the head starts: it keeps the tier it had
+            req = waiting.pop(0)
+            req.customized_info = {TOKEN_TS_KEY: [clock.now()]}
+            running.append(req)
+        if step == 6:
+            waiting.extend(reqs[30:])
+        started_in = {r.rid: states.is_declined(r.rid) for r in running}
+        view = views.engine_view(waiting, running, replace(LIMITS, step=step))
+        for r in view.waiting:  # the flags the next plan's tier changes are read from
+            assert r.best_effort_tier == (r.slo.is_best_effort or states.is_declined(r.rid))
+        planned = plan_pass(view, policy, settings)
+        by_positions += planned.tier_flips_at is not None
+        _apply_as_the_adapter_does(views, waiting, planned, states)
+        assert {r.rid for r in waiting if states.is_declined(r.rid)} == set(planned.best_effort)
+        assert {r.rid: states.is_declined(r.rid) for r in running} == started_in
+    assert by_positions >= 7  # the others dropped requests (queue timeouts): marked by rid
