@@ -230,6 +230,9 @@ def degradations(slo_s: np.ndarray, x_s: np.ndarray, alpha: float = 1.0) -> np.n
 
 # -- vector forms over request arrays (scheduler/core/req_arrays.py) -------------------------
 
+# What a policy maximises: requests that meet their SLO (the server's default), or token-weighted
+# service (JITServe §6 reports both token- and request-level goodput; Tempo's service gain, Eq. 1).
+OBJECTIVES = ("tokens", "requests")
 LATENCY, DEADLINE, COMPOUND, BEST_EFFORT = 0, 1, 2, 3  # class codes in the arrays
 
 

@@ -32,6 +32,7 @@ from scheduler.core.estimates import (
     DEADLINE,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
+    OBJECTIVES,
     fairness_blend,
     group_reduce,
     lexsort_fast,
@@ -49,7 +50,6 @@ from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, PerfModel, StepPlan
 
 DEFAULT_CUTOFF_GRID = (0.5, 0.7, 0.8, 0.9, 0.95, 1.0)
-OBJECTIVES = ("tokens", "requests")  # JITServe §6 reports both token- and request-level goodput
 
 
 def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) -> np.ndarray:

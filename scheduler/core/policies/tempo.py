@@ -4,8 +4,10 @@ Density = expected service gain / remaining time budget. The budget is Eq. 4's
 Estimated_TTLT − processed_time under "just enough" serving: a request finishes at its binding
 deadline if there is time (so far deadlines get a low density and spare bandwidth for others) or
 as soon as its remaining work allows if not (then the gain is cut by f = min(1, (SLO/x)^α)).
-Latency requests use their next token's DSLO due time and Eq. 3's gain (prompt gain while the
-first token is pending plus the remaining output tokens); compound stages use the largest
+Latency requests use their next token's DSLO due time, a waiting one's plus a share of its
+decode span (`decode_span_share`), and Eq. 3's gain (prompt gain while the first token is
+pending plus the remaining output tokens) under the "tokens" objective, their weight under the
+server's default, "requests"; compound stages use the largest
 remaining work in their (program, stage), since finishing one call early does not finish the
 stage. Best-effort requests get a reserved share of batch slots, served FCFS, which SLO requests
 backfill when unused. Preemption happens only at quanta and only when it pays for its stall.
@@ -22,6 +24,7 @@ from scheduler.core.estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
     LATENCY,
+    OBJECTIVES,
     W_IN,
     W_OUT,
     GainWeights,
@@ -104,8 +107,21 @@ class TempoParams:
     # (Eq. 2): with the sub-deadline everywhere, a stage behind φ(s)·D is degraded and
     # deferred while its program could still finish, which costs goodput.
     stage_deadlines: bool = False
+    # A request's gain: 1 (its weight) when it meets its SLO, the server's measure; "tokens":
+    # Eq. 1's service gain, tokens weighted by w_in and w_out, the paper's measure, which under
+    # contention ranks long requests first and so meets fewer of them.
+    objective: str = "requests"
+    # A waiting latency request's time budget runs to its first token's due time plus this share
+    # of its decode span (the upper-bound length times its TPOT). Eq. 4's budget runs to the last
+    # token (share 1), which with an upper-bound length puts long answers behind their own first
+    # token's due time; the next token alone (share 0) ranks only by the first token's due time,
+    # so every request starts late in its TTFT window, banks no slack, and a tight TPOT among
+    # them holds every prefill chunk small.
+    decode_span_share: float = 0.15
 
     def __post_init__(self) -> None:
+        require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)
+        require(0.0 <= self.decode_span_share <= 1.0, "decode_span_share", "must be in [0, 1]", self.decode_span_share)
         require(0.0 <= self.reserve_share <= 1.0, "reserve_share", "must be in [0, 1]", self.reserve_share)
         require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
 
@@ -127,6 +143,8 @@ class TempoPolicy:
         self.default_output_len = params.default_output_len
         self.defer_lost = params.defer_lost
         self.stage_deadlines = params.stage_deadlines
+        self.per_request = params.objective == "requests"
+        self.decode_span_share = params.decode_span_share
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------
@@ -151,7 +169,7 @@ class TempoPolicy:
         finish = now + work
         gain_dl = self._gain_deadline(a)
         f_dl = degradations(np.where(has_dl, gain_dl, now) - a.base, finish - a.base, self.alpha)
-        gain_full = base_gain(a.prompt, a.total_out, a.weight, weights)
+        gain_full = a.weight if self.per_request else base_gain(a.prompt, a.total_out, a.weight, weights)
         budget_dl = np.maximum(np.maximum(dl - now, work), floor)
         dens_dl = gain_full * f_dl / budget_dl
 
@@ -162,8 +180,9 @@ class TempoPolicy:
         f_lat = degradations(due - a.arrival, now + to_next - a.arrival, self.alpha)
         rem_out = np.maximum(a.total_out - g, 1.0)
         pending_prompt = np.where(a.started, 0.0, a.prompt)
-        gain_lat = base_gain(pending_prompt, rem_out, a.weight, weights) * f_lat
-        budget_lat = np.maximum(np.maximum(due - now, to_next), floor)
+        gain_lat = (a.weight if self.per_request else base_gain(pending_prompt, rem_out, a.weight, weights)) * f_lat
+        span = np.where(a.started, 0.0, self.decode_span_share * (rem_out - 1.0) * a.tpot_s)
+        budget_lat = np.maximum(np.maximum(due - now + span, to_next), floor)
         dens_lat = gain_lat / budget_lat
 
         is_lat = (a.cls == LATENCY) & np.isfinite(a.ttft_s)

@@ -49,6 +49,30 @@ def test_urgent_latency_request_outranks_a_far_deadline():
     assert TempoPolicy().plan(policy_view([far, lat])).order == ["chat", "batch"]
 
 
+def _chat(rid: str, ttft_ms: float, tpot_ms: float, prompt: int = 100, out: float = 50.0) -> RequestView:
+    slo = SloSpec(ttft_ms=ttft_ms, tpot_ms=tpot_ms, slo_class=SloClass.LATENCY)
+    return RequestView(rid=rid, slo=slo, arrival=0.0, prompt_len=prompt, predicted_output_len=out)
+
+
+def test_a_waiting_chat_request_whose_answer_runs_short_starts_first():
+    """Two first tokens due at the same time: the one whose whole token schedule ends sooner
+    starts first (a share of the decode span counts in the budget); by the first token's due
+    time alone they tie and arrival order decides."""
+    long_span, short_span = _chat("long", 1_000, 100, out=400), _chat("short", 1_000, 20, out=40)
+    view = policy_view([long_span, short_span], now=0.1)
+    assert TempoPolicy().plan(view).order == ["short", "long"]
+    assert TempoPolicy(TempoParams(decode_span_share=0.0)).plan(view).order == ["long", "short"]
+
+
+def test_the_request_objective_does_not_rank_long_prompts_first():
+    """Eq. 1's gain grows with the prompt, so under "tokens" the long prompt goes first; every
+    request meeting its SLO counts the same under the server's "requests"."""
+    big, small = _chat("big", 500, 50, prompt=4_000), _chat("small", 400, 50, prompt=100)
+    view = policy_view([big, small], now=0.1)
+    assert TempoPolicy(TempoParams(objective="tokens")).plan(view).order == ["big", "small"]
+    assert TempoPolicy().plan(view).order == ["small", "big"]
+
+
 def test_far_deadline_gets_less_density_than_near_one_just_enough_bandwidth():
     near = deadline_request("near", deadline_ms=5_000)
     far = deadline_request("far", deadline_ms=500_000)
@@ -181,8 +205,10 @@ def test_preemption_happens_when_it_pays_and_only_at_quanta():
 
 
 def test_preemption_is_refused_when_the_stall_costs_more():
+    """In service gain (Eq. 1), the victim's million prompt tokens outweigh the chat request."""
     waiting, running = _preempt_case(victim_prompt=1_000_000)  # rebuilding its KV stalls the batch
-    assert TempoPolicy().plan(policy_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
+    tokens = TempoPolicy(TempoParams(objective="tokens"))
+    assert tokens.plan(policy_view(waiting, running, cap=1, step=40, now=1.0)).preempt == []
 
 
 @settings(max_examples=60, deadline=None)
