@@ -35,7 +35,7 @@ def tempo(grid: Grid, seeds: Sequence[int], quick: bool) -> Experiment:
     why_gain = (
         "one A100 and Azure chat lengths for the paper's A100s and chatbot/LC mixes; runs of "
         f"{units} arrivals, not an hour, so the cascading HOL blocking the paper's ratios grow from has "
-        "less time to build (at 20 minutes Tempo's SLO goodput is 15-18x FCFS's); Tempo's lengths "
+        "less time to build (past capacity the ratio grows with the run's length); Tempo's lengths "
         "are the server's trained length bound (an upper quantile), not the paper's predictor"
     )
     exp = Experiment()
