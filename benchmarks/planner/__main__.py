@@ -1,4 +1,4 @@
-"""Capacity planning: the cheapest pool of GPUs that serves a workload at a target SLO attainment.
+r"""Capacity planning: the cheapest pool of GPUs that serves a workload at a target SLO attainment.
 
 Give the workload (a trace, an SLO mix, the load in requests/s), the candidate GPU types with
 their prices, and the attainment you need. Every candidate pool is simulated with the cluster
@@ -9,11 +9,15 @@ and goodput per class; cost_vs_attainment.png plots every pool tried.
 The search: for each GPU type alone, the fewest cards that meet the target (doubling, then
 bisection; attainment grows with cards); then mixed pools of two types, trading the pricier
 type's cards for the cheaper one's along the frontier; with --pd, disaggregated pools of each
-type split by the mix's prefill:decode sizing (SLOs-Serve App. A). Each verdict is the mean over
---seeds; simulated, so a plan is a starting point to confirm on real hardware.
+type split by the mix's prefill:decode sizing (SLOs-Serve App. A). With --speculation none,slo the
+whole search runs once per setting (decode engines draft; a PD pool's prefill engines never do),
+so the plan says whether speculative decoding buys a cheaper pool for this traffic. Each verdict
+is the mean over --seeds; simulated, so a plan is a starting point to confirm on real hardware.
 
   python -m benchmarks.planner --trace azure-conv --mix polyserve --rate 60 --gpus h100,a100,a40 --target 0.9
   python -m benchmarks.planner --mix slos-chatbot --rate 20 --gpus h100=4.0,a40=1.1 --pd --seeds 0,1
+  python -m benchmarks.planner --mix slos-chat-tight10 --slo-relative-to h100 --rate 5 --gpus h100 \
+      --speculation none,slo --spec-layout decode-only --spec-alpha 0.8 --policy edf
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec, card, parse_prices
 from benchmarks.simulator.runner import Run, simulate, slo_scale
+from benchmarks.simulator.speculative_decoding import add_speculation_flags
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.traces import TRACES
 from router.pd_sizing import TierMix, pd_sizing, split_devices
@@ -47,9 +52,18 @@ class Verdict:
     goodput_rps: float
     by_class: dict[str, float]
     seeds: int
+    speculation: str = "none"
+
+    @property
+    def label(self) -> str:
+        return verdict_label(self.pool, self.speculation)
 
     def meets(self, target: float) -> bool:
         return self.attainment >= target
+
+
+def verdict_label(pool: str, speculation: str) -> str:
+    return pool if speculation == "none" else f"{pool} +spec {speculation}"
 
 
 @dataclass
@@ -58,10 +72,11 @@ class Planner:
     prices: dict[str, float]
     tried: dict[str, Verdict] = field(default_factory=dict)
 
-    def evaluate(self, pool: str) -> Verdict:
-        """Simulate `pool` on the workload (mean over seeds); each pool once."""
-        if pool in self.tried:
-            return self.tried[pool]
+    def evaluate(self, pool: str, speculation: str = "none") -> Verdict:
+        """Simulate `pool` with `speculation` on the workload (mean over seeds); each once."""
+        key = verdict_label(pool, speculation)
+        if key in self.tried:
+            return self.tried[key]
         a = self.args
         spec_pool = PoolSpec.parse(pool, a.model)
         runs = []
@@ -74,6 +89,10 @@ class Planner:
                 routing=a.routing,
                 seed=seed,
                 stream_scores=True,
+                speculation=None if speculation == "none" else speculation,
+                spec_alpha=a.spec_alpha,
+                draft_ratio=a.draft_ratio,
+                spec_layout=a.spec_layout,
             )
             body, _ = simulate(Run(pool, workload, a.rate, scale, config), plan(workload, a.rate, scale))
             runs.append(body["metrics"])
@@ -85,15 +104,14 @@ class Planner:
             goodput_rps=statistics.mean(m.goodput_rps or 0.0 for m in runs),
             by_class={c: statistics.mean(m.attainment_by_class.get(c, 0.0) for m in runs) for c in classes},
             seeds=len(runs),
+            speculation=speculation,
         )
-        self.tried[pool] = verdict
+        self.tried[key] = verdict
         mark = "meets" if verdict.meets(a.target) else "misses"
-        print(
-            f"   {pool:<40} ${verdict.cost_per_hour:7.2f}/h  attainment {verdict.attainment:.3f} ({mark})", flush=True
-        )
+        print(f"   {key:<40} ${verdict.cost_per_hour:7.2f}/h  attainment {verdict.attainment:.3f} ({mark})", flush=True)
         return verdict
 
-    def fewest(self, pool_of: Any, start: int = 1, limit: int = 1024) -> int | None:
+    def fewest(self, pool_of: Any, start: int = 1, limit: int = 1024, speculation: str = "none") -> int | None:
         """Smallest n in [start, limit] whose pool_of(n) meets the target (doubling, then
         bisection); None past `limit`, or once two doublings in a row gained under a point of
         attainment (a target these cards cannot reach, e.g. a TPOT below their fastest step)."""
@@ -101,7 +119,7 @@ class Planner:
         lo, n = start - 1, start  # lo: a count known to miss (or below the range)
         history: list[float] = []
         while n <= limit:
-            verdict = self.evaluate(pool_of(n))
+            verdict = self.evaluate(pool_of(n), speculation)
             if verdict.meets(target):
                 break
             history.append(verdict.attainment)
@@ -112,7 +130,7 @@ class Planner:
             return None
         while n - lo > 1:
             mid = (lo + n) // 2
-            if self.evaluate(pool_of(mid)).meets(target):
+            if self.evaluate(pool_of(mid), speculation).meets(target):
                 n = mid
             else:
                 lo = mid
@@ -141,11 +159,19 @@ def pd_split(args: argparse.Namespace, gpu: str) -> float:
 
 
 def search(planner: Planner, gpus: list[str]) -> list[Verdict]:
-    """Homogeneous frontier, then two-type trades along it, then PD pools; the verdicts that met."""
+    """Under each speculation setting: the homogeneous frontier, then two-type trades along it,
+    then PD pools; the verdicts that met."""
+    args = planner.args
+    for speculation in args.speculation:
+        search_setting(planner, gpus, speculation)
+    return [v for v in planner.tried.values() if v.meets(args.target)]
+
+
+def search_setting(planner: Planner, gpus: list[str], speculation: str) -> None:
     args = planner.args
     alone: dict[str, int] = {}
     for gpu in gpus:
-        n = planner.fewest(lambda k, gpu=gpu: f"{gpu}:{k}", limit=args.max_gpus)
+        n = planner.fewest(lambda k, gpu=gpu: f"{gpu}:{k}", limit=args.max_gpus, speculation=speculation)
         if n is not None:
             alone[gpu] = n
     by_price = sorted(gpus, key=lambda g: planner.prices[g], reverse=True)
@@ -159,7 +185,7 @@ def search(planner: Planner, gpus: list[str]) -> list[Verdict]:
                 def mixed(m: int, k: int = k, dear: str = dear, cheap: str = cheap) -> str:
                     return f"{dear}:{k},{cheap}:{m}"
 
-                if planner.fewest(mixed, start=1, limit=alone[cheap]) is None:
+                if planner.fewest(mixed, start=1, limit=alone[cheap], speculation=speculation) is None:
                     break
     if args.pd:
         for gpu in gpus:
@@ -170,8 +196,17 @@ def search(planner: Planner, gpus: list[str]) -> list[Verdict]:
                 p = min(max(1, round(share * total)), total - 1)
                 return f"{gpu}:{p}:prefill,{gpu}:{total - p}:decode"
 
-            planner.fewest(pd_pool, start=2, limit=args.max_gpus)
-    return [v for v in planner.tried.values() if v.meets(args.target)]
+            planner.fewest(pd_pool, start=2, limit=args.max_gpus, speculation=speculation)
+
+
+def cheapest(verdicts: list[Verdict]) -> Verdict | None:
+    """The lowest cost per hour; of equal costs the higher attainment, then no speculation (the
+    settings' order as given)."""
+    return min(verdicts, key=lambda v: (v.cost_per_hour, -v.attainment), default=None)
+
+
+def cheapest_by_setting(met: list[Verdict], settings: list[str]) -> dict[str, Verdict | None]:
+    return {s: cheapest([v for v in met if v.speculation == s]) for s in settings}
 
 
 def plot(path: Path, verdicts: list[Verdict], best: Verdict | None, target: float) -> None:
@@ -181,10 +216,16 @@ def plot(path: Path, verdicts: list[Verdict], best: Verdict | None, target: floa
     fig = Figure(figsize=(7, 4.5))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
+    markers = dict(zip(dict.fromkeys(v.speculation for v in verdicts), "o^sDv<>"))
     for v in verdicts:
-        ax.scatter(v.cost_per_hour, v.attainment, color="tab:green" if v.attainment >= target else "tab:gray", s=18)
+        color = "tab:green" if v.attainment >= target else "tab:gray"
+        ax.scatter(v.cost_per_hour, v.attainment, color=color, marker=markers.get(v.speculation, "o"), s=18)
+    if len(markers) > 1:  # one legend entry per speculation setting
+        for mode, marker in markers.items():
+            ax.scatter([], [], color="tab:gray", marker=marker, s=18, label=f"speculation {mode}")
     if best is not None:
-        ax.scatter(best.cost_per_hour, best.attainment, color="tab:red", s=60, label=f"cheapest: {best.pool}")
+        ax.scatter(best.cost_per_hour, best.attainment, color="tab:red", s=60, label=f"cheapest: {best.label}")
+    if best is not None or len(markers) > 1:
         ax.legend(loc="lower right", fontsize=8)
     ax.axhline(target, color="tab:red", linestyle=":", linewidth=1)
     ax.set(xlabel="pool cost (USD per hour)", ylabel="simulated SLO attainment", title="Cost vs attainment")
@@ -216,6 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--max-gpus", type=int, default=256)
     g.add_argument("--routing", default="least_request")
     g.add_argument("--policy", default="slos", help="every engine's SLO policy")
+    add_speculation_flags(p.add_argument_group("speculative decoding"), several=True)
     p.add_argument("--out", type=Path, default=Path("results/plan"))
     args = p.parse_args(argv)
     args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -237,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     planner = Planner(args, prices)
     print(f"workload: {args.trace}, mix {args.mix}, {args.rate:g} req/s; target attainment {args.target:g}", flush=True)
     met = search(planner, gpus)
-    best = min(met, key=lambda v: (v.cost_per_hour, -v.attainment)) if met else None
+    best = cheapest(met)
     args.out.mkdir(parents=True, exist_ok=True)
     verdicts = sorted(planner.tried.values(), key=lambda v: v.cost_per_hour)
     plot(args.out / "cost_vs_attainment.png", verdicts, best, args.target)
@@ -248,10 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     if best is None:
         print(f"\nno pool up to {args.max_gpus} cards per type met {args.target:g}; see {args.out}")
         return 1
-    print(f"\ncheapest pool meeting {args.target:g}: {best.pool}  (${best.cost_per_hour:.2f}/h)")
+    print(f"\ncheapest pool meeting {args.target:g}: {best.label}  (${best.cost_per_hour:.2f}/h)")
     print(f"  simulated attainment {best.attainment:.3f}, goodput {best.goodput_rps:.2f} req/s")
     for cls, att in best.by_class.items():
         print(f"  {cls:<10} attainment {att:.3f}")
+    if len(args.speculation) > 1:
+        for speculation, v in cheapest_by_setting(met, args.speculation).items():
+            found = "none met the target" if v is None else f"{v.pool} (${v.cost_per_hour:.2f}/h)"
+            print(f"  speculation {speculation:<10} cheapest: {found}")
     print(f"pools tried: {len(verdicts)}; plot: {args.out / 'cost_vs_attainment.png'}")
     return 0
 

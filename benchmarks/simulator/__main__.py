@@ -35,7 +35,7 @@ from benchmarks.goodput.workload import WorkloadSpec, plan
 from benchmarks.simulator.cluster import ClusterConfig
 from benchmarks.simulator.pool import PoolSpec
 from benchmarks.simulator.runner import Run, simulate, slo_scale
-from benchmarks.simulator.speculative_decoding import APART, LAYOUTS
+from benchmarks.simulator.speculative_decoding import add_speculation_flags
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.lengths import LENGTH_SOURCES
 from benchmarks.workloads.traces import TRACES
@@ -75,16 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     c.add_argument("--report-s", type=float, default=REPORT_S, help="the worker agents' load-report period")
     c.add_argument("--kv-link-gb-s", type=float, default=50.0, help="PD KV transfer bandwidth per pair")
     c.add_argument("--kv-latency-ms", type=float, default=1.0)
-    c.add_argument("--speculation", default="none", help="none, fixed:S, slo or slo:S")
-    c.add_argument("--spec-alpha", type=float, default=0.7, help="the draft's true acceptance rate")
-    c.add_argument("--draft-ratio", type=float, default=0.1, help="draft step cost / target decode step")
-    c.add_argument(
-        "--spec-layout",
-        choices=LAYOUTS,
-        default=APART,
-        help="where prefill goes: apart (STANDALONE), decode-only (EAGLE: steps with prefill do not draft), "
-        "in-verify (SLOs-Serve's design, not SGLang's)",
-    )
+    add_speculation_flags(c)
     c.add_argument("--no-prefix-cache", action="store_true")
     c.add_argument("--no-overlap", action="store_true", help="engines without SGLang's overlap schedule")
     c.add_argument("--host-latency-ms", type=float, default=0.0, help="client send to engine queue (real time)")

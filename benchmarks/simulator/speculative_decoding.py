@@ -20,6 +20,7 @@ the verify batch (`in-verify`), which SGLang does not do.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 
 import numpy as np
@@ -87,3 +88,43 @@ class SimSpeculation:
     def update(self, view: EngineView, plan_perf: PerfModel) -> None:
         if self.controller is not None:
             self.controller.update(view, plan_perf)
+
+
+def check_mode(mode: str) -> str:
+    """`mode` if it names a speculation setting (`none`, `fixed:S`, `slo`, `slo:S`); else an
+    argparse error saying what is expected, so a command rejects the flag before it simulates."""
+    if mode != "none":
+        try:
+            SimSpeculation(mode, 0.0, 0.0)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return mode
+
+
+def check_modes(text: str) -> list[str]:
+    """A comma-separated list of speculation settings, each checked; at least one."""
+    modes = [check_mode(m.strip()) for m in text.split(",") if m.strip()]
+    if not modes:
+        raise argparse.ArgumentTypeError("expected at least one of none, fixed:S, slo, slo:S")
+    return modes
+
+
+def add_speculation_flags(group: argparse._ActionGroup, *, several: bool = False) -> None:
+    """The speculation flags the simulator and the capacity planner share (one definition, so
+    they read alike); `several`: --speculation takes a comma-separated list, each one planned."""
+    group.add_argument(
+        "--speculation",
+        type=check_modes if several else check_mode,
+        default=["none"] if several else "none",
+        help="none, fixed:S, slo or slo:S"
+        + (" (comma-separated: the pools are planned under each)" if several else ""),
+    )
+    group.add_argument("--spec-alpha", type=float, default=0.7, help="the draft's true acceptance rate")
+    group.add_argument("--draft-ratio", type=float, default=0.1, help="draft step cost / target decode step")
+    group.add_argument(
+        "--spec-layout",
+        choices=LAYOUTS,
+        default=APART,
+        help="where prefill goes: apart (STANDALONE), decode-only (EAGLE: steps with prefill do not draft), "
+        "in-verify (SLOs-Serve's design, not SGLang's)",
+    )
