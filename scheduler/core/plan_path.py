@@ -242,7 +242,8 @@ def _levers(
     cap, chunk, prefill = plan.batch_cap, plan.chunk_size, True
     if not settings.levers:
         lever_model = None
-    if lever_model is not None and settings.role == MIXED:
+    if lever_model is not None and settings.role == MIXED and (cap is None or chunk is None):
+        # (a plan that sets both has no use for the derived levers, the costlier part of a pass)
         derived = batch_levers(view, lever_model.perf, lever_model.tokens_per_step, settings.mixed_batching, c)
         cap = cap if cap is not None else derived.batch_cap
         if chunk is None:
