@@ -91,19 +91,24 @@ class SloPlanMixin:
         levers = slo.levers_on and slo.chunker is None  # fcfs and PD dynamic chunking keep SGLang's
         if levers:
             applied = replace(
-                applied, batch_cap=plan.batch_cap, prefill_tokens=plan.chunk_size, prefill_open=plan.prefill
+                applied,
+                batch_cap=plan.batch_cap,
+                prefill_tokens=plan.chunk_size,
+                prefill_open=plan.prefill,
+                prefill_alone=plan.prefill_alone and bool(getattr(self, "is_mixed_chunk", False)),
             )
         slo.pass_state.applied = applied  # set once: the hooks read this pass's plan whole
         if not levers:
             return
         if slo.started.startup_chunk:
-            self.chunked_prefill_size = self._slo_sglang_chunk(plan.chunk_size, len(running_batch.reqs))
+            riding = 0 if applied.prefill_alone else len(running_batch.reqs)
+            self.chunked_prefill_size = self._slo_sglang_chunk(plan.chunk_size, riding)
         if plan.batch_cap is not None and len(running_batch.reqs) < plan.batch_cap:
             running_batch.batch_is_full = False  # the cap may have risen since SGLang marked it full
 
-    def _slo_sglang_chunk(self, prefill_tokens: int | None, running: int) -> int:
+    def _slo_sglang_chunk(self, prefill_tokens: int | None, riding: int) -> int:
         """SGLang's chunked_prefill_size for a plan's prefill token budget. With mixed batching
-        SGLang charges the decodes riding in the step to the same budget (PrefillAdder's
+        SGLang charges the decodes `riding` in the step to the same budget (PrefillAdder's
         rem_chunk_tokens = chunked_prefill_size - running decodes), so they are added back:
         a budget smaller than the running batch left SGLang a negative chunk, and a request
         with a negative extend length crashed the scheduler (torch.arange in compute_position).
@@ -112,7 +117,7 @@ class SloPlanMixin:
         assert startup
         if prefill_tokens is None:
             return startup
-        riding = running if getattr(self, "is_mixed_chunk", False) else 0
+        riding = riding if getattr(self, "is_mixed_chunk", False) else 0
         return max(1, min(startup, prefill_tokens + riding))
 
     def _slo_admission_limit(self, running_bs: int) -> int | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -191,7 +192,23 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
             # no prefill fits the running requests' slack this pass: SGLang decodes instead
             slo.counters.prefill_deferred += 1
             return NextBatchPlan(batch_to_run=None, running_batch=running_batch)
+        if current.applied.prefill_alone and running_batch.reqs:
+            return self._slo_prefill_alone(admit)
         return self._slo_admit(admit)
+
+    def _slo_prefill_alone(self, admit: Callable[[], Any]) -> Any:
+        """This pass's prefill without the decodes (the plan's `prefill_alone`): SGLang's admission
+        runs as with mixing off (no decode rows charged to the budget, none mixed into the
+        batch), so the running batch decodes in the next pass. No hook serves: SGLang reads
+        `is_mixed_chunk` inside this call."""
+        self.is_mixed_chunk = False
+        try:
+            batch = self._slo_admit(admit)
+        finally:
+            self.is_mixed_chunk = True
+        if getattr(batch, "batch_to_run", None) is not None:
+            self.slo.counters.prefill_alone += 1
+        return batch
 
     def get_new_prebuilt_batch(self, running_batch: Any) -> Any:
         """Changes (PD decode workers): SGLang admits transferred requests up to

@@ -72,6 +72,7 @@ class SloStatusMixin:
             prefill_ms_per_token=slo.meter.prefill_ms_per_token(),
             dropped_in_queue=counters.dropped,
             prefill_deferred=counters.prefill_deferred,
+            prefill_alone=counters.prefill_alone,
             batch_cap=applied.batch_cap,
             prefill_tokens=applied.prefill_tokens,
             startup_chunk_size=started.startup_chunk,

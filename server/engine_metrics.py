@@ -28,6 +28,7 @@ COUNTERS = {
     "steps": "Scheduling passes",
     "dropped_in_queue": "Requests dropped while queued (503), by the policy or max_queue_ms",
     "prefill_deferred": "Passes the plan turned into decode passes (no prefill fitted)",
+    "prefill_alone": "Passes whose prefill ran without the decodes (their slack allowed it)",
     "preempted": "Running requests the policy preempted",
     "lost_held_passes": "Passes that held past-due best-effort requests",
     "plan_errors": "Passes whose plan failed (SGLang's own choice kept)",

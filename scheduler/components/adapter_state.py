@@ -33,13 +33,14 @@ class AppliedPlan:
     own settings do:
     - kept: `batch_cap` and `prefill_tokens` (the last plan's, a pass without a plan leaves the
       engine as it was), `decode_cap` (set by every PD decode pass, whose loop has no other);
-    - reset: `prefill_open` (True), `hold` and `hold_at` (none), `preempt` (none: a plan's
-      preemptions hold for its own pass only), `solo_pass` (False).
+    - reset: `prefill_open` (True), `prefill_alone` (False), `hold` and `hold_at` (none),
+      `preempt` (none: a plan's preemptions hold for its own pass only), `solo_pass` (False).
     """
 
     batch_cap: int | None = None  # running-batch cap (None: SGLang's own)
     prefill_tokens: int | None = None  # the plan's prefill budget per step (None: SGLang's own)
     prefill_open: bool = True  # False: the plan deferred prefill, this pass decodes
+    prefill_alone: bool = False  # True: this pass's prefill runs unmixed, the decodes wait it out
     hold: frozenset[str] = frozenset()  # waiting rids this pass's plan keeps from starting (lost_hold)
     hold_at: np.ndarray | None = field(default=None, compare=False)  # their queue positions, if known
     preempt: frozenset[str] = frozenset()  # running rids to retract, taken once by update_running_batch
@@ -74,6 +75,7 @@ class SloCounters:
 
     dropped: int = 0
     prefill_deferred: int = 0  # passes the plan turned into decode passes
+    prefill_alone: int = 0  # passes whose prefill ran without the decodes (their slack allowed)
     preempted: int = 0
     planned_passes: int = 0  # passes whose order and admission came from the policy's plan
     best_effort_waiting: int = 0  # at the last planned pass

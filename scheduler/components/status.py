@@ -22,6 +22,7 @@ class SchedulerStatus:
     prefill_ms_per_token: float  # what the router's routing policies charge per prompt token
     dropped_in_queue: int
     prefill_deferred: int  # passes that decoded because no prefill fitted the running requests' slack
+    prefill_alone: int  # passes whose prefill ran without the decodes, which had the slack to wait
     batch_cap: int | None
     prefill_tokens: int | None  # the plan's prompt tokens per step; the chunk adds riding decodes
     startup_chunk_size: int | None

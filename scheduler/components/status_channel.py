@@ -43,6 +43,7 @@ ADDITIVE_FIELDS = (
     "kv_used_tokens",
     "dropped_in_queue",
     "prefill_deferred",
+    "prefill_alone",
     "preempted",
     "best_effort_waiting",
     "held_waiting",

@@ -17,6 +17,11 @@
 - Prefill gate: when no useful chunk fits and no waiting request needs one for its TTFT, the
   step decodes only; the running requests' slack grows, and prefill resumes when it fits.
 - A target no batch can meet (not even one request) sets no lever: capping would only starve.
+- Prefill alone (`prefill_alone`): under mixed batching a step whose prefill starts a first token
+  runs without the decodes when every protected running request's next token stays on time
+  after that prefill-only step and the decode step behind it. The step is shorter by the
+  decodes' share, so the first token comes sooner, as with SGLang's separate prefill steps,
+  and the decodes spend slack they had banked. Mixed steps stay where the slack is short.
 """
 
 from __future__ import annotations
@@ -231,3 +236,30 @@ def step_ratio_chunk(view: EngineView, perf: PerfModel, ratio: float, columns: V
     decodes, kv = len(view.running), _running_kv(c)
     budget = ratio * perf.step_time(0, max(decodes, 1), kv)
     return max(perf.max_chunk_within(budget, decodes, kv, max(view.chunk_size, MIN_CHUNK)), MIN_CHUNK)
+
+
+def prefill_alone(view: EngineView, perf: PerfModel, chunk: int, c: ViewColumns) -> bool:
+    """Whether this step's prefill should run without the decodes (see the module's docstring):
+    some request's first token waits on it (a running prefill, or a waiting latency request with
+    TTFT time left outside the best-effort tier), and a prefill-only step of the tokens it would
+    take (at most `chunk`), then one decode step, keeps every protected running request's next
+    token on time with the step margin to spare."""
+    nw = c.n_waiting
+    run = slice(nw, None)
+    started = c.started[run]
+    if chunk <= 0 or not started.any():
+        return False  # nothing decodes, or nothing prefills: there is nothing to choose
+    pending_run = ~started
+    wait_ttft = ~c.be_tier[:nw] & ~c.started[:nw] & (c.arrival[:nw] + c.ttft_s[:nw] > view.now)
+    if not (pending_run.any() or wait_ttft.any()):
+        return False  # no first token waits: a mixed step gives the decodes their token too
+    left = np.maximum(c.prompt - c.cached, 0)
+    tokens = min(chunk, int(left[run][pending_run].sum() + left[:nw][~c.be_tier[:nw]].sum()))
+    if tokens <= 0:
+        return False
+    kv = _running_kv(c)
+    room = _slack_room(view, perf, 1.0, False, c, kv)  # the prefill step, then the decode step
+    if room is None:
+        return True  # no running request has a next token due
+    tightest = float(room[0].min())
+    return tightest > 0 and perf.step_time(tokens, 0, kv) <= tightest

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.admission import SLO_INFEASIBLE_REASON, backlog, certainly_late
-from scheduler.core.batch_limits import batch_levers, step_ratio_chunk
+from scheduler.core.batch_limits import batch_levers, prefill_alone, step_ratio_chunk
 from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.decode_admission import decode_cap
 from scheduler.core.estimates import BEST_EFFORT
@@ -63,6 +63,10 @@ class PlanSettings:
     # The same budget stated as a step time: the chunk whose mixed step takes at most this many
     # plain decode steps (batch_limits.step_ratio_chunk; None: none).
     chunk_step_ratio: float | None = None
+    # Let a step whose prefill starts a first token run without the decodes where their slack
+    # allows (batch_limits.prefill_alone); under the levers and mixed batching, for a policy
+    # that asks (slos's `prefill_alone` parameter).
+    prefill_alone: bool = False
     # f of the fair-share blend between tenants (scheduler/core/fairness.py; 0: the policy's
     # order alone). Nothing changes while fewer than two tenants (API keys) have work waiting.
     tenant_fairness: float = DEFAULT_TENANT_FAIRNESS
@@ -83,6 +87,7 @@ def settings_for(
         role=role,
         chunk_cap=getattr(policy, "chunk_cap", None) if levers else None,  # optional: few policies set one
         chunk_step_ratio=getattr(policy, "chunk_step_ratio", None) if levers else None,
+        prefill_alone=levers and mixed_batching and getattr(policy, "prefill_alone", False),
         tenant_fairness=tenant_fairness,
     )
 
@@ -109,6 +114,7 @@ class FinalPlan:
     batch_cap: int | None = None  # running-batch cap for this pass
     chunk_size: int | None = None  # prefill token budget for this pass (None: the start-up size)
     prefill: bool = True  # False: no prefill this pass (none started, none continued): decodes only
+    prefill_alone: bool = False  # True: this pass's prefill runs without the decodes (they wait it out)
     # `order` and `best_effort` as positions in the planned view's waiting list, when the policy
     # gave them and nothing was dropped (StepPlan.order_at): for the engine that made the view
     order_at: np.ndarray | None = field(default=None, compare=False)
@@ -171,6 +177,11 @@ def finalize_plan(
     if settings.levers and c is None:
         c = columns_of(view)  # the levers and the hold read most of them
     cap, chunk, prefill = _levers(view, plan, settings, lever_model, c)
+    alone = False
+    if prefill and settings.prefill_alone and settings.levers and settings.role == MIXED and lever_model is not None:
+        if lever_model.tokens_per_step == 1.0:  # a speculative step's drafts are sized as mixed
+            c = c if c is not None else columns_of(view)
+            alone = prefill_alone(view, lever_model.perf, chunk if chunk is not None else view.chunk_size, c)
     best_effort: AbstractSet[str]
     if tier_at is not None and drop:  # the tier's rids are all waiting
         best_effort = frozenset(plan.best_effort - drop.keys())
@@ -202,6 +213,7 @@ def finalize_plan(
         batch_cap=cap,
         chunk_size=chunk,
         prefill=prefill,
+        prefill_alone=alone,
         order_at=None if drop else plan.order_at,
         best_effort_at=None if drop else tier_at,
         hold_at=hold_at,

@@ -90,8 +90,8 @@ class SimBatching(SimViews):
         self.waiting.extend(parked)  # the tier runs last: their place was the queue's tail
         if held:
             self.waiting.extend(held)  # formed into the pass after this one
-        if prefill and not self.settings.mixed_batching:
-            n_decode = 0  # separate batching: a prefill step runs alone, every decode waits
+        if prefill and (not self.settings.mixed_batching or (plan is not None and plan.prefill_alone)):
+            n_decode = 0  # separate batching, or a plan's prefill alone: every decode waits the step out
         if not n_decode and not prefill and not joined and not ghosts:
             return None
 

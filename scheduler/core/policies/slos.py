@@ -113,6 +113,11 @@ class SlosServeParams:
     # under a TPOT near the decode step that leaves prefill nothing even while the decoders run
     # ahead, and a deadline without a tier gets no say (the sweep: benchmarks/RESULTS.md).
     banked_slack: bool = True
+    # A step whose prefill starts a first token runs without the decodes where their slack
+    # allows (batch_limits.prefill_alone): a shorter step, as vLLM's prefill-only passes, for
+    # prompts whose TTFT is a few passes. Off by default: it gains on SLOs-Serve's scenarios
+    # but loses where decodes are the load (the sweep: benchmarks/RESULTS.md).
+    prefill_alone: bool = False
 
     def __post_init__(self) -> None:
         require(
@@ -143,6 +148,7 @@ class SlosServePolicy:
         self.work_units = units_for_ms(params.search_budget_ms)
         self.arrival_share = params.arrival_batch_share
         self.banked_slack = params.banked_slack
+        self.prefill_alone = params.prefill_alone  # read by plan_path.settings_for
         self.budget_fallbacks = 0  # passes whose DP ran out of budget (/slo/status)
         self._admitted: set[str] = set()  # admitted earlier, still waiting: forced
         self._admitted_rows: tuple[int, np.ndarray] | None = None  # their rows (ViewColumns.row_keys)

@@ -37,7 +37,8 @@ def _engine_status() -> dict[str, Any]:
     return SchedulerStatus(
         policy="slos", waiting=1, running=2, max_running_requests=8, disaggregation_mode="null",
         chunked_prefill_size=512, steps=10, kv_capacity_tokens=1000, kv_used_tokens=10,
-        prefill_ms_per_token=0.1, dropped_in_queue=1, prefill_deferred=1, batch_cap=4, prefill_tokens=256,
+        prefill_ms_per_token=0.1, dropped_in_queue=1, prefill_deferred=1, prefill_alone=2, batch_cap=4,
+        prefill_tokens=256,
         startup_chunk_size=512, chunk_budget=512, dynamic_chunking=None, decode_cap=None, mixed_batching=True,
         best_effort_waiting=0, held_waiting=0, lost_held_passes=0,
         perf_model={"ready": True, "predicted_decode_ms": {"1": 7.0, "8": 9.0}}, predictor_accuracy=None,

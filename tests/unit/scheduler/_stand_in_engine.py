@@ -166,6 +166,7 @@ class StandInEngine:
         self.chunked_req: Any = None
         self.last_batch: Any = None
         self.seen_passes: list[tuple[int | None, int]] = []
+        self.mixed_seen: list[bool] = []  # is_mixed_chunk as each admission read it
         self.handled: list[Any] = []
         self.sent: list[Any] = []
         self.ipc_channels = SimpleNamespace(send_to_tokenizer=SimpleNamespace(send_output=self._send))
@@ -235,6 +236,7 @@ class StandInEngine:
             max_running_requests=self.max_running_requests,
         )
         self.seen_passes.append((self.chunked_prefill_size, adder.prefill_max_requests))
+        self.mixed_seen.append(self.is_mixed_chunk)
         if self.chunked_req is not None:
             self.chunked_req.refresh_fill_ids()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
