@@ -18,7 +18,7 @@
   step decodes only; the running requests' slack grows, and prefill resumes when it fits.
 - A target no batch can meet (not even one request) sets no lever: capping would only starve.
 - Prefill alone (`prefill_alone`): under mixed batching a step whose prefill starts a first token
-  runs without the decodes when every protected running request's next token stays on time
+  at risk runs without the decodes when every protected running request's next token stays on time
   after that prefill-only step and the decode step behind it. The step is shorter by the
   decodes' share, so the first token comes sooner, as with SGLang's separate prefill steps,
   and the decodes spend slack they had banked. Mixed steps stay where the slack is short.
@@ -46,6 +46,10 @@ STEP_MARGIN = 0.1
 # A running deadline request bounds the chunk by its pace only while that pace is at least this
 # many plain decode steps (see _running_slack).
 PACE_FLOOR_STEPS = 2.0
+# A first token is at risk, and may have a pass without the decodes, while its TTFT has no more
+# than this many mixed passes left: further out the mixed passes make it anyway, and a pass the
+# decodes wait out is decode throughput lost (prefill_alone).
+ALONE_URGENT_PASSES = 3.0
 
 
 @dataclass(frozen=True)
@@ -240,24 +244,27 @@ def step_ratio_chunk(view: EngineView, perf: PerfModel, ratio: float, columns: V
 
 def prefill_alone(view: EngineView, perf: PerfModel, chunk: int, c: ViewColumns) -> bool:
     """Whether this step's prefill should run without the decodes (see the module's docstring):
-    some request's first token waits on it (a running prefill, or a waiting latency request with
-    TTFT time left outside the best-effort tier), and a prefill-only step of the tokens it would
-    take (at most `chunk`), then one decode step, keeps every protected running request's next
-    token on time with the step margin to spare."""
+    a first token at risk waits on it (a running prefill or a waiting latency request outside
+    the best-effort tier, whose TTFT has time left but no more than ALONE_URGENT_PASSES mixed
+    steps of it), and a prefill-only step of the tokens it would take (at most `chunk`), then
+    one decode step, keeps every protected running request's next token on time with the step
+    margin to spare."""
     nw = c.n_waiting
     run = slice(nw, None)
     started = c.started[run]
     if chunk <= 0 or not started.any():
         return False  # nothing decodes, or nothing prefills: there is nothing to choose
-    pending_run = ~started
-    wait_ttft = ~c.be_tier[:nw] & ~c.started[:nw] & (c.arrival[:nw] + c.ttft_s[:nw] > view.now)
-    if not (pending_run.any() or wait_ttft.any()):
-        return False  # no first token waits: a mixed step gives the decodes their token too
+    first = ~c.started & ~c.be_tier  # waiting, or running without a first token yet
     left = np.maximum(c.prompt - c.cached, 0)
-    tokens = min(chunk, int(left[run][pending_run].sum() + left[:nw][~c.be_tier[:nw]].sum()))
+    tokens = min(chunk, int(left[first].sum()))
     if tokens <= 0:
         return False
     kv = _running_kv(c)
+    mixed_s = perf.step_time(tokens, int(started.sum()), kv)
+    ttft_left = c.arrival + c.ttft_s - view.now  # nan without a TTFT
+    at_risk = first & (ttft_left > 0) & (ttft_left <= ALONE_URGENT_PASSES * mixed_s)
+    if not at_risk.any():
+        return False  # no first token needs the shorter step: a mixed one gives the decodes their token too
     room = _slack_room(view, perf, 1.0, False, c, kv)  # the prefill step, then the decode step
     if room is None:
         return True  # no running request has a next token due

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core.batch_limits import STEP_MARGIN
+from scheduler.core.batch_limits import ALONE_URGENT_PASSES, STEP_MARGIN
 from scheduler.core.perf_model import linear_model
 from scheduler.core.plan_path import LeverModel, finalize_plan, settings_for
 from scheduler.core.policies import make_policy
@@ -25,17 +25,21 @@ def _alone(view, settings=SLOS) -> bool:
 NOW = _due(400.0, 9) + 0.1  # four streams at 400 ms per token are then 300 ms ahead of their next one
 
 
-def _newcomer(ttft_ms: float | None = 300.0, prompt: int = 50, arrival: float = NOW) -> RequestView:
+def _newcomer(ttft_ms: float | None = 150.0, prompt: int = 50, arrival: float = NOW) -> RequestView:
     """A request that arrived now and waits for its first token (`ttft_ms` None: best effort)."""
     slo = SloSpec(ttft_ms=ttft_ms, tpot_ms=100.0, slo_class=SloClass.LATENCY) if ttft_ms is not None else SloSpec()
     return RequestView(rid="w", slo=slo, arrival=arrival, prompt_len=prompt)
 
 
-def test_decodes_with_slack_let_a_first_token_prefill_alone() -> None:
+def test_decodes_with_slack_let_a_first_token_at_risk_prefill_alone() -> None:
     running = [_decoding(f"r{i}", 400.0, 10) for i in range(4)]
     assert _alone(_view(running, [_newcomer()], now=NOW))
     # a first token already past its due time needs nothing of the step
     assert not _alone(_view(running, [_newcomer(arrival=NOW - 0.5)], now=NOW))
+    # nor one that the mixed steps make anyway: its TTFT is more than ALONE_URGENT_PASSES of them away
+    mixed_s = PERF.step_time(50, 4, 0)
+    assert not _alone(_view(running, [_newcomer(ttft_ms=1000 * ALONE_URGENT_PASSES * mixed_s * 1.1)], now=NOW))
+    assert _alone(_view(running, [_newcomer(ttft_ms=1000 * ALONE_URGENT_PASSES * mixed_s * 0.9)], now=NOW))
 
 
 def test_a_decode_whose_next_token_the_wait_would_make_late_keeps_the_step_mixed() -> None:

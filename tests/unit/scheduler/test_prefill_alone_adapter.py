@@ -23,7 +23,7 @@ def _pass(prefill_alone: bool, tpot_ms: float) -> tuple[list[bool], int, bool]:
         r.output_ids = [1] * 3
         r.customized_info = {TOKEN_TS_KEY: [0.4, 0.6, 0.8]}
     s.running_batch.reqs = streams
-    s.waiting_queue = [StandInReq("new", prompt=200, ttft_ms=200.0, arrival=1.0)]
+    s.waiting_queue = [StandInReq("new", prompt=200, ttft_ms=100.0, arrival=1.0)]
     out = s.get_new_batch_prefill(s.running_batch)
     assert out.batch_to_run is not None and [r.rid for r in out.batch_to_run.reqs] == ["new"]
     return s.mixed_seen, s.slo.counters.prefill_alone, s.is_mixed_chunk
