@@ -113,11 +113,11 @@ class SlosServeParams:
     # under a TPOT near the decode step that leaves prefill nothing even while the decoders run
     # ahead, and a deadline without a tier gets no say (the sweep: benchmarks/RESULTS.md).
     banked_slack: bool = True
-    # A step whose prefill starts a first token runs without the decodes where their slack
-    # allows (batch_limits.prefill_alone): a shorter step, as vLLM's prefill-only passes, for
-    # prompts whose TTFT is a few passes. Off by default: it gains on SLOs-Serve's scenarios
-    # but loses where decodes are the load (the sweep: benchmarks/RESULTS.md).
-    prefill_alone: bool = False
+    # A step whose prefill starts a first token at risk runs without the decodes where their
+    # slack allows (batch_limits.prefill_alone): a shorter step, as vLLM's prefill-only passes,
+    # for prompts whose TTFT is a few passes (SLOs-Serve's ChatBot and Reasoning; the sweep and
+    # the scenarios' capacities: benchmarks/RESULTS.md).
+    prefill_alone: bool = True
 
     def __post_init__(self) -> None:
         require(

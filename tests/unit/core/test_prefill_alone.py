@@ -15,7 +15,7 @@ from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import RequestView, StepPlan
 from tests.unit.core.test_batch_levers import PERF, _decoding, _due, _view
 
-SLOS = settings_for(make_policy("slos", prefill_alone=True))
+SLOS = settings_for(make_policy("slos"))
 
 
 def _alone(view, settings=SLOS) -> bool:
@@ -65,13 +65,14 @@ def test_no_first_token_waiting_keeps_the_decodes_in_the_step() -> None:
     assert not _alone(_view([], [_newcomer()], now=NOW))  # nothing decodes
 
 
-def test_only_a_policy_that_asks_prefills_alone_and_only_under_mixed_batching() -> None:
+def test_slos_prefills_alone_unless_told_not_to_and_only_under_mixed_batching() -> None:
     running = [_decoding(f"r{i}", 400.0, 10) for i in range(4)]
     view = _view(running, [_newcomer()], now=NOW)
     assert _alone(view)
-    assert not _alone(view, settings_for(make_policy("slos")))  # off unless asked for
+    assert not _alone(view, settings_for(make_policy("slos", prefill_alone=False)))
+    assert not _alone(view, settings_for(make_policy("gmax")))  # a policy that does not ask
     assert not _alone(view, settings_for(make_policy("edf")))  # an ordering baseline: stock batching
-    assert not _alone(view, settings_for(make_policy("slos", prefill_alone=True), mixed_batching=False))
+    assert not _alone(view, settings_for(make_policy("slos"), mixed_batching=False))
 
 
 def _first_token_and_stream_tokens(prefill_alone: bool) -> tuple[float, list[float]]:
