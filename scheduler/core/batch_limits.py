@@ -74,7 +74,18 @@ def _running_slack(
     running request to protect. A latency request's next due token is that far away (under
     speculation a step gives `tokens_per_step` tokens, so the last of them is the one that must
     be on time). A deadline request's is its pace: the time to its deadline over the tokens it
-    may still have to make (the upper-bound length), times the tokens a step gives."""
+    may still have to make (the upper-bound length), times the tokens a step gives. Kept on the
+    pass's columns: a pass asks for it more than once (the chunk, then prefill alone)."""
+    memo = c.__dict__.setdefault("_running_slack_memo", {})
+    key = (view.now, tokens_per_step, decode_s)
+    if key not in memo:
+        memo[key] = _running_slack_now(view, tokens_per_step, c, decode_s)
+    return memo[key]
+
+
+def _running_slack_now(
+    view: EngineView, tokens_per_step: float, c: ViewColumns, decode_s: float
+) -> tuple[np.ndarray, np.ndarray] | None:
     run = slice(c.n_waiting, None)
     ahead = int(math.ceil(tokens_per_step)) - 1
     generated, cls, protected = c.generated[run], c.cls[run], ~c.be_tier[run]
