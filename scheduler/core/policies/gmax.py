@@ -114,6 +114,10 @@ class GmaxParams:
     # carries over to a card that prefills faster than it decodes, which gets more tokens. Our
     # reading: small prefills pace how fast GMAX starts requests, and its length bounds err long.
     chunk_step_ratio: float = 2.75
+    # A step whose prefill starts a first token at risk runs without the decodes where their
+    # slack allows (batch_limits.prefill_alone; slos's default). Off here: not yet measured to
+    # pay on this policy's mixes.
+    prefill_alone: bool = False
     # The same budget in tokens (0: none), e.g. 512 for vLLM's default as it is.
     chunk_cap: int = 0
     # goodput(r) of a best-effort request, as a share of a met SLO request's. The objective
@@ -165,6 +169,7 @@ class GmaxPolicy:
         self.ttft_urgency = params.ttft_urgency
         self.chunk_cap = params.chunk_cap or None
         self.chunk_step_ratio = params.chunk_step_ratio or None
+        self.prefill_alone = params.prefill_alone  # read by plan_path.settings_for
         self.best_effort_value = params.best_effort_value
         self.defer_lost = params.defer_lost
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})

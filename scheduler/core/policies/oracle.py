@@ -32,6 +32,7 @@ class OracleVariant:
         self.slo_levers = base.slo_levers
         self.chunk_cap = getattr(base, "chunk_cap", None)
         self.chunk_step_ratio = getattr(base, "chunk_step_ratio", None)
+        self.prefill_alone = getattr(base, "prefill_alone", False)
 
     @property
     def budget_fallbacks(self) -> int:

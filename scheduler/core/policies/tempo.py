@@ -118,6 +118,10 @@ class TempoParams:
     # so every request starts late in its TTFT window, banks no slack, and a tight TPOT among
     # them holds every prefill chunk small.
     decode_span_share: float = 0.15
+    # A step whose prefill starts a first token at risk runs without the decodes where their
+    # slack allows (batch_limits.prefill_alone; slos's default). Off here: not yet measured to
+    # pay on this policy's mixes.
+    prefill_alone: bool = False
 
     def __post_init__(self) -> None:
         require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)
@@ -145,6 +149,7 @@ class TempoPolicy:
         self.stage_deadlines = params.stage_deadlines
         self.per_request = params.objective == "requests"
         self.decode_span_share = params.decode_span_share
+        self.prefill_alone = params.prefill_alone  # read by plan_path.settings_for
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------
