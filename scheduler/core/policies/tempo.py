@@ -119,9 +119,9 @@ class TempoParams:
     # them holds every prefill chunk small.
     decode_span_share: float = 0.15
     # A step whose prefill starts a first token at risk runs without the decodes where their
-    # slack allows (batch_limits.prefill_alone; slos's default). Off here: not yet measured to
-    # pay on this policy's mixes.
-    prefill_alone: bool = False
+    # slack allows (batch_limits.prefill_alone): a shorter pass for first tokens a few passes
+    # from their TTFT (the sweep: benchmarks/RESULTS.md).
+    prefill_alone: bool = True
 
     def __post_init__(self) -> None:
         require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)

@@ -73,6 +73,7 @@ def test_slos_prefills_alone_unless_told_not_to_and_only_under_mixed_batching() 
     assert not _alone(view, settings_for(make_policy("gmax")))  # a policy that does not ask
     assert settings_for(make_policy("gmax", prefill_alone=True)).prefill_alone
     assert settings_for(make_policy("slos_oracle")).prefill_alone  # the oracle plans as its policy
+    assert settings_for(make_policy("tempo")).prefill_alone
     assert not _alone(view, settings_for(make_policy("edf")))  # an ordering baseline: stock batching
     assert not _alone(view, settings_for(make_policy("slos"), mixed_batching=False))
 
