@@ -65,7 +65,7 @@ class PlanSettings:
     chunk_step_ratio: float | None = None
     # Let a step whose prefill starts a first token run without the decodes where their slack
     # allows (batch_limits.prefill_alone); under the levers and mixed batching, for a policy
-    # that asks (slos's `prefill_alone` parameter).
+    # that asks (the `prefill_alone` parameter of slos and tempo, on by default, and gmax).
     prefill_alone: bool = False
     # f of the fair-share blend between tenants (scheduler/core/fairness.py; 0: the policy's
     # order alone). Nothing changes while fewer than two tenants (API keys) have work waiting.
