@@ -201,11 +201,11 @@ class SloSchedulerMixin(SloPlanMixin, SloQueueMixin, SloStatusMixin):
         runs as with mixing off (no decode rows charged to the budget, none mixed into the
         batch), so the running batch decodes in the next pass. No hook serves: SGLang reads
         `is_mixed_chunk` inside this call."""
-        self.is_mixed_chunk = False
+        mixed, self.is_mixed_chunk = self.is_mixed_chunk, False
         try:
             batch = self._slo_admit(admit)
         finally:
-            self.is_mixed_chunk = True
+            self.is_mixed_chunk = mixed
         if getattr(batch, "batch_to_run", None) is not None:
             self.slo.counters.prefill_alone += 1
         return batch
