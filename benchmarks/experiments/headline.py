@@ -30,6 +30,7 @@ the live benchmarks' metrics. Setups (each paper's evaluation section):
   python -m benchmarks.experiments.headline --seeds 0,1,2 --out results/headline
   python -m benchmarks.experiments.headline --only tempo --quick
   python -m benchmarks.experiments.headline --only polyserve --tier-scale 0.457 --factors 0.5,0.7,0.85,0.9,0.95,1.0,1.15
+  python -m benchmarks.experiments.headline --only slos-serve --slos-replicas 4 --slos-systems vllm,sarathi,slos
 
 One module per paper (headline_tempo, headline_jitserve, headline_slos_serve, headline_polyserve,
 headline_goodserve) over the shared grid (headline_grid) and rows (headline_report).
@@ -51,7 +52,7 @@ from benchmarks.experiments.headline_grid import Grid
 from benchmarks.experiments.headline_jitserve import jitserve
 from benchmarks.experiments.headline_polyserve import polyserve
 from benchmarks.experiments.headline_report import Experiment, Row, table
-from benchmarks.experiments.headline_slos_serve import slos_serve
+from benchmarks.experiments.headline_slos_serve import SLOS_SYSTEM_LABELS, slos_serve
 from benchmarks.experiments.headline_tempo import tempo
 
 EXPERIMENTS: dict[str, Callable[..., Experiment]] = {
@@ -80,13 +81,31 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help="polyserve: comma list of loads x the PD-optimal rate (default 0.5,0.7,0.85,1.0,1.15; quick 0.6,0.9,1.1)",
     )
+    p.add_argument(
+        "--slos-replicas",
+        type=int,
+        default=1,
+        help="slos-serve: A100s per system (>1: baselines round-robin, SLOs-Serve its router; capacity per GPU)",
+    )
+    p.add_argument(
+        "--slos-systems",
+        default="",
+        help="slos-serve: comma list of its systems to run (vllm, sarathi, slos, slos+spec; default all; "
+        "vllm, sarathi and slos are needed for the ratios)",
+    )
     p.add_argument("--out", type=Path, default=Path("results/headline"))
     args = p.parse_args(argv)
+    if args.slos_replicas < 1:
+        p.error(f"--slos-replicas must be >= 1, got {args.slos_replicas}")
+    slos_systems_only = [x.strip() for x in args.slos_systems.split(",") if x.strip()]
+    if slos_systems_only and not {"vllm", "sarathi", "slos"} <= set(slos_systems_only) <= set(SLOS_SYSTEM_LABELS):
+        p.error(f"--slos-systems must list vllm, sarathi and slos (and may add slos+spec), got {args.slos_systems!r}")
     if not args.tier_scale > 0:
         p.error(f"--tier-scale must be > 0, got {args.tier_scale}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     extra: dict[str, dict[str, Any]] = {
         "goodserve": {"scale_json": args.scale_json},
+        "slos-serve": {"replicas": args.slos_replicas, "systems_only": slos_systems_only},
         "polyserve": {
             "tier_scale": args.tier_scale,
             "factors": [float(f) for f in args.factors.split(",") if f.strip()],
