@@ -116,7 +116,7 @@ class GmaxParams:
     chunk_step_ratio: float = 2.75
     # A step whose prefill starts a first token at risk runs without the decodes where their
     # slack allows (batch_limits.prefill_alone; slos's and tempo's default). Off here: on the
-    # sweep it gained overall but left gmax's lowest point at the 0.95 floor (benchmarks/RESULTS.md).
+    # sweep it gained overall but brought gmax's weakest point down to the goal's floor (benchmarks/RESULTS.md).
     prefill_alone: bool = False
     # The same budget in tokens (0: none), e.g. 512 for vLLM's default as it is.
     chunk_cap: int = 0
