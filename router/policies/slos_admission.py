@@ -21,6 +21,13 @@ measured decode seconds per token (`iteration_s` stands in while no decode was m
 a worker has not reported yet (zero) come from `default_perf`, the core's own default model: a
 fresh replica is still judged by deadlines, TPOTs, batch slots and memory, only on nominal speed.
 
+Banked slack: decoders ahead of their schedule let the next batch carry more prefill than the
+tightest tier's batch allows, as on the engine (`credit` in `soft_admission.admit`, sized by
+`batch_limits.banked_slack_chunk`): each on-time decoder's next token is due at its own DSLO
+(`token_due` of the tokens streamed back so far, which lags the worker, so errs early), a
+deadline decoder's at its derived TPOT. Without it the router's DP is stricter than the engine
+it routes to and refuses what the replica would take.
+
 Memory: the KV capacity minus what is held, the larger of the worker's report and the router's
 count of in-flight tokens (the report lags new placements); forced and new items reserve prompt
 plus expected output, as admitted-but-waiting requests do in the core.
@@ -28,12 +35,14 @@ plus expected output, as admitted-but-waiting requests do in the core.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from router.routing_views import RouteRequest, RunningView, WorkerView
-from scheduler.core.estimates import DEFAULT_OUTPUT_LEN
+from scheduler.core.batch_limits import STEP_MARGIN
+from scheduler.core.estimates import DEFAULT_OUTPUT_LEN, token_due
 from scheduler.core.perf_model import DEFAULT_COEFFICIENTS, LinearCoefficients, PerfModel
 from scheduler.core.registry import require
 from scheduler.core.slo import SloClass
@@ -41,6 +50,19 @@ from scheduler.core.slos_serve.dp import DpItem, TierBudget
 from scheduler.core.slos_serve.items import MIN_DERIVED_TPOT_S, Demand, demand
 from scheduler.core.slos_serve.soft_admission import admit
 from scheduler.core.types import RequestView
+
+
+def _next_token_due(run: RunningView, tpot_s: float, now: float) -> float:
+    """When a decoder's next token is due: a latency request's DSLO for the tokens streamed
+    back so far, a deadline request's one derived TPOT from now; inf when it is already late
+    (its attainment is lost, so it constrains nothing)."""
+    slo = run.request.slo
+    due = None
+    if slo.slo_class is SloClass.LATENCY:
+        due = token_due(slo, run.request.arrival_s, run.generated)
+    if due is None:
+        due = now + tpot_s
+    return due if due >= now else math.inf
 
 
 def request_view(req: RouteRequest, generated: int = 0, first_token_s: float | None = None) -> RequestView:
@@ -71,6 +93,10 @@ class AdmissionParams:
     # request running behind must not make a replica look full for every newcomer. The same
     # floor as on the engine, so a replica's DP and its engine protect the same requests.
     derived_tpot_floor_steps: float = 4.0
+    # Count the decoders' banked slack as extra prefill for the next batch, as the engine's
+    # admission does (SlosServeParams.banked_slack): the replica's DP and its engine then
+    # agree on what fits.
+    banked_slack: bool = True
 
     def __post_init__(self) -> None:
         require(
@@ -99,6 +125,7 @@ class ReplicaAdmission:
         self.idle = params.idle_batch_s
         self.chunk = params.chunk_size
         self.floor_steps = params.derived_tpot_floor_steps
+        self.banked_slack = params.banked_slack
 
     def coefficients(self, w: WorkerView) -> LinearCoefficients:
         """A linear step time from the worker's EMAs, unreported terms from `default_perf`."""
@@ -110,6 +137,20 @@ class ReplicaAdmission:
 
     def perf_model(self, w: WorkerView) -> PerfModel:
         return self.coefficients(w).model()
+
+    def _banked_credit(
+        self, budget: TierBudget, counts: tuple[int, ...], room_s: float, decodes: int, kv: int
+    ) -> float:
+        """Prefill tokens the next batch may carry beyond its shape's budget: the largest chunk
+        whose step keeps every on-time decoder's next token (with the levers' step margin),
+        less what the shape already gives. 0 when nothing is ahead of its schedule."""
+        if not self.banked_slack or not math.isfinite(room_s) or room_s <= 0:
+            return 0.0
+        shape = budget(counts)
+        if not shape.stable:
+            return 0.0
+        fit = budget.perf.max_chunk_within(room_s / (1 + STEP_MARGIN), decodes, kv, self.chunk)
+        return max(0.0, fit - shape.prefill_budget)
 
     def _demand(self, view: RequestView, now: float, floor: float) -> Demand | None:
         return demand(view, now, self.default_output, self.prefill_share, floor)
@@ -146,12 +187,15 @@ class ReplicaAdmission:
             return False  # no batch slot or memory: the DP would refuse too, and this is a busy replica's usual case
         decoders: list[float | None] = []  # TPOT per decoder, None: no target
         prefills: list[tuple[RouteRequest, Demand]] = [(req, new)]  # the new item, then the forced ones
+        next_due = math.inf  # the earliest next token an on-time decoder with a target has due
         for run in runs:
             d = self._demand(request_view(run.request, run.generated, run.first_token_s), now, tier_floor)
             if run.first_token_s is None and d is not None and d.deadline > now:
                 prefills.append((run.request, d))
-            else:
-                decoders.append(None if d is None else d.tpot)
+                continue
+            decoders.append(None if d is None else d.tpot)
+            if d is not None and d.tpot is not None:
+                next_due = min(next_due, _next_token_due(run, d.tpot, now))
         tiers = sorted({t for t in decoders if t is not None} | {d.tpot for _, d in prefills if d.tpot is not None})
         slot: dict[float | None, int] = {None: -1, **{t: i for i, t in enumerate(tiers)}}
         counts = [0] * (len(tiers) + 1)
@@ -162,8 +206,9 @@ class ReplicaAdmission:
             for r, d in prefills
         ]
         budget = TierBudget(perf, tiers, held, self.chunk, self.idle)
+        credit = self._banked_credit(budget, tuple(counts), next_due - now, len(decoders), held)
         # fallback_items=0: when the forced requests cannot all be kept, the answer is no; the
         # re-decision of which to keep is not needed for it.
-        result = admit(items, budget, tuple(counts), now, mem_budget, w.max_running, fallback_items=0)
+        result = admit(items, budget, tuple(counts), now, mem_budget, w.max_running, fallback_items=0, credit=credit)
         # A replica that cannot keep its own forced requests takes no more (they are not dropped).
         return result.forced_ok and req.rid in result.admitted

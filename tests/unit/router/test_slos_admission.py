@@ -137,3 +137,22 @@ def test_the_floor_is_validated_as_a_routing_parameter() -> None:
         SlosRoutingParams(derived_tpot_floor_steps=0.5)
     with pytest.raises(ValueError, match="derived_tpot_floor_steps"):
         AdmissionParams(derived_tpot_floor_steps=-1)
+
+
+def test_decoders_ahead_of_schedule_lend_the_next_batch_their_banked_slack() -> None:
+    # 5 decoders under a 25 ms TPOT on 19 ms + 1 ms per token leave 1 prompt token per batch: a
+    # 300-token prompt misses its 1 s TTFT on the tier's batches alone.
+    w = worker("w", running=5, prefill_s_per_token=1e-3, decode_s_per_token=0.024)
+    req = request("new", prompt=300, arrival=NOW, slo=latency_slo(1000), predicted_output_tokens=100)
+
+    def streaming(arrival: float) -> dict[str, list[RunningView]]:
+        """5 decoders two tokens in under TTFT 500 ms / TPOT 25 ms, arrived at `arrival`."""
+        slo = latency_slo(500, 25)
+        reqs = [request(f"d{i}", arrival=arrival, slo=slo, predicted_output_tokens=500) for i in range(5)]
+        return {"w": [RunningView(r, "w", generated=2, first_token_s=NOW) for r in reqs]}
+
+    # Arrived now, their third token is due 0.55 s from now: one batch may carry the whole prompt.
+    assert admission(streaming(NOW))(req, w)
+    assert not admission(streaming(NOW), banked_slack=False)(req, w)
+    # Arrived 0.55 s ago, that token is due now: they bank nothing.
+    assert not admission(streaming(NOW - 0.55))(req, w)
