@@ -199,6 +199,7 @@ class LoadReport(Message):
         ),
         ("inflight", optional(_rid_list)),
         ("queue_drain_s", optional(rate)),
+        ("decode_step_s", optional(rate)),
         ("draining", boolean),
     )
     worker_id: str
@@ -215,6 +216,7 @@ class LoadReport(Message):
     # router to reconcile lost Submits and lost final messages.
     inflight: tuple[str, ...] | None = None
     queue_drain_s: float | None = None  # predicted seconds until everything queued has started
+    decode_step_s: float | None = None  # the engine's predicted plain decode step now (WorkerView)
     draining: bool = False
 
 
@@ -492,4 +494,5 @@ def load_report_to_view(
         healthy=healthy,
         last_report_s=now,
         queue_drain_s=report.queue_drain_s,
+        decode_step_s=report.decode_step_s or 0.0,
     )

@@ -35,6 +35,10 @@ class WorkerView:
     healthy: bool = True
     last_report_s: float = 0.0  # router clock time of the last report
     queue_drain_s: float | None = None  # the worker's predicted time until its queue has all started
+    # The engine's perf model's step of its running batch with no prefill (0: not reported).
+    # decode_s_per_token is the measured gap between tokens, which also carries the prefill
+    # chunks mixed into the steps: a model of a batch's base cost must not count them.
+    decode_step_s: float = 0.0
 
     @property
     def kv_free_tokens(self) -> int:

@@ -100,12 +100,19 @@ class LoadEstimator:
             "decode_s_per_token": self.decode.get(decode_default),
             "iteration_s": self.iteration.get(decode_default),
             "tokens_per_minute": float(sum(n for _, n in self._tokens)),
+            "decode_step_s": decode_step_s(engine),
         }
 
 
 def queued_s(waited_s: float, prompt_tokens: int, prefill_s_per_token: float) -> float:
     """The part of a wait that was queueing rather than the prompt's own prefill."""
     return max(0.0, waited_s - prompt_tokens * prefill_s_per_token)
+
+
+def decode_step_s(engine: dict[str, Any]) -> float | None:
+    """The engine's predicted plain decode step (None: not reported)."""
+    value = engine.get("decode_step_ms")
+    return float(value) / 1000.0 if isinstance(value, (int, float)) and value > 0 else None
 
 
 def prefill_s_per_token(engine: dict[str, Any]) -> float:

@@ -157,6 +157,7 @@ class SimWorker:
             "waiting": len(engine.waiting),
             "running": len(engine.running),
             "kv_used_tokens": engine.kv_used,
+            "decode_step_ms": 1000.0 * self.card.plan_with.step_time(0, max(1, len(engine.running)), engine.kv_used),
             **self._status_constants,
         }
         p = self.prefill_s_per_token

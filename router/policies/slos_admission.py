@@ -14,11 +14,13 @@ derived TPOT is below the replica's fastest step is refused, where the single-se
 without a decode target: here a faster replica may still make it. Derived TPOTs between that step
 and `derived_tpot_floor_steps` of them set no tier, as on the engine.
 
-Perf model: the linear step model `base + per_token·tokens` fitted to two measurements. per_token
+Perf model: the linear step model `base + per_token·tokens` fitted to two figures. per_token
 is the worker's prefill seconds per prompt token (a prefill's base cost is amortised over many
 tokens); base makes a pure decode step at the reported batch (`running`, at least 1) take the
-measured decode seconds per token (`iteration_s` stands in while no decode was measured). Terms
-a worker has not reported yet (zero) come from `default_perf`, the core's own default model: a
+engine's own predicted decode step (`decode_step_s`). A worker that does not report one is
+judged by its measured seconds per output token, which also carry the prefill mixed into each
+step, so err toward refusing (`iteration_s` stands in while no decode was measured). Terms a
+worker has not reported yet (zero) come from `default_perf`, the core's own default model: a
 fresh replica is still judged by deadlines, TPOTs, batch slots and memory, only on nominal speed.
 
 Banked slack: decoders ahead of their schedule let the next batch carry more prefill than the
@@ -130,7 +132,7 @@ class ReplicaAdmission:
     def coefficients(self, w: WorkerView) -> LinearCoefficients:
         """A linear step time from the worker's EMAs, unreported terms from `default_perf`."""
         per_token = w.prefill_s_per_token or self.default_perf.per_token_s
-        step = w.decode_s_per_token or w.iteration_s
+        step = w.decode_step_s or w.decode_s_per_token or w.iteration_s
         if step <= 0:
             return replace(self.default_perf, per_token_s=per_token)
         return LinearCoefficients(base_s=max(0.0, step - per_token * max(1, w.running)), per_token_s=per_token)

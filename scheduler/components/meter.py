@@ -142,6 +142,10 @@ class EngineMeter:
     def prefill_ms_per_token(self) -> float:
         return round(1000 * self.perf.step_time(PREFILL_PROBE_TOKENS, 0, 0) / PREFILL_PROBE_TOKENS, 6)
 
+    def decode_step_ms(self, running: int, kv_tokens: int) -> float:
+        """The model's step with `running` decodes (at least one) over `kv_tokens` and no prefill."""
+        return round(1000 * self.perf.step_time(0, max(1, running), kv_tokens), 6)
+
     def timing(self) -> str:
         """What the perf model learns from: paced (emulated card), cuda_events, wall, or none."""
         if self.pacer is not None:

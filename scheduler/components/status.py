@@ -42,6 +42,9 @@ class SchedulerStatus:
     speculation: dict[str, Any] | None
     length_predictor: dict[str, Any] | None
     queue_drain_s: float | None = None  # predicted seconds until everything queued now has started
+    # The perf model's plain decode step at the running batch and its KV: the router's admission
+    # plans batches from it (the measured token gaps also carry the prefill mixed into each step).
+    decode_step_ms: float | None = None
     shed: dict[str, int] = field(default_factory=dict)  # requests shed, by public reason
     intake_lag: dict[str, Any] | None = None  # HTTP edge -> scheduler intake, ms (IntakeLag)
     max_queued_requests: int | None = None

@@ -4,6 +4,7 @@ naming the bad field (and nothing else), and load reports map onto WorkerView.""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -73,7 +74,9 @@ MESSAGES: list[Message] = [
     Heartbeat(worker_id="w0", seq=0),
     Heartbeat(worker_id="w0", seq=1, engine_steps=77, busy=True, draining=True),
     REPORT,
-    LoadReport(**{**REPORT.__dict__, "inflight": ("r1", "r2"), "queue_drain_s": 2.5, "draining": True}),
+    LoadReport(
+        **{**REPORT.__dict__, "inflight": ("r1", "r2"), "queue_drain_s": 2.5, "decode_step_s": 0.014, "draining": True}
+    ),
     TokenChunk(rid="r1", worker_id="w0", token_ids=[5, 6], text="hi", completion_tokens=2),
     TokenChunk(
         rid="r1",
@@ -158,6 +161,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("negative seq", _wire(Heartbeat(worker_id="w0", seq=1), seq=-3), "seq"),
     ("zero capacity", _wire(REGISTER, kv_capacity_tokens=0), "kv_capacity_tokens"),
     ("negative rate", _wire(REPORT, decode_s_per_token=-0.1), "decode_s_per_token"),
+    ("negative decode step", _wire(REPORT, decode_step_s=-0.01), "decode_step_s"),
     ("nan rate (encodes as null)", _wire(REPORT, queue_delay_s=math.nan), "queue_delay_s"),
     ("inf rate (encodes as null)", _wire(REPORT, iteration_s=math.inf), "iteration_s"),
     ("rate is a string", _wire(REPORT, tokens_per_minute="fast"), "tokens_per_minute"),
@@ -269,6 +273,9 @@ def test_load_report_to_view_maps_fields() -> None:
         assert getattr(view, name) == getattr(REPORT, name), name
     assert view.inflight == 5 and view.last_report_s == 123.0 and view.tpot_tier_ms == 50.0 and view.healthy
     assert view.kv_free_tokens == 150_000 and view.load == 15
+    assert view.decode_step_s == 0.0  # not reported
+    stepped = load_report_to_view(replace(REPORT, decode_step_s=0.014), 5, 123.0, registration=REGISTER)
+    assert stepped.decode_step_s == 0.014
 
 
 def test_load_report_to_view_refuses_mismatched_registration() -> None:

@@ -156,3 +156,19 @@ def test_decoders_ahead_of_schedule_lend_the_next_batch_their_banked_slack() -> 
     assert not admission(streaming(NOW), banked_slack=False)(req, w)
     # Arrived 0.55 s ago, that token is due now: they bank nothing.
     assert not admission(streaming(NOW - 0.55))(req, w)
+
+
+def test_the_engines_predicted_decode_step_sets_the_base_not_the_token_gaps() -> None:
+    # Token gaps of 40 ms at 30 running carry the prefill chunks mixed into the steps; the engine
+    # predicts a 15 ms plain decode step. Batches last idle_batch_s (50 ms) here: 380 prompt tokens
+    # each on the 12 ms base, 130 on the 37 ms one, so a 700-token prompt due in 150 ms fits only
+    # the first.
+    gaps = {"running": 30, "prefill_s_per_token": 1e-4, "decode_s_per_token": 0.04}
+    stepped = worker("stepped", decode_step_s=0.015, **gaps)
+    unstepped = worker("gaps", **gaps)
+    admit = admission()
+    assert admit.coefficients(stepped).base_s == pytest.approx(0.015 - 30 * 1e-4)
+    assert admit.coefficients(unstepped).base_s == pytest.approx(0.04 - 30 * 1e-4)
+    req = request("new", prompt=700, arrival=NOW, slo=latency_slo(150), predicted_output_tokens=50)
+    assert admit(req, stepped)
+    assert not admit(req, unstepped)

@@ -65,6 +65,13 @@ def test_decode_time_per_token_falls_back_to_the_perf_model_until_measured() -> 
     assert est.report_fields(engine())["decode_s_per_token"] == pytest.approx(0.030)
 
 
+def test_the_engines_predicted_decode_step_passes_through_in_seconds() -> None:
+    est = LoadEstimator(Clock())
+    assert est.report_fields(engine(decode_step_ms=14.5))["decode_step_s"] == pytest.approx(0.0145)
+    assert est.report_fields(engine())["decode_step_s"] is None  # an engine that does not report one
+    assert est.report_fields(engine(decode_step_ms="fast"))["decode_step_s"] is None
+
+
 def test_iteration_time_comes_from_the_schedulers_step_counter() -> None:
     est = LoadEstimator(Clock())
     est.report_fields(engine(steps=100, time=10.0))

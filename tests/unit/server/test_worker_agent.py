@@ -17,7 +17,14 @@ from server.worker_agent import AgentConfig, WorkerAgent
 from wire import REGISTER_AGAIN
 
 CONFIG = AgentConfig(router_address="tcp://127.0.0.1:1", worker_id="w0", gpu="cpu", model="m", http_url="http://x")
-ENGINE = {"steps": 41, "waiting": 2, "running": 1, "queue_drain_s": 1.5, "kv_capacity_tokens": 100}
+ENGINE = {
+    "steps": 41,
+    "waiting": 2,
+    "running": 1,
+    "queue_drain_s": 1.5,
+    "decode_step_ms": 12.5,
+    "kv_capacity_tokens": 100,
+}
 
 
 class Recorder:
@@ -135,6 +142,7 @@ def test_heartbeats_carry_progress_and_reports_the_requests_held() -> None:
         report = agent._report()
         assert isinstance(report, LoadReport) and set(report.inflight or ()) == {"a", "b"}
         assert report.queue_drain_s == 1.5 and report.draining
+        assert report.decode_step_s == pytest.approx(0.0125)  # the engine's predicted step, for the router
         for rid in ("a", "b"):
             agent.requests.cancel(rid)
         await asyncio.gather(*tasks, return_exceptions=True)
