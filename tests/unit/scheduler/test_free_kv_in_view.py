@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from scheduler.core.perf_model import constant_model
+import pytest
+
+from scheduler.core.perf_model import LinearCoefficients, constant_model
 from tests.unit.scheduler._stand_in_engine import StandInReq, slo_scheduler
 
 
@@ -23,3 +25,13 @@ def test_a_request_fitting_in_evictable_cache_is_admitted() -> None:
     assert s.slo.counters.best_effort_waiting == 0  # admitted, not declined for memory
     assert out.batch_to_run is not None and [r.rid for r in out.batch_to_run.reqs] == ["r"]
     assert s.slo_status_snapshot()["kv_used_tokens"] == s.max_total_num_tokens - 50_100
+
+
+def test_the_status_reports_the_models_plain_decode_step_for_the_routers_admission() -> None:
+    perf = LinearCoefficients(base_s=0.01, per_token_s=1e-4, per_kv_token_s=1e-8).model()
+    s = slo_scheduler(policy="slos", startup_chunk=2048, perf=perf)
+    s.token_to_kv_pool_allocator = SimpleNamespace(available_size=lambda: 100)
+    s.tree_cache.evictable_size = lambda: 0
+    kv_used = s.max_total_num_tokens - 100
+    # nothing running: one decode, over the KV the pool holds
+    assert s.slo_status_snapshot()["decode_step_ms"] == pytest.approx(1000 * (0.01 + 1e-4 + 1e-8 * kv_used))
