@@ -22,9 +22,9 @@ from tests.integration.engine_calls import generate, wait_until_running
 
 pytestmark = pytest.mark.paced  # asserts the engine's pace: runs alone (tests/conftest.py)
 
-SLOWDOWN = 10  # an H100 step of a few decodes (~7 ms) takes ~70 ms here
+SLOWDOWN = 10  # every H100 step takes ten times its profile's time here, which the host can pace
 STREAMS = 4
-STREAM_TOKENS = 60  # ~5 s of decoding at the card's pace
+STREAM_TOKENS = 60  # long enough to still decode when the urgent prompts arrive
 STREAM_SLO = {"ttft_ms": 5_000, "tpot_ms": 500}  # hundreds of ms banked per token
 URGENT = 3
 URGENT_SLO = {"ttft_ms": 200}  # under three mixed passes of a short prompt: at risk on arrival
