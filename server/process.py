@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -29,6 +30,12 @@ import requests
 READY_TIMEOUT_S = float(os.environ.get("SGLANG_SLO_TEST_READY_TIMEOUT", "300"))
 PORT_RETRIES = 2  # a picked port can be taken (by any process's outgoing connection) before we bind
 PORT_TAKEN = "address already in use"
+# A failed start names the port it found taken: uvicorn as "('host', P): address already in use",
+# torch's rendezvous store (SGLang's scheduler binds one per server) as "port: P, ... EADDRINUSE".
+TAKEN_PORT = re.compile(r", (\d+)\): address already in use|port: (\d+),[^\n]*EADDRINUSE")
+# SGLang picks its scheduler's rendezvous port at random in this range as it starts (a port it
+# binds only later, in a child); ours stay out of it so that no two picks meet.
+SGLANG_RENDEZVOUS_PORTS = range(22_000, 30_000)
 PARENT_PID_ENV = "SGLANG_SLO_PARENT_PID"  # set by ServerProcess: the child ends when this process is gone
 PARENT_POLL_S = 0.5
 STOP_TIMEOUT_S = 20.0
@@ -92,6 +99,12 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32_768, 60_999  # Linux's default
 
 
+def taken_port(log: str) -> int | None:
+    """The port a failed start's log names as taken, or None when it failed otherwise."""
+    found = TAKEN_PORT.search(log)
+    return int(found.group(1) or found.group(2)) if found else None
+
+
 def free_port() -> int:
     """A free port outside the kernel's ephemeral range. A client that keeps reconnecting to a
     port in that range while nobody listens there (ZMQ does, to a restarting router) can be
@@ -102,6 +115,8 @@ def free_port() -> int:
         rng = random.Random()
         for _ in range(200):
             port = rng.randint(LOWEST_PORT, low - 1)
+            if port in SGLANG_RENDEZVOUS_PORTS:
+                continue
             with socket.socket() as s:
                 try:
                     s.bind(("127.0.0.1", port))
@@ -142,15 +157,21 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> ServerProcess:
-        """Start and wait until ready; a server whose HTTP port was taken meanwhile is started
-        again on a fresh port (`url` and `port` follow)."""
+        """Start and wait until ready. A start that failed on a port taken meanwhile is tried
+        again: on a fresh HTTP port when that was the one taken (`url` and `port` follow), as it
+        was when the port was one SGLang picked itself (it picks anew). A port the caller named
+        is not retried: it would be taken again."""
         for attempt in range(PORT_RETRIES + 1):
             try:
                 return self._start_once()
             except RuntimeError as exc:
-                if attempt == PORT_RETRIES or PORT_TAKEN not in str(exc) or f"{self.port})" not in str(exc):
+                taken = taken_port(str(exc))
+                named_by_caller = taken is not None and taken != self.port and str(taken) in self.base_args
+                if attempt == PORT_RETRIES or taken is None or named_by_caller:
                     raise
-            self._set_port(free_port())
+                logger.warning("%s: port %d was taken as it started; starting it again", self.log_path.name, taken)
+                if taken == self.port:
+                    self._set_port(free_port())
         raise AssertionError("unreachable")
 
     def _start_once(self) -> ServerProcess:
@@ -213,7 +234,9 @@ class ServerProcess:
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()
-        return "\n".join(line for line in text if "_pytree.py" not in line)[-8000:] if text else ""
+        # SGLang's one-line dump of every server argument would push a traceback out of the tail.
+        kept = (line for line in text if "_pytree.py" not in line and "] server_args=" not in line)
+        return "\n".join(kept)[-8000:] if text else ""
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S, graceful: bool = False) -> None:
         """SIGTERM, then SIGKILL after `timeout_s`. `graceful`: only the main process gets the
