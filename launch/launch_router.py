@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from launch_slo_args import add_worker_secret_args, json_params
 from router.dispatcher import DEFAULT_MAX_QUEUED
+from router.pd import PREFILL_PLACEMENTS, SPREAD
 from router.policies import ROUTING_POLICIES
 from router.service import DEFAULT_LENGTH_PREDICTOR
 
@@ -127,6 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--dead-after-s", type=float, default=2.0, help="a silent worker is dead after this long")
     parser.add_argument(
+        "--pd-prefill-placement",
+        choices=PREFILL_PLACEMENTS,
+        default=SPREAD,
+        help="with prefill and decode workers: 'spread' sends each prompt to the prefill worker that finishes it "
+        "soonest (the most TTFTs met on a fixed pool); 'pack' to the busiest one that still meets its TTFT "
+        "(PolyServe's load gradient, which leaves the others idle for a pool that scales down) (default %(default)s)",
+    )
+    parser.add_argument(
         "--migrate-interval-s",
         type=float,
         default=0.1,
@@ -210,6 +219,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
         request_timeout_s=args.request_timeout_s or None,
         stall_after_s=args.stall_after_s,
         forget_after_s=args.forget_after_s,
+        prefill_placement=args.pd_prefill_placement,
     )
 
 

@@ -42,7 +42,7 @@ from router.handover import Decode
 from router.membership import WorkerRegistry
 from router.migration import Migrator
 from router.outbox import WorkerOutbox
-from router.pd import PREFILL
+from router.pd import PREFILL, SPREAD
 from router.pd_pairing import PdPairing
 from router.placement import Placement
 from router.policies.base import RoutingPolicy
@@ -116,6 +116,7 @@ class Dispatcher:
         reconcile_grace_s: float = 1.0,  # a placement this young may be missing from a load report
         auth: RouterAuth | None = None,  # the worker secret (None: workers are not authenticated)
         decode: Decode | None = None,  # the router's detokenizer: stop strings across a hand-over
+        prefill_placement: str = SPREAD,  # PD: where prompts go on the prefill pool (router/pd.py)
     ) -> None:
         self.endpoint = endpoint
         self.policy = policy
@@ -136,7 +137,7 @@ class Dispatcher:
             max_resubmits, max_error_retries, resume_timeout_s, request_timeout_s, reconcile_grace_s
         )
         handle = DispatchHandle(registry, policy, self.outbox, self.auth, clock, self.counters, self.routed, limits)
-        self.pairing = PdPairing(handle)
+        self.pairing = PdPairing(handle, prefill_placement)
         self.prefill_chooser = self.pairing.chooser
         self.table = FlightTable(handle, self.pairing)
         self.placement = Placement(handle, self.table, self.pairing, decode)

@@ -1,13 +1,16 @@
 """Prefill-decode disaggregation at the router: which prefill worker a request's prompt goes to,
 and what the decode pool sees of that choice.
 
-PolyServe §4.2 / §4.7: the prefill pool is shared by every TPOT tier; a request goes to the
-*highest-load* prefill worker that still makes its TTFT, counting the iteration that worker is
-running now (a new prompt waits for it) and every prompt token the router has already sent there
-and not seen finish, `ttft_margin` times over. Packing the busiest worker that still meets the
-deadline keeps the others free for tight deadlines (and drainable); when none can make it, the
-one that finishes soonest takes it (a predicted violation is rerouted to the fastest, never
-dropped).
+The prefill pool is shared by every TPOT tier (PolyServe §4.2 / §4.7). A worker's predicted finish
+counts the iteration it is running now (a new prompt waits for it) and every prompt token the
+router has already sent there and not seen finish. Two placements (`PREFILL_PLACEMENTS`):
+- `spread` (the default): the worker that finishes the prompt soonest. On a fixed prefill pool
+  this attains the most TTFTs: the prediction misses the prompts that arrive after it and the
+  engine's own pacing, so a worker packed to one request's slack has no room for the tight
+  arrivals that follow.
+- `pack`: PolyServe's load gradient, the *highest-load* worker that still makes the TTFT
+  `ttft_margin` times over (none: the soonest finish, a predicted violation rerouted, never
+  dropped). It keeps the other workers idle, for a pool that scales its prefill workers down.
 
 The decode pools are the routing policy's business (per-tier with `polyserve`): the dispatcher
 shows it only decode (and co-located) workers. A decode worker's queueing delay is *replaced* by
@@ -30,6 +33,8 @@ from scheduler.core.registry import require
 PREFILL, DECODE, MIXED = "prefill", "decode", "mixed"
 ROOM_BITS = 63  # SGLang's bootstrap rooms are random 63-bit integers
 DEFAULT_TTFT_MARGIN = 2.0  # as PolyServePolicy's: one TTFT budget on both sides of a pair
+SPREAD, PACK = "spread", "pack"
+PREFILL_PLACEMENTS = (SPREAD, PACK)
 
 
 @dataclass(frozen=True)
@@ -40,17 +45,18 @@ class PrefillChoice:
 
 
 class PrefillChooser:
-    """Load-gradient placement over the prefill pool; tracks the prompt tokens it sent where.
+    """Places prompts on the prefill pool (`placement`, see the module's docstring); tracks the
+    prompt tokens it sent where.
 
-    `ttft_margin`: a prefill worker takes a request only if its predicted finish fits the TTFT
-    slack this many times over. The prediction misses the prompts that arrive after it and the
-    engine's own pacing, so packing to the bare slack left no room for the requests that came
-    next; the decode side reads the same prediction and leaves the rest of the budget to the
-    decode instance's first pass (`decode_side_views`).
+    `ttft_margin`: a prediction meets the TTFT only if it fits the slack this many times over; under
+    `pack` a worker takes a request only then. The decode side reads the same prediction and
+    leaves the rest of the budget to the decode instance's first pass (`decode_side_views`).
     """
 
-    def __init__(self, ttft_margin: float = DEFAULT_TTFT_MARGIN) -> None:
+    def __init__(self, placement: str = SPREAD, ttft_margin: float = DEFAULT_TTFT_MARGIN) -> None:
+        require(placement in PREFILL_PLACEMENTS, "prefill_placement", f"must be one of {PREFILL_PLACEMENTS}", placement)
         require(ttft_margin >= 1.0, "ttft_margin", "must be >= 1", ttft_margin)
+        self.placement = placement
         self.ttft_margin = ttft_margin
         self._outstanding: dict[str, dict[str, int]] = {}  # prefill worker -> {rid: prompt tokens}
         self._where: dict[str, str] = {}  # rid -> prefill worker
@@ -73,8 +79,8 @@ class PrefillChooser:
             return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], True)
         slack = req.arrival_s + req.slo.ttft_ms / 1000.0 - now
         feasible = [w for w in alive if self.ttft_margin * finish[w.worker_id] <= slack]
-        if not feasible:  # a predicted violation goes where it is least late
-            return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], False)
+        if self.placement == SPREAD or not feasible:  # a predicted violation goes where it is least late
+            return PrefillChoice(fastest.worker_id, finish[fastest.worker_id], bool(feasible))
         busiest = max(feasible, key=lambda w: self.outstanding_tokens(w.worker_id) + w.queue_len)
         return PrefillChoice(busiest.worker_id, finish[busiest.worker_id], True)
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from router.dispatch_handle import DispatchHandle, DispatchPart
 from router.flight import Flight
-from router.pd import PREFILL, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
+from router.pd import PREFILL, SPREAD, PrefillChooser, bootstrap_for, decode_side_views, is_pd_pool
 from router.protocol import Submit
 from router.routing_views import RouteRequest, WorkerView
 
@@ -20,9 +20,9 @@ from router.routing_views import RouteRequest, WorkerView
 class PdPairing(DispatchPart):
     """Chooses the prefill partner of a placement and tracks the prompt tokens sent to each."""
 
-    def __init__(self, handle: DispatchHandle) -> None:
+    def __init__(self, handle: DispatchHandle, placement: str = SPREAD) -> None:
         super().__init__(handle)
-        self.chooser = PrefillChooser()
+        self.chooser = PrefillChooser(placement)
 
     def policy_views(
         self, now: float, route: RouteRequest | None, exclude: set[str] | frozenset[str] = frozenset()

@@ -26,7 +26,7 @@ from router.dispatcher import DEFAULT_MAX_QUEUED, DEFAULT_REQUEST_TIMEOUT_S, Dis
 from router.flight import RequestStream
 from router.membership import WorkerRegistry
 from router.monitoring import RouterCollector, RouterReports
-from router.pd import PREFILL
+from router.pd import PREFILL, SPREAD
 from router.pd_sizing import MixTracker, tpot_tier
 from router.policies import RoutingContext, make_routing_policy
 from router.pool_sizing import PoolSizer
@@ -70,6 +70,7 @@ class RouterConfig:
     request_timeout_s: float | None = DEFAULT_REQUEST_TIMEOUT_S  # no progress this long, over all its workers: 504
     stall_after_s: float = 30.0  # a busy worker whose engine does not step this long is unhealthy
     forget_after_s: float = 600.0  # dead workers are forgotten this long after they died
+    prefill_placement: str = SPREAD  # PD: where prompts go on the prefill pool (router/pd.py)
 
 
 def make_length_predictor(spec: str | None) -> Any:
@@ -172,6 +173,7 @@ class RouterService:
             max_queued=cfg.max_queued_requests,
             auth=self.auth,
             decode=lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False),  # as SGLang matches stops
+            prefill_placement=cfg.prefill_placement,
         )
         try:
             await self._dispatcher.start()

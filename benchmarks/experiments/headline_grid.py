@@ -19,6 +19,7 @@ from benchmarks.simulator.pool import PoolSpec
 from benchmarks.simulator.runner import Run, simulate
 from benchmarks.simulator.speculative_decoding import APART
 from benchmarks.simulator.worker import EngineOptions
+from router.pd import SPREAD
 from server.agent_load import REPORT_S
 
 TARGET = 0.9
@@ -39,6 +40,7 @@ class Config:
     spec_alpha: float = 0.7  # the draft's true acceptance (SLOs-Serve's OPT-125m draft)
     draft_ratio: float = 0.05  # a draft pass's cost / a target decode pass's
     report_s: float = REPORT_S  # the worker agents' load-report period (the live default)
+    prefill_placement: str = SPREAD  # PD: the router's --pd-prefill-placement
 
     def cluster(self, seed: int) -> ClusterConfig:
         params = dict(self.routing_params)
@@ -54,6 +56,7 @@ class Config:
             draft_ratio=self.draft_ratio,
             spec_layout=self.spec_layout,
             report_s=self.report_s,
+            prefill_placement=self.prefill_placement,
             seed=seed,
             stream_scores=True,
         )

@@ -39,6 +39,7 @@ from benchmarks.simulator.speculative_decoding import add_speculation_flags
 from benchmarks.simulator.worker import EngineOptions
 from benchmarks.workloads.lengths import LENGTH_SOURCES
 from benchmarks.workloads.traces import TRACES
+from router.pd import PREFILL_PLACEMENTS, SPREAD
 from router.policies import ROUTING_POLICIES
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
 from server.agent_load import REPORT_S
@@ -73,6 +74,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     c.add_argument("--migrate-interval-s", type=float, default=0.1, help="0: never ask for migrations")
     c.add_argument("--report-s", type=float, default=REPORT_S, help="the worker agents' load-report period")
+    c.add_argument(
+        "--pd-prefill-placement", choices=PREFILL_PLACEMENTS, default=SPREAD, help="the router's --pd-prefill-placement"
+    )
     c.add_argument("--kv-link-gb-s", type=float, default=50.0, help="PD KV transfer bandwidth per pair")
     c.add_argument("--kv-latency-ms", type=float, default=1.0)
     add_speculation_flags(c)
@@ -138,6 +142,7 @@ def cluster_config(args: argparse.Namespace, routing: str, policy: str, seed: in
         length_predictor=None if args.length_predictor == "none" else args.length_predictor,
         migrate_interval_s=args.migrate_interval_s or None,
         report_s=args.report_s,
+        prefill_placement=args.pd_prefill_placement,
         kv_link_gb_s=args.kv_link_gb_s,
         kv_latency_s=args.kv_latency_ms / 1000.0,
         speculation=None if args.speculation == "none" else args.speculation,

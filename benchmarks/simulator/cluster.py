@@ -35,6 +35,7 @@ from benchmarks.simulator.routing import Flight, SimRouter
 from benchmarks.simulator.speculative_decoding import APART, SimSpeculation
 from benchmarks.simulator.worker import DECODE, PREFILL, EngineOptions, SimWorker
 from benchmarks.workloads.traces import MOONCAKE_BLOCK_TOKENS
+from router.pd import SPREAD
 from router.policies import RoutingContext, RoutingPolicy
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR
 from scheduler.core.pacing import SlowedPerfModel
@@ -56,6 +57,7 @@ class ClusterConfig:
     length_predictor: str | None = DEFAULT_LENGTH_PREDICTOR  # the router's default
     report_s: float = REPORT_S  # the worker agent's default
     migrate_interval_s: float | None = 0.1  # the dispatcher's default; None: never
+    prefill_placement: str = SPREAD  # PD: the router's --pd-prefill-placement
     kv_link_gb_s: float = 50.0  # PD: KV transfer bandwidth per pair (GB/s)
     kv_latency_s: float = 0.001
     speculation: str | None = None  # "fixed:S" | "slo" | "slo:S"
@@ -158,6 +160,7 @@ class ClusterSim:
             config.length_predictor,
             delivered=self._delivered,
             make_policy=routing_policy,
+            prefill_placement=config.prefill_placement,
         )
         self.kv_bytes = KV_BYTES_PER_TOKEN.get(config.pool.model, KV_BYTES_PER_TOKEN["llama3-8b"])
         self._heap: list[tuple[float, int, int, Any]] = []

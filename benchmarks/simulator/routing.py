@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from benchmarks.simulator.worker import SimWorker
-from router.pd import DECODE, PREFILL, PrefillChooser, decode_side_views, is_pd_pool
+from router.pd import DECODE, PREFILL, SPREAD, PrefillChooser, decode_side_views, is_pd_pool
 from router.policies import NoWorkerError, RoutingContext, RoutingPolicy, make_routing_policy
 from router.protocol import LoadReport
 from router.resume import resume_route
@@ -82,6 +82,7 @@ class SimRouter:
         length_predictor: str | None = "history:0.9",
         delivered: Callable[[Flight], int] | None = None,
         make_policy: Callable[[RoutingContext], RoutingPolicy] | None = None,
+        prefill_placement: str = SPREAD,
     ) -> None:
         self.clock = clock
         self.workers = {w.worker_id: w for w in workers}
@@ -93,7 +94,7 @@ class SimRouter:
         self._reports: dict[str, tuple[LoadReport, float]] = {}  # worker -> (last report, when it came)
         self._dirty: set[str] = set()
         self.pd = is_pd_pool(self.views)
-        self.prefill_chooser = PrefillChooser()
+        self.prefill_chooser = PrefillChooser(prefill_placement)
         context = RoutingContext(running_on=self.running_on, clock=clock)
         if make_policy is not None:
             self.policy = make_policy(context)

@@ -12,8 +12,10 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
+import pytest
 import zmq.asyncio
 
 from router.dispatcher import Dispatcher
@@ -75,7 +77,7 @@ class PdFakeWorker(FakeWorker):
 
 @contextlib.asynccontextmanager
 async def pd_cluster(
-    ctx: zmq.asyncio.Context, workers: Sequence[dict[str, Any]]
+    ctx: zmq.asyncio.Context, workers: Sequence[dict[str, Any]], prefill_placement: str = "spread"
 ) -> AsyncIterator[tuple[Dispatcher, dict[str, PdFakeWorker]]]:
     endpoint = RouterEndpoint(ctx=ctx)
     dispatcher = Dispatcher(
@@ -85,6 +87,7 @@ async def pd_cluster(
         reap_interval_s=0.05,
         migrate_interval_s=None,
         admission_timeout_s=1.0,
+        prefill_placement=prefill_placement,
     )
     rooms: dict[int, asyncio.Event] = {}
     fakes: dict[str, PdFakeWorker] = {}
@@ -154,8 +157,8 @@ def test_a_prefill_worker_dying_before_the_handover_repairs_the_request(ctx: zmq
             w["p1"].stalled = False
             await w["p1"]._register()
             await until(lambda: dispatcher.registry.is_alive("p1"))
-            # both are alive now; make p0 the busier one so the load gradient picks it
-            dispatcher.prefill_chooser.on_routed("other", "p0", 1)
+            # both are alive now; make p1 the busier one so that p0 finishes the prompt soonest
+            dispatcher.prefill_chooser.on_routed("other", "p1", 1_000)
             stream = await dispatcher.submit(*_request("r1", max_new=3))
             await until(lambda: len(w["p0"].submits) == 1)
             dispatcher.prefill_chooser.on_done("other")
@@ -180,7 +183,7 @@ def test_a_prefill_5xx_repairs_and_a_4xx_reaches_the_client(ctx: zmq.asyncio.Con
             {"worker_id": "d0", "role": "decode"},
         ]
         async with pd_cluster(ctx, specs) as (dispatcher, w):
-            dispatcher.prefill_chooser.on_routed("other", "p0", 1)  # p0 is the busier: chosen first
+            dispatcher.prefill_chooser.on_routed("other", "p1", 1_000)  # p1 is the busier: p0 chosen first
             events = await _collect(await dispatcher.submit(*_request("r1", max_new=2)))
             assert _tokens(events) == [100, 101]
             assert dispatcher.status()["pd_prefill_failed"] == 1
@@ -218,28 +221,64 @@ def _view(wid: str, role: str, **kw: Any) -> WorkerView:
     return WorkerView(worker_id=wid, gpu="h100", kv_capacity_tokens=1000, max_running=8, role=role, **kw)
 
 
-def test_prefill_choice_packs_the_busiest_worker_that_still_makes_the_ttft() -> None:
-    chooser = PrefillChooser(ttft_margin=1.0)  # the bare slack; test_pd_tiers covers the margin
+def test_the_dispatcher_places_prompts_as_its_prefill_placement_says(ctx: zmq.asyncio.Context) -> None:
+    """Both prefill workers meet the TTFT (their reports predict no wait): `spread` keeps the
+    idle one, `pack` the one already holding prompts."""
+    specs = [
+        {"worker_id": "p0", "role": "prefill"},
+        {"worker_id": "p1", "role": "prefill"},
+        {"worker_id": "d0", "role": "decode"},
+    ]
+
+    chosen: dict[str, tuple[str, ...]] = {}
+
+    async def go(placement: str) -> None:
+        async with pd_cluster(ctx, specs, placement) as (dispatcher, _):
+            dispatcher.prefill_chooser.on_routed("other", "p1", 1_000)
+            route, submit = _request("r1", max_new=2)
+            stream = await dispatcher.submit(replace(route, slo=SloSpec(ttft_ms=5_000.0)), submit)
+            assert _tokens(await _collect(stream)) == [100, 101]
+            chosen[placement] = stream.prefill_workers
+
+    for placement in ("spread", "pack"):
+        _run(lambda: go(placement))  # noqa: B023 - run at once, inside the loop
+    assert chosen == {"spread": ("p0",), "pack": ("p1",)}
+
+
+def test_prefill_choice_spreads_to_the_soonest_finish_or_packs_the_busiest_that_makes_the_ttft() -> None:
     views = [
         _view("p0", "prefill", prefill_s_per_token=0.001, iteration_s=0.05),
         _view("p1", "prefill", prefill_s_per_token=0.001, iteration_s=0.05),
     ]
     now = 100.0
     req = RouteRequest(rid="r", prompt_tokens=100, slo=SloSpec(ttft_ms=500), arrival_s=now)
-    chooser.on_routed("a", "p0", 200)  # p0: 0.05 + 0.3 = 0.35 s, busier
-    choice = chooser.choose(req, views, now)
+    spread = PrefillChooser(ttft_margin=1.0)
+    spread.on_routed("a", "p0", 200)  # p0: 0.05 + 0.3 = 0.35 s, busier; p1: 0.15 s
+    choice = spread.choose(req, views, now)
+    assert choice is not None and choice.worker_id == "p1" and choice.meets_ttft
+    assert abs(choice.predicted_s - 0.15) < 1e-9
+
+    pack = PrefillChooser(placement="pack", ttft_margin=1.0)  # the bare slack; test_pd_tiers covers the margin
+    pack.on_routed("a", "p0", 200)
+    choice = pack.choose(req, views, now)
     assert choice is not None and choice.worker_id == "p0" and choice.meets_ttft
     assert abs(choice.predicted_s - 0.35) < 1e-9
-    chooser.on_routed("b", "p0", 200)  # p0 now needs 0.55 s > 0.5: the other one
-    choice = chooser.choose(req, views, now)
+    pack.on_routed("b", "p0", 200)  # p0 now needs 0.55 s > 0.5: the other one
+    choice = pack.choose(req, views, now)
     assert choice is not None and choice.worker_id == "p1" and choice.meets_ttft
     late = RouteRequest(rid="r2", prompt_tokens=100, slo=SloSpec(ttft_ms=100), arrival_s=now)
-    choice = chooser.choose(late, views, now)  # nobody makes 100 ms: the soonest finish, flagged
-    assert choice is not None and choice.worker_id == "p1" and not choice.meets_ttft
-    chooser.on_done("a")
-    chooser.on_done("b")
-    assert chooser.outstanding_tokens("p0") == 0
-    assert chooser.choose(req, [_view("p0", "prefill", healthy=False)], now) is None
+    for chooser in (spread, pack):  # nobody makes 100 ms: the soonest finish, flagged
+        choice = chooser.choose(late, views, now)
+        assert choice is not None and choice.worker_id == "p1" and not choice.meets_ttft
+    pack.on_done("a")
+    pack.on_done("b")
+    assert pack.outstanding_tokens("p0") == 0
+    assert pack.choose(req, [_view("p0", "prefill", healthy=False)], now) is None
+
+
+def test_an_unknown_prefill_placement_is_refused_naming_it() -> None:
+    with pytest.raises(ValueError, match="prefill_placement"):
+        PrefillChooser(placement="busiest")
 
 
 def test_decode_views_carry_the_partners_prefill_time() -> None:

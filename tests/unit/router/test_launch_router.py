@@ -36,6 +36,13 @@ def test_defaults() -> None:
     assert _config("--worker-bind", "ipc:///tmp/r.sock").worker_bind == "ipc:///tmp/r.sock"
 
 
+def test_the_pd_prefill_placement_is_spread_unless_asked_to_pack() -> None:
+    assert _config().prefill_placement == "spread"
+    assert _config("--pd-prefill-placement", "pack").prefill_placement == "pack"
+    with pytest.raises(SystemExit):
+        _config("--pd-prefill-placement", "busiest")
+
+
 def test_policy_params_are_json_and_validated() -> None:
     cfg = _config("--routing-policy", "polyserve", "--routing-policy-param", "tiers_ms=[50, 100]",
                   "--routing-policy-param", "release_after_s=null")  # fmt: skip
