@@ -205,19 +205,25 @@ class PolyServePolicy(RoutingPolicy):
             self._tier[target.worker_id] = tier
             self._idle_since.pop(target.worker_id, None)
             return self._place(req, target, tier, "scaled_up", now)
-        return self._place(req, self._fallback(alive, tier), tier, "best_effort", now, best_effort=True)
+        target = self._fallback(alive, req, l_out, tier, now)
+        return self._place(req, target, tier, "best_effort", now, best_effort=True)
 
-    def _fallback(self, alive: Sequence[WorkerView], tier: float) -> WorkerView:
-        """Best effort: the least loaded instance. In a PD decode pool, one whose residents already
-        need `tier` or tighter, when there is one: a decode engine caps its batch at what the
-        tightest TPOT among its requests allows, so a tight request on a looser instance shrinks
-        that instance's batch and its transferred requests queue after their prefill."""
-        decode = [w for w in alive if w.role == DECODE]
-        if decode:
-            tight = [w for w in decode if self._tightest(w.worker_id) <= tier]
-            if tight:
-                return least_loaded(tight)
-        return least_loaded(alive)
+    def _fallback(
+        self, alive: Sequence[WorkerView], req: RouteRequest, l_out: int, tier: float, now: float
+    ) -> WorkerView:
+        """Best effort: the least loaded instance whose residents already need `tier` or tighter
+        and that still has room for the request (slot, KV, TTFT; its step may exceed the tier),
+        when there is one, else the least loaded. An SLO-lever engine (a PD decode instance, or a
+        co-located one) caps its batch at what the tightest TPOT among its requests allows, so a
+        tight request on a looser instance shrinks that instance's batch for every resident: its
+        prompts and transferred requests queue, past their TTFTs."""
+        tight = [w for w in alive if self._tightest(w.worker_id) <= tier and self._has_room(w, req, l_out, now)]
+        return least_loaded(tight) if tight else least_loaded(alive)
+
+    def _has_room(self, w: WorkerView, req: RouteRequest, l_out: int, now: float) -> bool:
+        """A PD decode instance always (its engine queues a transfer rather than miss the TPOT of
+        its residents); a co-located one if it fits but for its tier's step."""
+        return w.role == DECODE or self.fits(w, req, l_out, None, now)
 
     def _tightest(self, wid: str) -> float:
         residents = self._tiers_on.get(wid, _NONE)

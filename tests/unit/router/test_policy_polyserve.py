@@ -85,6 +85,23 @@ def test_promotes_lazily_only_when_the_tier_is_full() -> None:
     assert (d.worker_id, d.reason, d.best_effort) == ("tight", "promoted", False)
 
 
+def test_best_effort_keeps_a_tight_request_off_a_looser_co_located_instance() -> None:
+    """A co-located SLO-lever engine caps its batch at its tightest resident's TPOT too: when no
+    instance fits the tier, a 25 ms request joins the one already serving 25 ms while it has
+    room (its step past the tier), not the less loaded 100 ms one, whose batch it would shrink
+    for every resident; once that one is full, the least loaded."""
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS, release_after_s=None))
+    tight, loose = _inst("tight", 25.0, running=2, iteration_s=0.01), _inst("loose", 100.0, running=2)
+    assert policy.choose(_req("t1", tpot=25.0), [tight, loose], now=0.0).worker_id == "tight"
+    assert policy.choose(_req("l0", tpot=100.0), [tight, loose], now=0.0).worker_id == "loose"
+    slow = [_inst("tight", 25.0, running=10, iteration_s=0.03), _inst("loose", 100.0, running=4)]
+    d = policy.choose(_req("t2", tpot=25.0), slow, now=0.0)
+    assert (d.worker_id, d.reason) == ("tight", "best_effort")
+    full = [_inst("tight", 25.0, running=16, iteration_s=0.03), _inst("loose", 100.0, running=4)]
+    d = policy.choose(_req("t3", tpot=25.0), full, now=0.0)
+    assert (d.worker_id, d.reason) == ("loose", "best_effort")
+
+
 def test_scales_up_from_the_pool_then_falls_back_to_best_effort() -> None:
     policy = PolyServePolicy(PolyServeParams(tiers_ms=TIERS))
     full = _inst("full", 50.0, running=16)
