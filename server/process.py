@@ -150,6 +150,7 @@ class ServerProcess:
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
+        self._attempt_from = 0  # the log's size when the latest start began
 
     def _set_port(self, port: int) -> None:
         self.port = port
@@ -164,8 +165,8 @@ class ServerProcess:
         for attempt in range(PORT_RETRIES + 1):
             try:
                 return self._start_once()
-            except RuntimeError as exc:
-                taken = taken_port(str(exc))
+            except RuntimeError:
+                taken = taken_port(self._attempt_log())  # this attempt's: the log keeps earlier ones
                 named_by_caller = taken is not None and taken != self.port and str(taken) in self.base_args
                 if attempt == PORT_RETRIES or taken is None or named_by_caller:
                     raise
@@ -183,6 +184,7 @@ class ServerProcess:
         env.setdefault("SGLANG_PYSPY_DUMP_BEFORE_CRASH", "0")
         env.setdefault("SGLANG_CUDA_COREDUMP_BEFORE_CRASH", "0")
         env[PARENT_PID_ENV] = str(os.getpid())
+        self._attempt_from = self.log_path.stat().st_size
         with open(self.log_path, "ab") as log:  # a restarted server keeps its earlier log
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", self.module, *self.args],
@@ -231,6 +233,12 @@ class ServerProcess:
             if ok(status) or time.monotonic() > deadline:
                 return status
             time.sleep(0.1)
+
+    def _attempt_log(self) -> str:
+        """What the latest start wrote to the log."""
+        with open(self.log_path, "rb") as log:
+            log.seek(self._attempt_from)
+            return log.read().decode(errors="replace")
 
     def log_tail(self, lines: int = 60) -> str:
         text = self.log_path.read_text(errors="replace").splitlines()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -241,7 +242,7 @@ def test_the_dispatcher_places_prompts_as_its_prefill_placement_says(ctx: zmq.as
             chosen[placement] = stream.prefill_workers
 
     for placement in ("spread", "pack"):
-        _run(lambda: go(placement))  # noqa: B023 - run at once, inside the loop
+        _run(functools.partial(go, placement))
     assert chosen == {"spread": ("p0",), "pack": ("p1",)}
 
 
