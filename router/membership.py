@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from router.protocol import Ack, Heartbeat, LoadReport, Register, load_report_to_view, register_to_view
+from router.protocol import Ack, Heartbeat, LoadReport, Register
+from router.report_views import load_report_to_view, register_to_view
 from router.routing_views import WorkerView
 from router.transport import with_peer_host
 

@@ -33,7 +33,6 @@ from router.protocol_fields import (
 )
 from router.protocol_fields import ProtocolError as ProtocolError  # every decode error: the protocol's API
 from router.protocol_fields import check_worker_id as check_worker_id  # the worker-id rule, for the CLIs
-from router.routing_views import WorkerView
 from scheduler.core.shed_wire import shed_from
 from scheduler.core.slo import SloSpec, SloValidationError, parse_slo
 
@@ -132,6 +131,7 @@ class Register(Message):
         ("bootstrap_port", optional(int_in(1, 65536, "a TCP port"))),
         ("tier_ms", optional(rate)),
         ("time_scale", rate_at_least(1.0)),
+        ("slo_levers", boolean),
     )
     worker_id: str
     gpu: str
@@ -154,6 +154,9 @@ class Register(Message):
     tier_ms: float | None = None  # the TPOT tier it starts in (PolyServe), when configured
     time_scale: float = 1.0  # an emulated GPU's slowdown: its steps take this many times the card's
     max_input_tokens: int | None = None  # the longest prompt its model takes (the router refuses longer)
+    # Its engine sizes each step to the tightest resident's TPOT (the SLO levers): prefill yields
+    # to decode, so a tier is kept by its plain decode step, not by the measured mixed steps.
+    slo_levers: bool = False
 
     def _check_together(self) -> None:
         if self.role == "prefill" and self.bootstrap_port is None:
@@ -439,60 +442,3 @@ def decode(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> Message:
         raise
     except Exception as exc:  # noqa: BLE001 - the contract is ProtocolError only
         raise ProtocolError("frame", f"invalid {kind}: {exc}") from None
-
-
-# --- views for the policies ---
-
-
-def register_to_view(
-    reg: Register, now: float, tier: float | None = None, *, healthy: bool = True, inflight: int = 0
-) -> WorkerView:
-    """A worker that has not reported yet: its capacity, no measured load."""
-    return WorkerView(
-        worker_id=reg.worker_id,
-        gpu=reg.gpu,
-        kv_capacity_tokens=reg.kv_capacity_tokens,
-        max_running=reg.max_running,
-        inflight=inflight,
-        tpot_tier_ms=tier,
-        role=reg.role,
-        healthy=healthy,
-        last_report_s=now,
-    )
-
-
-def load_report_to_view(
-    report: LoadReport,
-    inflight: int,
-    now: float,
-    tier: float | None = None,
-    *,
-    registration: Register,
-    healthy: bool = True,
-) -> WorkerView:
-    """The report's measurements over the registration's capacity (the report omits static facts)."""
-    if report.worker_id != registration.worker_id:
-        raise ProtocolError(
-            "worker_id", f"report from {report.worker_id!r}, registration of {registration.worker_id!r}"
-        )
-    return WorkerView(
-        worker_id=report.worker_id,
-        gpu=registration.gpu,
-        kv_capacity_tokens=registration.kv_capacity_tokens,
-        max_running=registration.max_running,
-        queue_len=report.queue_len,
-        running=report.running,
-        kv_used_tokens=report.kv_used_tokens,
-        queue_delay_s=report.queue_delay_s,
-        prefill_s_per_token=report.prefill_s_per_token,
-        decode_s_per_token=report.decode_s_per_token,
-        iteration_s=report.iteration_s,
-        tokens_per_minute=report.tokens_per_minute,
-        inflight=inflight,
-        tpot_tier_ms=tier,
-        role=registration.role,
-        healthy=healthy,
-        last_report_s=now,
-        queue_drain_s=report.queue_drain_s,
-        decode_step_s=report.decode_step_s or 0.0,
-    )

@@ -39,6 +39,7 @@ class WorkerView:
     # decode_s_per_token is the measured gap between tokens, which also carries the prefill
     # chunks mixed into the steps: a model of a batch's base cost must not count them.
     decode_step_s: float = 0.0
+    slo_levers: bool = False  # its engine keeps each step within the tightest resident's TPOT
 
     @property
     def kv_free_tokens(self) -> int:

@@ -97,6 +97,7 @@ class SloStatusMixin:
             view_cached_prefix_tokens=slo.views.cached_tokens_read,
             queue_drain_s=None if current.drain_s is None else round(current.drain_s, 4),
             decode_step_ms=slo.meter.decode_step_ms(running_requests(self), self._slo_kv_used_tokens() or 0),
+            slo_levers=slo.planner.settings.levers,
             shed=dict(counters.shed),
             intake_lag=counters.intake.summary(),
             max_queued_requests=engine.max_queued_requests,

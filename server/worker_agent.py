@@ -130,6 +130,7 @@ class WorkerAgent:
             tier_ms=self.config.tier_ms,
             time_scale=self.config.time_scale,
             max_input_tokens=max_input if isinstance(max_input, int) and max_input > 0 else None,
+            slo_levers=engine.get("slo_levers") is True,
         )
 
     async def _register(self) -> None:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from benchmarks.simulator.card import Card
 from benchmarks.simulator.pool import sglang_chunk
 from benchmarks.simulator.speculative_decoding import APART
-from router.protocol import LoadReport, Register, load_report_to_view, register_to_view
+from router.protocol import LoadReport, Register
+from router.report_views import load_report_to_view, register_to_view
 from router.routing_views import WorkerView
 from scheduler.components.meter import PREFILL_PROBE_TOKENS
 from scheduler.core.analyzer.spec import DEFAULT_LENGTH_PREDICTOR, live_length_bounds
@@ -97,6 +98,7 @@ class SimWorker:
             max_running=options.max_running,
             role=role,
             bootstrap_port=1 if role == PREFILL else None,
+            slo_levers=settings.levers,
         )
         self.view: WorkerView = register_to_view(self.registration, clock())
         # the agent's side

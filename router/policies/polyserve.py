@@ -132,7 +132,13 @@ class PolyServePolicy(RoutingPolicy):
     # -- feasibility -------------------------------------------------------------------------
 
     def next_iteration_s(self, w: WorkerView) -> float:
-        base = w.iteration_s if w.iteration_s > 0 else w.decode_s_per_token
+        """The step a new resident would decode at. An engine with the SLO levers shrinks its
+        prefill chunks to keep the tightest resident's TPOT, so its tier holds while the plain
+        decode step does; the measured steps (chunks mixed in) would refuse tiers it keeps."""
+        if w.slo_levers and w.role != DECODE and w.decode_step_s > 0:
+            base = w.decode_step_s
+        else:
+            base = w.iteration_s if w.iteration_s > 0 else w.decode_s_per_token
         return base * (1.0 + self.batch_growth * (_pending(w) + 1) / max(w.running, 1))
 
     def fits(self, w: WorkerView, req: RouteRequest, l_out: int, tier_ms: float | None, now: float) -> bool:

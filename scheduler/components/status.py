@@ -45,6 +45,7 @@ class SchedulerStatus:
     # The perf model's plain decode step at the running batch and its KV: the router's admission
     # plans batches from it (the measured token gaps also carry the prefill mixed into each step).
     decode_step_ms: float | None = None
+    slo_levers: bool = False  # steps sized to the tightest resident's TPOT (the router's tier check reads it)
     shed: dict[str, int] = field(default_factory=dict)  # requests shed, by public reason
     intake_lag: dict[str, Any] | None = None  # HTTP edge -> scheduler intake, ms (IntakeLag)
     max_queued_requests: int | None = None

@@ -37,6 +37,22 @@ def test_routes_to_the_highest_load_instance_that_fits() -> None:
     assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), ws, now=0.0).worker_id == "low"
 
 
+def test_an_slo_lever_engine_keeps_a_tier_by_its_plain_decode_step() -> None:
+    # Its measured steps carry prefill chunks (60 ms > the 50 ms tier), but an engine with the
+    # SLO levers shrinks those chunks to keep its residents' TPOT: its 30 ms decode step decides.
+    def busy(levers: bool):
+        return _inst("busy", 50.0, running=10, iteration_s=0.06, decode_step_s=0.03, slo_levers=levers)
+
+    stock = [busy(False), _inst("spare", 50.0, running=1)]
+    assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), stock, now=0.0).worker_id == "spare"
+    levered = [busy(True), _inst("spare", 50.0, running=1)]
+    d = PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), levered, now=0.0)
+    assert (d.worker_id, d.reason) == ("busy", "tier")
+    # a decode step past the tier still refuses it
+    levered[0] = _inst("busy", 50.0, running=10, iteration_s=0.06, decode_step_s=0.049, slo_levers=True)
+    assert PolyServePolicy(PolyServeParams(tiers_ms=TIERS)).choose(_req(), levered, now=0.0).worker_id == "spare"
+
+
 def test_ttft_counts_queue_iteration_wait_and_prefill() -> None:
     ws = [_inst("queued", 50.0, running=10, queue_delay_s=0.9, prefill_s_per_token=0.0002), _inst("free", 50.0)]
     # 0.9 + 0.02 + 0.1 > 1 s TTFT on the busier instance.

@@ -30,9 +30,8 @@ from router.protocol import (
     Submit,
     TokenChunk,
     decode,
-    load_report_to_view,
-    register_to_view,
 )
+from router.report_views import load_report_to_view, register_to_view
 
 NONCE = "ab" * 16
 
@@ -204,6 +203,7 @@ MALFORMED: list[tuple[str, Any, str]] = [
     ("prefill without a bootstrap port", _wire(REGISTER, role="prefill"), "bootstrap_port"),
     ("bootstrap port out of range", _wire(REGISTER, role="prefill", bootstrap_port=70000), "bootstrap_port"),
     ("negative tier", _wire(REGISTER, tier_ms=-5), "tier_ms"),
+    ("slo_levers not a boolean", _wire(REGISTER, slo_levers="yes"), "slo_levers"),
     ("bootstrap not an object", _wire(SUBMIT, bootstrap=[1]), "bootstrap"),
     ("bootstrap without a room", _wire(SUBMIT, bootstrap={"host": "h", "port": 1}), "bootstrap.room"),
     ("bootstrap port a string", _wire(SUBMIT, bootstrap={"host": "h", "port": "1", "room": 2}), "bootstrap.port"),
@@ -276,6 +276,10 @@ def test_load_report_to_view_maps_fields() -> None:
     assert view.decode_step_s == 0.0  # not reported
     stepped = load_report_to_view(replace(REPORT, decode_step_s=0.014), 5, 123.0, registration=REGISTER)
     assert stepped.decode_step_s == 0.014
+    assert not view.slo_levers  # a stock engine, as registered
+    levered = replace(REGISTER, slo_levers=True)
+    assert load_report_to_view(REPORT, 5, 123.0, registration=levered).slo_levers
+    assert register_to_view(levered, 10.0).slo_levers
 
 
 def test_load_report_to_view_refuses_mismatched_registration() -> None:

@@ -35,3 +35,13 @@ def test_the_status_reports_the_models_plain_decode_step_for_the_routers_admissi
     kv_used = s.max_total_num_tokens - 100
     # nothing running: one decode, over the KV the pool holds
     assert s.slo_status_snapshot()["decode_step_ms"] == pytest.approx(1000 * (0.01 + 1e-4 + 1e-8 * kv_used))
+
+
+@pytest.mark.parametrize(("policy", "levers"), [("slos", True), ("edf", True), ("sarathi", False), ("fcfs", False)])
+def test_the_status_says_whether_the_slo_levers_size_the_steps(policy: str, levers: bool) -> None:
+    # the router keeps a TPOT tier on such an engine by its plain decode step (PolyServe); the
+    # helper runs edf with the levers, as the server does for edf with `slo_levers=true`
+    s = slo_scheduler(policy=policy, startup_chunk=2048, perf=constant_model(0.01))
+    s.token_to_kv_pool_allocator = SimpleNamespace(available_size=lambda: 100)
+    s.tree_cache.evictable_size = lambda: 0
+    assert s.slo_status_snapshot()["slo_levers"] is levers

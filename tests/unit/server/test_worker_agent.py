@@ -185,3 +185,10 @@ def test_a_burst_of_register_again_answers_sends_one_register() -> None:
         assert len(registers) == 1 and not agent._refused
 
     asyncio.run(go())
+
+
+def test_registration_announces_whether_the_engine_applies_the_slo_levers() -> None:
+    assert not WorkerAgent(CONFIG, lambda: dict(ENGINE))._registration().slo_levers  # stock: not reported
+    levered = WorkerAgent(CONFIG, lambda: {**ENGINE, "slo_levers": True})._registration()
+    assert levered.slo_levers
+    assert not WorkerAgent(CONFIG, lambda: {**ENGINE, "slo_levers": "yes"})._registration().slo_levers
