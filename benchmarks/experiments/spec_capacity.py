@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--units", type=int, default=800)
     p.add_argument("--probes", type=int, default=7)
     p.add_argument("--start", type=float, default=4.0, help="the bisection's first rate (units/s)")
+    p.add_argument("--rel-tol", type=float, default=0.05, help="the bisection stops within this share of the rate")
     p.add_argument(
         "--seed-windows",
         action="store_true",
@@ -92,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
                     start_rate=args.start,
                     target=TARGET,
                     max_probes=args.probes,
-                    rel_tol=0.05,
+                    rel_tol=args.rel_tol,
                 )
                 res[f"{scenario}|{seed}|{label}"] = {
                     "capacity": r.capacity_rate or 0.0,

@@ -130,6 +130,7 @@ class SloSpeculation:
         self._memo: dict[tuple[Any, ...], dict[int, LengthChoice]] = {}
         self._memo_perf: PerfModel | None = None
         self._mixed_step_s = 0.0  # the prefill in view (at least a full chunk) beside these decodes
+        self._needs_drafts: list[RequestView] = []  # running requests a full mixed step would set back
         self.tiers: list[Tier] = []
         self.steps_used: dict[int, int] = {}  # verifies run at each length
         self._cuda_graph_bs: list[int] | None = None
@@ -172,8 +173,17 @@ class SloSpeculation:
         if self.decode_only_drafts:
             # the prefill the decodes will sit beside: what waits (a burst of long prompts is
             # many mixed steps in a row), at least a full chunk (an arrival's)
-            prefill = max(limit, pending_prefill(view, up_to=PENDING_CHUNKS * limit))
+            pending = pending_prefill(view, up_to=PENDING_CHUNKS * limit)
+            prefill = max(limit, pending)
             self._mixed_step_s = perf.step_time(prefill, len(view.running), kv)
+            # A request whose (tightened) TPOT outlasts the mixed steps ahead (what waits, else a
+            # prompt the size of the running ones: one chunk at most) keeps its schedule on
+            # every step: drafting cannot help it, and its longer decode-only steps delay every
+            # arrival's prefill.
+            typical = sum(r.prompt_len for r in view.running) // max(len(view.running), 1)
+            next_mixed_s = perf.step_time(min(limit, max(pending, typical)), len(view.running), kv)
+            longest = next_mixed_s * (1.0 + self.margin)
+            self._needs_drafts = [r for r, t in zip(view.running, tpots) if t is not None and t < longest]
         choices = self._choices(cost, alpha, kv, limit)
         self._per_tier_args = (cost, self.tiers, alpha, kv, limit, mixed)
         self.per_tier = None  # the paper's per-tier optimum: only reported, computed on demand
@@ -213,8 +223,8 @@ class SloSpeculation:
         if not base.feasible:
             return winner  # the TPOTs bind: no drafts cannot keep them
         if self.decode_only_drafts:
-            lead = least_lead_s(view.running, view.now)
-            if lead is not None and lead >= LEAD_MIXED_STEPS * self._mixed_step_s:
+            lead = least_lead_s(self._needs_drafts, view.now)
+            if lead is None or lead >= LEAD_MIXED_STEPS * self._mixed_step_s:
                 return base  # the schedules outlast the prefill in view (`_fastest_per_token`)
             return self._fastest_per_token(choices, base)
         if not self.draft_for_prefill:
@@ -233,11 +243,12 @@ class SloSpeculation:
         token a decode banks ahead of its deadline-based schedule is slack for the longer mixed
         steps. So the length with the least decode time per token, where it beats no drafting by
         the margin (the verify grows with the batch: a compute-bound batch gains nothing and
-        stays at no drafting). Only while some running request is nearer its next token's due
-        time than a few times what the prefill in view takes beside the decodes (what waits, at
-        least one full chunk: `update`, `LEAD_MIXED_STEPS`): with more slack than that the mixed
-        steps keep the TPOTs unaided, and a longer decode-only step only delays the next
-        prefill, which every arrival's TTFT waits out."""
+        stays at no drafting). Only while some running request whose TPOT is shorter than the
+        next mixed step is nearer its next token's due time than a few times what the prefill
+        in view takes beside the decodes (what waits, at least one full chunk: `update`,
+        `LEAD_MIXED_STEPS`): with more slack than that, or a longer TPOT, the mixed steps keep
+        the TPOTs unaided, and a longer decode-only step only delays the next prefill, which
+        every arrival's TTFT waits out."""
         feasible = [c for c in choices.values() if c.feasible]
         fastest = min(feasible, key=lambda c: (self._per_token_s(c), c.steps))
         return fastest if self._per_token_s(fastest) * (1.0 + self.margin) < self._per_token_s(base) else base

@@ -397,6 +397,20 @@ def test_decode_only_drafts_stay_at_none_while_the_schedules_outlast_the_prefill
     assert steps[0] == 0 and steps[1] == steps[2] > 0
 
 
+def test_decode_only_drafts_stay_at_none_where_every_tpot_outlasts_the_mixed_steps() -> None:
+    """Next tokens due now, but nothing waits beyond prompts the size of the running ones: a
+    mixed step takes less than the 30 ms TPOT, so every step keeps the schedules and drafting
+    would only lengthen the decode-only steps every arrival waits out. A burst of long prompts
+    makes the mixed steps longer than the TPOT, and then it drafts."""
+    assert PERF.step_time(1000, 32, 32 * 1010) < 0.030 < PERF.step_time(4000, 32, 32 * 1010)
+    c = controller(initial=0, dwell=2, decode_only_drafts=True)
+    assert [c.update(view((30, 32), lead_s=0.0, backlog=0), PERF) for _ in range(3)] == [0, 0, 0]
+    steps = [c.update(view((30, 32), lead_s=0.0, backlog=4000), PERF) for _ in range(3)]
+    assert steps[0] == 0 and steps[-1] > 0
+    drafting = controller(initial=4, dwell=2, decode_only_drafts=True)
+    assert [drafting.update(view((30, 32), lead_s=0.0, backlog=0), PERF) for _ in range(3)] == [4, 0, 0]
+
+
 def test_decode_only_drafts_stay_at_none_on_a_compute_bound_batch() -> None:
     """Where the verify tokens set the step time, a longer verify takes as long per token as the
     plain decodes: no length beats none by the margin."""
