@@ -218,18 +218,29 @@ class PolyServePolicy(RoutingPolicy):
         self, alive: Sequence[WorkerView], req: RouteRequest, l_out: int, tier: float, now: float
     ) -> WorkerView:
         """Best effort: the least loaded instance whose residents already need `tier` or tighter
-        and that still has room for the request (slot, KV, TTFT; its step may exceed the tier),
-        when there is one, else the least loaded. An SLO-lever engine (a PD decode instance, or a
-        co-located one) caps its batch at what the tightest TPOT among its requests allows, so a
-        tight request on a looser instance shrinks that instance's batch for every resident: its
-        prompts and transferred requests queue, past their TTFTs."""
-        tight = [w for w in alive if self._tightest(w.worker_id) <= tier and self._has_room(w, req, l_out, now)]
-        return least_loaded(tight) if tight else least_loaded(alive)
+        and that has room for the request (`_has_room`; its step may exceed the tier): an
+        SLO-lever engine caps its batch at its tightest resident's TPOT, so a tight request on a
+        looser instance shrinks that instance's batch for every resident. In a PD decode pool a
+        request behind a full batch is late anyway: then any decode instance with room, then the
+        tight ones; else the least loaded instance."""
+        tight = [w for w in alive if self._tightest(w.worker_id) <= tier]
+        tight_room = [w for w in tight if self._has_room(w, req, l_out, now)]
+        if tight_room:
+            return least_loaded(tight_room)
+        decode_room = [w for w in alive if w.role == DECODE and self._has_room(w, req, l_out, now)]
+        if decode_room:
+            return least_loaded(decode_room)
+        tight_decode = [w for w in tight if w.role == DECODE]
+        return least_loaded(tight_decode) if tight_decode else least_loaded(alive)
 
     def _has_room(self, w: WorkerView, req: RouteRequest, l_out: int, now: float) -> bool:
-        """A PD decode instance always (its engine queues a transfer rather than miss the TPOT of
-        its residents); a co-located one if it fits but for its tier's step."""
-        return w.role == DECODE or self.fits(w, req, l_out, None, now)
+        """A PD decode instance while nothing waits there: its engine holds a transfer back once
+        its batch cap is full, and the request's second token is then late, where a looser
+        instance would shrink its batch to the request's TPOT and serve it at once. A co-located
+        one if it fits but for its tier's step."""
+        if w.role == DECODE:
+            return _pending(w) == 0
+        return self.fits(w, req, l_out, None, now)
 
     def _tightest(self, wid: str) -> float:
         residents = self._tiers_on.get(wid, _NONE)

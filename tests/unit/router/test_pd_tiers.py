@@ -131,3 +131,21 @@ def test_best_effort_in_a_decode_pool_keeps_a_tight_request_off_looser_instances
     ]
     decision = policy.choose(RouteRequest(rid="t2", prompt_tokens=100, slo=tight.slo, arrival_s=10.0), full, 10.0)
     assert decision.reason == "best_effort" and decision.worker_id == "d1"
+
+
+def test_best_effort_in_a_decode_pool_sends_a_tight_request_past_a_full_tight_instance() -> None:
+    # The 50 ms instance holds transferred requests back (its batch cap is full), the 100 ms one
+    # has room: there the request decodes at once, its engine shrinking its batch to 50 ms, where
+    # behind the full batch its second token would be late.
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=(50.0, 100.0), release_after_s=None))
+    idle = [_view("d0", DECODE, iteration_s=0.01), _view("d1", DECODE, iteration_s=0.01)]
+    loose = RouteRequest(rid="l", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=100.0), arrival_s=10.0)
+    tight = RouteRequest(rid="t", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=50.0), arrival_s=10.0)
+    assert policy.choose(loose, idle, 10.0).worker_id == "d0"
+    assert policy.choose(tight, [idle[1]], 10.0).worker_id == "d1"
+    views = [
+        _view("d0", DECODE, iteration_s=0.06, running=8, inflight=8),  # room, but its step is past 50 ms
+        _view("d1", DECODE, iteration_s=0.01, queue_len=1, inflight=3),
+    ]
+    decision = policy.choose(RouteRequest(rid="t2", prompt_tokens=100, slo=tight.slo, arrival_s=10.0), views, 10.0)
+    assert (decision.reason, decision.worker_id) == ("best_effort", "d0")
