@@ -115,21 +115,32 @@ def test_the_decode_check_spends_what_the_prefill_chooser_left_of_the_ttft() -> 
     assert policy.fits(slow, loose, 64, 100.0, 10.0)
 
 
+TIGHT = SloSpec(ttft_ms=1000.0, tpot_ms=50.0)
+
+
+def _two_tier_decode_pool() -> PolyServePolicy:
+    """A policy whose decode instance d0 serves the 100 ms tier and d1 the 50 ms one."""
+    policy = PolyServePolicy(PolyServeParams(tiers_ms=(50.0, 100.0), release_after_s=None))
+    idle = [_view("d0", DECODE, iteration_s=0.01), _view("d1", DECODE, iteration_s=0.01)]
+    loose = RouteRequest(rid="l", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=100.0), arrival_s=10.0)
+    assert policy.choose(loose, idle, 10.0).worker_id == "d0"
+    assert (
+        policy.choose(RouteRequest(rid="t", prompt_tokens=100, slo=TIGHT, arrival_s=10.0), [idle[1]], 10.0).worker_id
+        == "d1"
+    )
+    return policy
+
+
 def test_best_effort_in_a_decode_pool_keeps_a_tight_request_off_looser_instances() -> None:
     # No instance fits (both engines hold transferred requests back). A 50 ms request then goes
     # to the instance already serving 50 ms, though the 100 ms one is less loaded: on the looser
     # one it would shrink the engine's batch cap for all its residents.
-    policy = PolyServePolicy(PolyServeParams(tiers_ms=(50.0, 100.0), release_after_s=None))
-    idle = [_view("d0", DECODE, iteration_s=0.01), _view("d1", DECODE, iteration_s=0.01)]
-    loose = RouteRequest(rid="l", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=100.0), arrival_s=10.0)
-    tight = RouteRequest(rid="t", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=50.0), arrival_s=10.0)
-    assert policy.choose(loose, idle, 10.0).worker_id == "d0"
-    assert policy.choose(tight, [idle[1]], 10.0).worker_id == "d1"  # d1 joins the 50 ms tier
     full = [
         _view("d0", DECODE, iteration_s=0.01, queue_len=1, inflight=1),
         _view("d1", DECODE, iteration_s=0.01, queue_len=1, inflight=5),
     ]
-    decision = policy.choose(RouteRequest(rid="t2", prompt_tokens=100, slo=tight.slo, arrival_s=10.0), full, 10.0)
+    req = RouteRequest(rid="t2", prompt_tokens=100, slo=TIGHT, arrival_s=10.0)
+    decision = _two_tier_decode_pool().choose(req, full, 10.0)
     assert decision.reason == "best_effort" and decision.worker_id == "d1"
 
 
@@ -137,15 +148,10 @@ def test_best_effort_in_a_decode_pool_sends_a_tight_request_past_a_full_tight_in
     # The 50 ms instance holds transferred requests back (its batch cap is full), the 100 ms one
     # has room: there the request decodes at once, its engine shrinking its batch to 50 ms, where
     # behind the full batch its second token would be late.
-    policy = PolyServePolicy(PolyServeParams(tiers_ms=(50.0, 100.0), release_after_s=None))
-    idle = [_view("d0", DECODE, iteration_s=0.01), _view("d1", DECODE, iteration_s=0.01)]
-    loose = RouteRequest(rid="l", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=100.0), arrival_s=10.0)
-    tight = RouteRequest(rid="t", prompt_tokens=100, slo=SloSpec(ttft_ms=1000.0, tpot_ms=50.0), arrival_s=10.0)
-    assert policy.choose(loose, idle, 10.0).worker_id == "d0"
-    assert policy.choose(tight, [idle[1]], 10.0).worker_id == "d1"
     views = [
         _view("d0", DECODE, iteration_s=0.06, running=8, inflight=8),  # room, but its step is past 50 ms
         _view("d1", DECODE, iteration_s=0.01, queue_len=1, inflight=3),
     ]
-    decision = policy.choose(RouteRequest(rid="t2", prompt_tokens=100, slo=tight.slo, arrival_s=10.0), views, 10.0)
+    req = RouteRequest(rid="t2", prompt_tokens=100, slo=TIGHT, arrival_s=10.0)
+    decision = _two_tier_decode_pool().choose(req, views, 10.0)
     assert (decision.reason, decision.worker_id) == ("best_effort", "d0")
