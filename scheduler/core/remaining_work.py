@@ -81,6 +81,31 @@ def lost_causes(
     return (lat & (earliest > due)) | (has_dl & (earliest > nan_as(deadline, np.inf)))
 
 
+def backlogged_first_tokens(
+    a: ReqArrays, sp: Speeds, now: float, order: np.ndarray, t_prefill: np.ndarray | None = None
+) -> np.ndarray:
+    """Waiting latency requests still without a first token (a mask over the first
+    a.n_waiting) whose first token, served in `order` (waiting positions) behind the running
+    prefills and the waiting prefills before it, at full speed, comes after its TTFT. Each
+    alone may still fit its window (`lost_causes` keeps it); in a burst serving them all
+    makes the ones behind late too. Found twice: the requests found late the first time no
+    longer count ahead of the rest, which may then make theirs."""
+    nw = a.n_waiting
+    t_pref = t_prefill if t_prefill is not None else sp.prefill_time(remaining_prefill(a))
+    ahead = now + float(t_pref[nw:].sum())  # the running prefills first
+    pref = t_pref[order]
+    due = a.arrival[order] + a.ttft_s[order]  # nan without a TTFT: never late below
+    watch = (a.cls[order] == LATENCY) & ~a.started[order]
+    out = np.zeros(nw, dtype=bool)
+    late = watch & (np.cumsum(pref) + ahead > due)
+    if not late.any():
+        return out
+    kept = np.where(late, 0.0, pref)
+    late = watch & (np.cumsum(kept) - kept + pref + ahead > due)
+    out[order[late]] = True
+    return out
+
+
 def remaining_work(a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray]:
     """(remaining prefill seconds, remaining total seconds) at full speed, upper-bound length.
     The iteration that finishes a prefill also emits a token, hence one decode step less."""

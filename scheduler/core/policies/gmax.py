@@ -44,7 +44,7 @@ from scheduler.core.perf_model import default_model
 from scheduler.core.policies._cutoff_tuner import CutoffTuner
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_waiting
 from scheduler.core.registry import require
-from scheduler.core.remaining_work import Speeds, latency_on_time_tokens, remaining_work
+from scheduler.core.remaining_work import Speeds, backlogged_first_tokens, latency_on_time_tokens, remaining_work
 from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, PerfModel, StepPlan
@@ -133,6 +133,13 @@ class GmaxParams:
     # requests back into the batch, and near capacity their prefills cost the first tokens of
     # long answers that could still make theirs (benchmarks/RESULTS.md, the sweep).
     defer_lost: bool = True
+    # With defer_lost: a waiting latency request whose first token cannot come by its TTFT
+    # behind the prefills ahead of it in GMAX's order (at full speed) is lost too
+    # (remaining_work.backlogged_first_tokens). Judged alone, each request of a burst fits its
+    # window; GMAX started them all and missed the later ones' first tokens by a few steps. In
+    # the tier, the requests behind them make theirs, as SLOs-Serve's admission declines what
+    # the queue ahead makes late (the sweep: benchmarks/RESULTS.md).
+    defer_backlogged: bool = True
 
     def __post_init__(self) -> None:
         require(0.0 < self.cutoff <= 1.0, "cutoff", "must be in (0, 1]", self.cutoff)
@@ -172,6 +179,7 @@ class GmaxPolicy:
         self.prefill_alone = params.prefill_alone  # read by plan_path.settings_for
         self.best_effort_value = params.best_effort_value
         self.defer_lost = params.defer_lost
+        self.defer_backlogged = params.defer_backlogged
         grid = sorted(set(params.cutoff_grid) | {params.cutoff})
         epoch_steps = params.tune_epoch_frames * params.frame_steps
         self.tuner = CutoffTuner(grid, params.cutoff, epoch_steps=epoch_steps, enabled=params.tune_cutoff)
@@ -192,8 +200,8 @@ class GmaxPolicy:
         sp = sp if sp is not None else Speeds.from_view(self.perf, view)
         return self._scores(view, a, sp)[0]
 
-    def _scores(self, view: EngineView, a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray]:
-        """(priority, goodput still achievable before aging) per request."""
+    def _scores(self, view: EngineView, a: ReqArrays, sp: Speeds) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(priority, goodput still achievable before aging, remaining prefill seconds) per request."""
         now = view.now
         t_pref, t_gen = remaining_work(a, sp)
         t_gen = np.maximum(t_gen, sp.decode_s)
@@ -228,7 +236,7 @@ class GmaxPolicy:
         prio = aged / t_gen
         if self.fairness > 0:
             prio = fairness_blend(prio, a.attained, self.fairness)
-        return prio, goodput
+        return prio, goodput, t_pref
 
     def _urgency(self, a: ReqArrays, first_emit: np.ndarray, lat: np.ndarray) -> np.ndarray | float:
         """Goodput multiplier of the latency requests `lat`: 1 + latency_urgency, plus
@@ -262,7 +270,7 @@ class GmaxPolicy:
         self._observe(view, c)
 
         sp = Speeds.from_view(self.perf, view)
-        prio, worth = self._scores(view, a, sp)
+        prio, worth, t_pref = self._scores(view, a, sp)
         length = a.prompt + a.generated
         nw = a.n_waiting
         batch = view.max_running_requests
@@ -284,7 +292,10 @@ class GmaxPolicy:
         order_idx = np.concatenate(parts)
         positions = a.n_waiting == len(view.waiting)  # nothing dropped: positions in the view's queue
         if self.defer_lost:
-            order_idx = self._defer_lost(plan, a, worth, order_idx, positions)
+            lost = worth[:nw] <= 0
+            if self.defer_backlogged:
+                lost |= backlogged_first_tokens(a, sp, view.now, order_idx, t_pref)
+            order_idx = self._defer_lost(plan, a, lost, order_idx, positions)
         plan.order = a.rids_at(order_idx)
         if positions:
             plan.order_at = order_idx
@@ -297,11 +308,11 @@ class GmaxPolicy:
 
     @staticmethod
     def _defer_lost(
-        plan: StepPlan, a: ReqArrays, worth: np.ndarray, order_idx: np.ndarray, positions: bool
+        plan: StepPlan, a: ReqArrays, lost: np.ndarray, order_idx: np.ndarray, positions: bool
     ) -> np.ndarray:
-        """`order_idx` with the waiting SLO requests worth nothing moved to its end, in the tier."""
+        """`order_idx` with the waiting SLO requests `lost` (a mask over them) moved to its end, in the tier."""
         nw = a.n_waiting
-        lost = (worth[:nw] <= 0) & (a.cls[:nw] != BEST_EFFORT)
+        lost = lost & (a.cls[:nw] != BEST_EFFORT)
         if not lost.any():
             return order_idx
         at = lost.nonzero()[0]

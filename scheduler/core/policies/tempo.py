@@ -41,7 +41,7 @@ from scheduler.core.estimates import (
 from scheduler.core.pass_columns import columns_of
 from scheduler.core.perf_model import default_model
 from scheduler.core.registry import require
-from scheduler.core.remaining_work import Speeds, lost_causes, remaining_work
+from scheduler.core.remaining_work import Speeds, backlogged_first_tokens, lost_causes, remaining_work
 from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.row_reads import SloTable
 from scheduler.core.types import EngineView, PerfModel, StepPlan
@@ -101,6 +101,11 @@ class TempoParams:
     preempt_margin: float = 0.0
     default_output_len: float = DEFAULT_OUTPUT_LEN
     defer_lost: bool = True  # waiting work that can no longer meet its SLO runs after the rest
+    # With defer_lost: so does a latency request whose first token the prefills ahead of it in
+    # this order make late (remaining_work.backlogged_first_tokens): alone it fits its TTFT,
+    # behind the queue it does not, and served anyway it makes the requests behind it late too
+    # (the sweep: benchmarks/RESULTS.md).
+    defer_backlogged: bool = True
     # Judge a compound stage's gain and whether it is lost by its learned sub-deadline φ(s)·D
     # rather than its program's deadline D. By default the sub-deadline sets only the stage's
     # time budget (its urgency, §4.1), while the gain is the program's, earned if D is met
@@ -146,6 +151,7 @@ class TempoPolicy:
         self.preempt_margin = params.preempt_margin
         self.default_output_len = params.default_output_len
         self.defer_lost = params.defer_lost
+        self.defer_backlogged = params.defer_backlogged
         self.stage_deadlines = params.stage_deadlines
         self.per_request = params.objective == "requests"
         self.decode_span_share = params.decode_span_share
@@ -225,6 +231,10 @@ class TempoPolicy:
         )
         slo_w = w_idx[~is_be_w & ~lost]
         slo_w = slo_w[lexsort_fast((a.arrival[slo_w], -prio[slo_w]))]  # densest first
+        if self.defer_lost and self.defer_backlogged:
+            late = backlogged_first_tokens(a, sp, view.now, slo_w, t_pref)
+            lost |= late
+            slo_w = slo_w[~late[slo_w]]
         lost_w = w_idx[lost]
         lost_w = lost_w[lexsort_fast((a.arrival[lost_w], -prio[lost_w]))]
 

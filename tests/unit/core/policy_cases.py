@@ -61,6 +61,21 @@ class RecordingPolicy:
         return StepPlan()
 
 
+def latency_burst(ttfts_ms: tuple[float, float, float]) -> EngineView:
+    """Three 1 000-token prompts just in, A, B and C, with these TTFTs and answers of 8, 16 and
+    32 tokens (so value per second and time budgets rank them A, B, C). On `small_gpu` each
+    prefills in 76 ms at full speed: alone, each makes a TTFT above that."""
+
+    def latency(ttft_ms: float) -> SloSpec:
+        return SloSpec(ttft_ms=ttft_ms, tpot_ms=1_000, slo_class=SloClass.LATENCY)
+
+    reqs = [
+        RequestView(rid=rid, slo=latency(ttft), arrival=0.0, prompt_len=1_000, predicted_output_len=out)
+        for rid, ttft, out in zip("ABC", ttfts_ms, (8, 16, 32), strict=True)
+    ]
+    return policy_view(reqs, cap=8, step=1)
+
+
 def deadline_request(
     rid: str,
     deadline_ms: float = 60_000,

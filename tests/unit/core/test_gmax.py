@@ -17,13 +17,14 @@ from scheduler.core.policies.gmax import GmaxParams, GmaxPolicy, best_window
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON
 from scheduler.core.sim import SimRequest
 from scheduler.core.slo import SloClass, SloSpec
-from scheduler.core.types import EngineView, RequestView
+from scheduler.core.types import EngineView, RequestView, StepPlan
 from tests.unit.core.policy_cases import (
     TAU,
     best_effort_finishes,
     d1_run,
     deadline_request,
     engine_views,
+    latency_burst,
     policy_view,
     preempts_only_every,
     run_single_slot,
@@ -342,6 +343,28 @@ def test_without_defer_lost_a_lost_request_keeps_its_aged_rank_outside_the_tier(
     assert list(plan.order)[0] == "lost"
     deferred = GmaxPolicy(GmaxParams(tune_cutoff=False), perf_model=small_gpu()).plan(view)
     assert list(deferred.order) == ["fresh", "lost"]
+
+
+def _burst_plan(defer_backlogged: bool, ttfts_ms: tuple[float, float, float]) -> StepPlan:
+    params = GmaxParams(
+        tune_cutoff=False, ttft_urgency=0.0, latency_urgency=0.0, aging_delta=0.0, defer_backlogged=defer_backlogged
+    )
+    return GmaxPolicy(params, perf_model=small_gpu()).plan(latency_burst(ttfts_ms))
+
+
+def test_a_first_token_the_prefills_ahead_make_late_runs_in_the_tier_so_the_next_one_makes_its():
+    # (latency_burst's prefills: B's TTFT fits alone but not behind A; C's fits behind A alone,
+    # not behind A and B.)
+    ttfts = (400.0, 140.0, 200.0)
+    plain = _burst_plan(False, ttfts)
+    assert not plain.best_effort and list(plain.order) == ["A", "B", "C"]
+    deferred = _burst_plan(True, ttfts)
+    assert set(deferred.best_effort) == {"B"}
+    assert list(deferred.order) == ["A", "C", "B"]
+
+
+def test_the_backlog_defers_nothing_that_makes_its_first_token_in_order():
+    assert not _burst_plan(True, (400.0, 400.0, 400.0)).best_effort
 
 
 # -- best effort (no SLO: no goodput of its own, δ's aging keeps it from starving) -----------

@@ -18,6 +18,7 @@ from tests.unit.core.policy_cases import (
     d1_run,
     deadline_request,
     engine_views,
+    latency_burst,
     policy_view,
     preempts_only_every,
     small_gpu,
@@ -221,3 +222,14 @@ def test_densities_are_finite_and_nonnegative():
     reqs = [deadline_request(f"r{i}", deadline_ms=float(10 ** (i % 6 + 1)), out=i + 1) for i in range(50)]
     d = TempoPolicy().densities(policy_view(reqs, now=0.5))
     assert np.all(np.isfinite(d)) and np.all(d >= 0)
+
+
+@pytest.mark.parametrize("defer_backlogged, tier, order", [(False, set(), "ABC"), (True, {"B"}, "ACB")])
+def test_a_first_token_the_prefills_ahead_make_late_runs_after_the_one_it_would_make_late(
+    defer_backlogged, tier, order
+):
+    # B's TTFT fits its prefill alone but not behind A's; C's fits behind A's alone.
+    view = latency_burst((400.0, 140.0, 200.0))
+    plan = TempoPolicy(TempoParams(defer_backlogged=defer_backlogged), perf_model=small_gpu()).plan(view)
+    assert set(plan.best_effort) == tier
+    assert "".join(plan.order) == order
