@@ -200,8 +200,8 @@ class ViewBuilder:
             if tier is not view.best_effort_tier:
                 view.best_effort_tier = tier
                 if entry[4] >= 0:
-                    rows.stale_rows.append(entry[4])
-                    rows.stale_views.append(view)
+                    rows.retiered[0].append(entry[4])
+                    rows.retiered[1].append(tier)
 
     def _refresh(self, view: RequestView, req: Any, n_out: int) -> None:
         view.generated = n_out
@@ -332,6 +332,7 @@ class _PassRowsBuilder:
         self.stale_rows: list[int] = []
         self.stale_views: list[RequestView] = []
         self.grown: tuple[list[int], list[int]] = ([], [])  # rows whose output count alone changed, the count
+        self.retiered: tuple[list[int], list[bool]] = ([], [])  # rows whose tier alone changed, the tier
         self.grown_blocks: list[tuple[np.ndarray, np.ndarray]] = []  # more of them, as arrays
 
     def grew(self, rows: np.ndarray, counts: np.ndarray) -> None:
@@ -345,6 +346,8 @@ class _PassRowsBuilder:
 
     def finish(self, cache: RowCache) -> np.ndarray:
         cache.rewrite(self.stale_rows, self.stale_views)
+        if self.retiered[0]:
+            cache.set_tier(*self.retiered)
         if self.grown[0]:
             cache.set_generated(*self.grown)
         for rows, counts in self.grown_blocks:

@@ -126,6 +126,11 @@ class RowCache:
         if views:
             self.dyn[:, rows] = dynamic_rows(views)
 
+    def set_tier(self, rows: Sequence[int], in_tier: Sequence[bool]) -> None:
+        """These views' best-effort tier changed, nothing else (a plan moved them into or out
+        of it): one row written, not the views' every per-pass number read again."""
+        self.dyn[DynamicRow.BE_TIER, rows] = in_tier
+
     def set_generated(self, rows: Sequence[int] | np.ndarray, generated: Sequence[int] | np.ndarray) -> None:
         """These views' output counts changed, nothing else (a decode step), and with them their
         attained service, which the adapter's views count as prompt + output."""
