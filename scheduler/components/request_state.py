@@ -150,14 +150,26 @@ class RequestStates:
         or joins it."""
         in_tier = np.zeros(len(waiting), dtype=bool)
         in_tier[tier_at] = True
-        changed = flips_at.tolist()
+        at = waiting.__getitem__
+        # Set operations in C, not a call per request: a policy's order can move hundreds of
+        # requests into the tier and out again on consecutive passes.
+        joining = set(map(at, flips_at[in_tier[flips_at]].tolist()))
+        leaving = set(map(at, flips_at[~in_tier[flips_at]].tolist()))
         if len(best_effort_at) and (self._declined_be or in_tier[best_effort_at].any()):
-            declined = self._declined
-            changed += [i for i in best_effort_at.tolist() if (waiting[i] in declined) != in_tier[i]]
-        for i in changed:
-            rid = waiting[i]
-            if rid in self._states:
-                self._set_tier(rid, bool(in_tier[i]))
+            be_in = in_tier[best_effort_at]
+            joining_be = set(map(at, best_effort_at[be_in].tolist()))
+            joining_be = (joining_be & self._states.keys()) - self._declined
+            leaving |= self._declined.intersection(map(at, best_effort_at[~be_in].tolist()))
+            self._declined_be |= joining_be
+            joining |= joining_be
+        joining = (joining & self._states.keys()) - self._declined
+        leaving &= self._declined
+        if joining or leaving:
+            self._declined |= joining
+            self._declined -= leaving
+            self._declined_be -= leaving
+            self._tier_changed |= joining
+            self._tier_changed |= leaving
 
     def _set_tier(self, rid: str, declined: bool) -> None:
         if declined == (rid in self._declined):
