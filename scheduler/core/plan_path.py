@@ -172,8 +172,10 @@ def finalize_plan(
         order = tuple(rid for rid in plan.order if rid not in drop) if drop else tuple(plan.order)
     preempt: tuple[str, ...] = ()
     if settings.role != DECODE and plan.preempt:
-        running = {r.rid for r in view.running}
-        preempt = tuple(dict.fromkeys(rid for rid in plan.preempt if rid in running))
+        running = set(c.rid_array[c.n_waiting :].tolist()) if c is not None else {r.rid for r in view.running}
+        preempt = tuple(dict.fromkeys(plan.preempt))  # each once, in the plan's order
+        if not running.issuperset(preempt):  # a policy may list every running request: one C check
+            preempt = tuple(rid for rid in preempt if rid in running)
     if settings.levers and c is None:
         c = columns_of(view)  # the levers and the hold read most of them
     cap, chunk, prefill = _levers(view, plan, settings, lever_model, c)

@@ -23,6 +23,7 @@ from scheduler.core.estimates import (
     token_due,
 )
 from scheduler.core.lost_hold import held_lost_at, held_lost_causes, past_due
+from scheduler.core.pass_columns import columns_of, sharing
 from scheduler.core.perf_model import constant_model, default_model, linear_model
 from scheduler.core.plan_path import LeverModel, PlanSettings, finalize_plan
 from scheduler.core.policies import make_policy
@@ -274,3 +275,24 @@ def test_gmax_books_each_running_requests_worth_as_per_request(seed: int, nw: in
                 worth *= GmaxParams().best_effort_value
             expected[r.rid] = (worth, due if due is not None else math.inf)
         assert policy._seen is not None and policy._seen.booked() == expected
+
+
+@pytest.mark.parametrize("seed,nw,nr", CASES)
+def test_the_preemptions_are_the_plans_running_rids_each_once(seed: int, nw: int, nr: int) -> None:
+    """A policy may list a victim twice, or one that is not running (a waiting rid, a stale
+    one); the finished plan preempts each running one once, in the plan's order, whether the
+    pass read its columns (which name the running rids) or not."""
+    rng = random.Random(seed)
+    for view in view_passes(seed, nw, nr):
+        running = [r.rid for r in view.running]
+        for _ in range(4):
+            pool = running + [r.rid for r in view.waiting][:3] + ["gone"]
+            listed = [rng.choice(pool) for _ in range(rng.randrange(len(pool) + 3))]
+            if running and rng.random() < 0.3:  # every running request, as an adversarial pass asks
+                listed = rng.sample(running, len(running))
+            expected = tuple(dict.fromkeys(rid for rid in listed if rid in set(running)))
+            plan = StepPlan(preempt=listed)
+            assert finalize_plan(view, plan, PlanSettings()).preempt == expected
+            with sharing(view):
+                columns_of(view)
+                assert finalize_plan(view, plan, PlanSettings()).preempt == expected
