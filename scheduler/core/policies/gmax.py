@@ -115,9 +115,10 @@ class GmaxParams:
     # reading: small prefills pace how fast GMAX starts requests, and its length bounds err long.
     chunk_step_ratio: float = 2.75
     # A step whose prefill starts a first token at risk runs without the decodes where their
-    # slack allows (batch_limits.prefill_alone; slos's and tempo's default). Off here: on the
-    # sweep it gained overall but brought gmax's weakest point down to the goal's floor (benchmarks/RESULTS.md).
-    prefill_alone: bool = False
+    # slack allows (batch_limits.prefill_alone, as slos and tempo): with `defer_backlogged`
+    # keeping the first tokens the queue makes late out of the way, the shorter step saves the
+    # ones a mixed step would make late (the sweep: benchmarks/RESULTS.md).
+    prefill_alone: bool = True
     # The same budget in tokens (0: none), e.g. 512 for vLLM's default as it is.
     chunk_cap: int = 0
     # goodput(r) of a best-effort request, as a share of a met SLO request's. The objective

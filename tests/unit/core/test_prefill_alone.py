@@ -70,8 +70,8 @@ def test_slos_prefills_alone_unless_told_not_to_and_only_under_mixed_batching() 
     view = _view(running, [_newcomer()], now=NOW)
     assert _alone(view)
     assert not _alone(view, settings_for(make_policy("slos", prefill_alone=False)))
-    assert not _alone(view, settings_for(make_policy("gmax")))  # a policy that does not ask
-    assert settings_for(make_policy("gmax", prefill_alone=True)).prefill_alone
+    assert not _alone(view, settings_for(make_policy("gmax", prefill_alone=False)))  # a policy that does not ask
+    assert settings_for(make_policy("gmax")).prefill_alone
     assert settings_for(make_policy("slos_oracle")).prefill_alone  # the oracle plans as its policy
     assert settings_for(make_policy("tempo")).prefill_alone
     assert not _alone(view, settings_for(make_policy("edf")))  # an ordering baseline: stock batching
