@@ -155,18 +155,18 @@ class RequestStates:
         # requests into the tier and out again on consecutive passes.
         joining = set(map(at, flips_at[in_tier[flips_at]].tolist()))
         leaving = set(map(at, flips_at[~in_tier[flips_at]].tolist()))
+        joining_be: set[str] = set()
         if len(best_effort_at) and (self._declined_be or in_tier[best_effort_at].any()):
             be_in = in_tier[best_effort_at]
             joining_be = set(map(at, best_effort_at[be_in].tolist()))
-            joining_be = (joining_be & self._states.keys()) - self._declined
-            leaving |= self._declined.intersection(map(at, best_effort_at[~be_in].tolist()))
-            self._declined_be |= joining_be
             joining |= joining_be
-        joining = (joining & self._states.keys()) - self._declined
+            leaving.update(map(at, best_effort_at[~be_in].tolist()))
+        joining = (joining & self._states.keys()) - self._declined  # known, and not in the tier yet
         leaving &= self._declined
         if joining or leaving:
             self._declined |= joining
             self._declined -= leaving
+            self._declined_be |= joining & joining_be
             self._declined_be -= leaving
             self._tier_changed |= joining
             self._tier_changed |= leaving
