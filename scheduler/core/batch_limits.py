@@ -179,7 +179,7 @@ def batch_levers(
     nw = c.n_waiting
     tightest = tightest_tpot(view, c)
     decodes = len(view.running)
-    kv = _running_kv(c)
+    kv = c.running_kv
     cap = None
     if tightest is not None:
         tpot = tightest * tokens_per_step
@@ -229,7 +229,7 @@ def banked_slack_chunk(view: EngineView, perf: PerfModel, c: ViewColumns, max_st
     longer than `max_step_s` (a caller's own per-step targets). None: nothing to protect."""
     if view.chunk_size <= 0:
         return None
-    kv = _running_kv(c)
+    kv = c.running_kv
     banked = _slack_room(view, perf, 1.0, True, c, kv)
     if banked is None:
         return None
@@ -237,18 +237,12 @@ def banked_slack_chunk(view: EngineView, perf: PerfModel, c: ViewColumns, max_st
     return _fit(perf, room, len(view.running), kv, view.chunk_size)
 
 
-def _running_kv(c: ViewColumns) -> int:
-    """KV tokens the running requests attend (whole token counts: the float sum is exact)."""
-    nw = c.n_waiting
-    return int((c.prompt[nw:] + c.generated[nw:]).sum())
-
-
 def step_ratio_chunk(view: EngineView, perf: PerfModel, ratio: float, columns: ViewColumns | None = None) -> int:
     """The largest chunk whose mixed step takes at most `ratio` plain decode steps of the
     running batch (of one decode when none runs), and at least MIN_CHUNK: a per-step prefill
     budget stated in time, so a card that prefills faster than it decodes gets more tokens."""
     c = columns if columns is not None else columns_of(view)
-    decodes, kv = len(view.running), _running_kv(c)
+    decodes, kv = len(view.running), c.running_kv
     budget = ratio * perf.step_time(0, max(decodes, 1), kv)
     return max(perf.max_chunk_within(budget, decodes, kv, max(view.chunk_size, MIN_CHUNK)), MIN_CHUNK)
 
@@ -270,7 +264,7 @@ def prefill_alone(view: EngineView, perf: PerfModel, chunk: int, c: ViewColumns)
     tokens = min(chunk, int(left[first].sum()))
     if tokens <= 0:
         return False
-    kv = _running_kv(c)
+    kv = c.running_kv
     mixed_s = perf.step_time(tokens, int(started.sum()), kv)
     ttft_left = c.arrival + c.ttft_s - view.now  # nan without a TTFT
     at_risk = first & (ttft_left > 0) & (ttft_left <= ALONE_URGENT_PASSES * mixed_s)

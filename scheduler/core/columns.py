@@ -359,6 +359,12 @@ class ViewColumns:
         return gidx
 
     @_Once
+    def running_kv(self) -> int:
+        """KV tokens the running requests attend (whole token counts: the float sum is exact)."""
+        nw = self.n_waiting
+        return int((self.prompt[nw:] + self.generated[nw:]).sum())
+
+    @_Once
     def next_due(self) -> np.ndarray:
         """`estimates.next_deadline` of each request (nan: none): the next token's due time for
         latency requests, the end-to-end (stage) deadline for deadline and compound ones."""
@@ -375,8 +381,7 @@ class ViewColumns:
     def token_due(self, index: np.ndarray, rows: slice = slice(None)) -> np.ndarray:
         """`estimates.token_due` of output token `index` of the requests at `rows` (nan without
         a TTFT), with the scalar form's arithmetic: arrival + (TTFT + index·TPOT) / 1000."""
-        tpot = nan_as(self.tpot_ms[rows], 0.0)
-        return self.arrival[rows] + (self.ttft_ms[rows] + index * tpot) / 1000.0
+        return token_due_of(self.arrival[rows], self.ttft_ms[rows], self.tpot_ms[rows], index)
 
     def total_out(self, default_output_len: float) -> np.ndarray:
         """`estimates.output_bound` of each request (upper-bound total output length)."""
@@ -386,6 +391,11 @@ class ViewColumns:
                 self.predicted, self.max_new, self.generated, default_output_len
             )
         return out
+
+
+def token_due_of(arrival: np.ndarray, ttft_ms: np.ndarray, tpot_ms: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """`estimates.token_due` of output token `index`, as columns (nan without a TTFT)."""
+    return arrival + (ttft_ms + index * nan_as(tpot_ms, 0.0)) / 1000.0
 
 
 def rows_among(rows: np.ndarray, among: np.ndarray) -> np.ndarray:

@@ -79,7 +79,7 @@ def decode_cap(
     nw = c.n_waiting
     decodes = len(view.running)
     if decodes:
-        per_req_kv = float((c.prompt[nw:] + c.generated[nw:]).sum()) / decodes
+        per_req_kv = c.running_kv / decodes
     else:
         per_req_kv = float(c.prompt[:nw].sum()) / max(nw, 1)
     budget = step * tokens_per_step / (1 + STEP_MARGIN)

@@ -122,16 +122,14 @@ def latency_on_time_tokens(a: ReqArrays, first_emit: np.ndarray, decode_s: float
     arrival + ttft + j·tpot, so the on-time set is a suffix (or prefix) of the remaining ones."""
     g = a.generated
     total = np.maximum(a.total_out, g + 1.0)
+    left = total - g
     k = a.arrival + nan_as(a.ttft_s, np.inf) - first_emit + g * decode_s
     s = decode_s - a.tpot_s
     with np.errstate(divide="ignore", invalid="ignore"):
         bound = k / s
-    # s < 0: on time for j >= ceil(bound); s > 0: on time for j <= floor(bound); s == 0: all iff k >= 0.
-    # (nan_as and minimum/maximum, not nan_to_num and clip: the same numbers at a third of the
-    # cost; an infinite bound stays infinite, which the min/max below treat as the huge finite
-    # one nan_to_num would make.)
-    lo = np.where(s < 0, np.maximum(g, np.ceil(nan_as(bound, 0.0))), g)
-    hi = np.where(s > 0, np.minimum(total - 1, np.floor(nan_as(bound, -1.0))), total - 1)
-    count = np.minimum(np.maximum(hi - lo + 1, 0.0), total - g)
-    count = np.where((s == 0) & (k < 0), 0.0, count)
-    return np.where(np.isfinite(a.ttft_s), count, total - g)
+    # Token j is on time iff j·s <= k. s > 0: j <= floor(bound), s < 0: j >= ceil(bound), both
+    # within [g, total); the clamp to [0, left] takes the range's own ends. s == 0: all iff
+    # k >= 0. (bound is NaN only where s == 0 or there is no TTFT, both set apart below.)
+    count = np.minimum(np.maximum(np.where(s > 0, np.floor(bound) - g + 1.0, total - np.ceil(bound)), 0.0), left)
+    count = np.where(s == 0, np.where(k >= 0, left, 0.0), count)
+    return np.where(np.isfinite(a.ttft_s), count, left)

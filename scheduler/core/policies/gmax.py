@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.batch_limits import MIN_CHUNK
-from scheduler.core.columns import ViewColumns, rows_among
+from scheduler.core.columns import ViewColumns, rows_among, token_due_of
 from scheduler.core.estimates import (
     BEST_EFFORT,
     COMPOUND,
@@ -60,7 +60,7 @@ def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) 
         return np.empty(0, dtype=np.int64)
     if n <= size:
         return np.arange(n)
-    bp = -np.partition(-prio, size - 1)[size - 1]  # the B-th highest priority
+    bp = np.partition(prio, n - size)[n - size]  # the B-th highest priority
     cand = (prio >= bp * cutoff).nonzero()[0]
     if cand.size <= size:
         return cand
@@ -350,41 +350,60 @@ class GmaxPolicy:
         nw = c.n_waiting
         run = slice(nw, None)
         seen = self._seen
-        if seen is not None:
-            for i in seen.gone(c):
-                rid = seen.rids[i]
-                if rid not in self._removed and view.now <= seen.due[i] + 1e-9:
-                    self.tuner.reward(float(seen.worth[i]))
-        # What each running request is worth if it finishes now, and by when: a latency request
-        # its tokens so far while its next token is on time, others their whole context.
-        cls, generated, weight = c.cls[run], c.generated[run], c.weight[run]
-        next_due = c.token_due(generated, run)  # nan without a TTFT: never late
-        late = (cls == LATENCY) & (view.now > next_due)
-        if self.per_request:
+        gone = seen.gone(c) if seen is not None else []
+        if seen is not None and gone:
+            values, dues = seen.worth.of(np.array(gone, dtype=np.int64))
+            for i, value, by in zip(gone, values.tolist(), dues.tolist(), strict=True):
+                if seen.rids[i] not in self._removed and view.now <= by + 1e-9:
+                    self.tuner.reward(value)
+        # Only the requests that leave are ever valued, a few a pass: the running columns are
+        # kept as this pass read them, and the worth is worked out for the ones gone next pass.
+        booking = _Worth(c, view.now, self.per_request, self.best_effort_value, self.stage_deadlines)
+        self._seen = _Seen(c.rid_array[run], booking, c.row_keys(), nw)
+
+
+class _Worth:
+    """What each running request of one pass is worth if it finishes now, and by when: a latency
+    request one met SLO (or its tokens so far) while its next token is on time, others their
+    whole context; due at its deadline (+inf: none). Read from that pass's columns, kept as
+    they were (a pass's arrays are its own; nothing writes into them)."""
+
+    def __init__(self, c: ViewColumns, now: float, per_request: bool, best_effort_value: float, stage: bool) -> None:
+        run = slice(c.n_waiting, None)
+        self.now, self.per_request, self.best_effort_value = now, per_request, best_effort_value
+        self.cls, self.generated, self.weight = c.cls[run], c.generated[run], c.weight[run]
+        self.arrival, self.ttft_ms, self.tpot_ms = c.arrival[run], c.ttft_ms[run], c.tpot_ms[run]
+        self.prompt = None if per_request else c.prompt[run]
+        self.deadline = (c.deadline if stage else c.end_to_end_deadline)[run]
+
+    def of(self, at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(worth, due) of the requests at positions `at` among the running."""
+        cls, generated, weight = self.cls[at], self.generated[at], self.weight[at]
+        next_due = token_due_of(self.arrival[at], self.ttft_ms[at], self.tpot_ms[at], generated)  # nan: never late
+        late = (cls == LATENCY) & (self.now > next_due)
+        if self.prompt is None:
             worth = weight.astype(float)
         else:
-            worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (c.prompt[run] + generated + 1.0))
+            worth = np.where(cls == LATENCY, weight * (generated + 1.0), weight * (self.prompt[at] + generated + 1.0))
         worth = np.where(late, 0.0, worth)
         worth = np.where(cls == BEST_EFFORT, worth * self.best_effort_value, worth)  # as priorities() counts it
-        deadline = (c.deadline if self.stage_deadlines else c.end_to_end_deadline)[run]
+        deadline = self.deadline[at]
         has_due = ((cls == DEADLINE) | (cls == COMPOUND)) & ~np.isnan(deadline)
-        due = np.where(has_due, deadline, np.inf)
-        self._seen = _Seen(c.rid_array[run], worth, due, c.row_keys(), nw)
+        return worth, np.where(has_due, deadline, np.inf)
 
 
 class _Seen:
-    """The running requests of one pass, what each is worth if it finishes, and by when."""
+    """The running requests of one pass, and what each is worth if it finishes, by when."""
 
-    def __init__(
-        self, rids: np.ndarray, worth: np.ndarray, due: np.ndarray, keys: tuple[int, np.ndarray] | None, nw: int
-    ) -> None:
-        self.rids, self.worth, self.due = rids, worth, due
+    def __init__(self, rids: np.ndarray, worth: _Worth, keys: tuple[int, np.ndarray] | None, nw: int) -> None:
+        self.rids, self.worth = rids, worth
         self.epoch = keys[0] if keys is not None else None
         self.rows = keys[1][nw:] if keys is not None else None
 
     def booked(self) -> dict[str, tuple[float, float]]:
         """rid -> (worth, due), as the tuner is rewarded from."""
-        return dict(zip(self.rids.tolist(), zip(self.worth.tolist(), self.due.tolist(), strict=True), strict=True))
+        worth, due = self.worth.of(np.arange(len(self.rids)))
+        return dict(zip(self.rids.tolist(), zip(worth.tolist(), due.tolist(), strict=True), strict=True))
 
     def gone(self, c: ViewColumns) -> list[int]:
         """Which of them are neither running nor waiting now (an engine retraction is not a
