@@ -20,4 +20,5 @@ In virtual time (the simulators) or offline:
   ceiling               how many of a workload's requests a card could finish at all
   gain_plot             goodput x fcfs against load from `benchmarks.simulator.engine --json` files
   decision_latency      how long each policy takes to decide, per step and per request
+  plan_path_latency     its plan-path part: one adapter pass, on recorded and adversarial states
 """

@@ -15,29 +15,20 @@ requests per worker, built through the registry as the router builds it. Then on
 migration check over 4 running requests per worker. A decision should stay far below a request's
 own latency budget (GoodServe reports 5 ms at 512 instances).
 
-Plan path: what the SGLang adapter does per scheduling pass with 256 running requests of SGLang's
-shape (rid, sampling_params with the injected SLO, origin_input_ids, output_ids, token stamps,
-prefix length), each running one a token further every pass, as after a decode step: build the
-views from them, ask the policy and finish its plan on the one plan path (with the levers sized
-by the perf model), and apply it to the waiting queue (drops split off, the queue sorted, tiers
-marked). The engine step advances every pass, so preemption quanta and frames fall where they
-would. States (plan_path_states.py): the usual mix at 1 000 and 10 000 waiting, and five states
-built to be adversarial for some policy, at 1 000 waiting. p50, p99 and max over 200 passes
-(60 at 10 000) after 3 warm ones, and the passes whose search ran out of its budget. The plan
-keeps the card idle while it runs and the worst pass decides, so the goals are on the tail:
-p99 <= 1 ms at 1 000 waiting, <= 5 ms at 10 000, and max <= 2 x p99; an H100 decode step of
-Llama-3-8B is ~7 ms.
+Plan path (plan_path_latency.py): what the SGLang adapter does per scheduling pass with 256
+running requests, on the usual mix at 1 000 and 10 000 waiting and on five adversarial states;
+p50, p99 and max per pass (goals: p99 <= 1 ms at 1 000 waiting, <= 5 ms at 10 000, max <= 2 x
+p99), with `--repeats N` the median of N interleaved runs.
 
 Policies come from the registries, so ones added later are measured too. Not a test (timings
 depend on the machine). Run from the repository root: `python benchmarks/experiments/decision_latency.py
-[--json] [--part engine|plan-path|router] [--passes N] [--policies ...]`; the repo root is put on
+[--json] [--part engine|plan-path|router] [--passes N] [--repeats N] [--policies ...]`; the repo root is put on
 sys.path by this script.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import random
 import statistics
@@ -48,30 +39,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.experiments.dp_work_rate import dp_units_per_ms  # noqa: E402
+from benchmarks.experiments.plan_path_latency import bench_plan_path, plan_path_states, print_plan_path  # noqa: E402
 from benchmarks.experiments.plan_path_states import (  # noqa: E402
     ENGINE_NOW,
     RUNNING,
-    PlanState,
-    adversarial_states,
     make_view,
-    sglang_reqs,
-    usual_state,
 )
 from router.policies import ROUTING_POLICIES, RoutingContext, RoutingPolicy  # noqa: E402
 from router.routing_views import RouteRequest, RunningView, WorkerView  # noqa: E402
-from scheduler.components.plan_applier import held_positions, order_waiting, set_aside  # noqa: E402
-from scheduler.components.planner import PassPlanner  # noqa: E402
-from scheduler.components.request_state import RequestStates  # noqa: E402
-from scheduler.components.views import EngineLimits, ViewBuilder  # noqa: E402
-from scheduler.core.clock import WallClock  # noqa: E402
-from scheduler.core.compound import CompoundDeadlines  # noqa: E402
 from scheduler.core.perf_model import default_model  # noqa: E402
-from scheduler.core.plan_path import LeverModel, settings_for  # noqa: E402
 from scheduler.core.policies import POLICIES, PolicyContext  # noqa: E402
 from scheduler.core.slo import SloClass, SloSpec  # noqa: E402
 from scheduler.core.slos_serve.dp import DpItem, TierBudget  # noqa: E402
@@ -281,133 +260,6 @@ def bench_routing(
 # -- report ----------------------------------------------------------------------------------
 
 
-def _passes_ms(
-    one_pass: Callable[[int], object], passes: int, between: Callable[[], object], warm: int = 3
-) -> tuple[list[float], list[float]]:
-    """(wall, CPU) ms of each of `passes` calls of `one_pass(k)` after `warm` untimed ones (a
-    server's passes run warm: its first pass builds every row); `between` runs untimed before
-    each call. The CPU time is this thread's own: what the pass costs, without the time other
-    processes on a busy host take from it, which the wall time includes."""
-    wall, cpu = [], []
-    for k in range(warm + passes):
-        between()
-        t0, c0 = time.perf_counter(), time.thread_time()
-        one_pass(k)
-        t1, c1 = time.perf_counter(), time.thread_time()
-        if k >= warm:
-            wall.append((t1 - t0) * 1000.0)
-            cpu.append((c1 - c0) * 1000.0)
-    return wall, cpu
-
-
-def _tail(samples: list[float]) -> dict[str, float]:
-    return {"p50": statistics.median(samples), "p99": float(np.percentile(samples, 99)), "max": max(samples)}
-
-
-def _state_passes(state: PlanState, name: str, passes: int, clock: WallClock) -> dict[str, Any] | str:
-    """p50/p99/max ms of `name`'s adapter passes over `state`, and its budget fallbacks."""
-    waiting, running_reqs = sglang_reqs(state, clock)
-    limits = EngineLimits(RUNNING, 8192, 600_000, 1_000_000, 0)
-    states = RequestStates()
-    views = ViewBuilder(states, clock, CompoundDeadlines())
-    perf = default_model()
-    base, _, given = name.partition(":")  # "slos:search_budget_ms=1.0": a policy with parameters
-    params = {k: json.loads(v) for k, v in (kv.split("=", 1) for kv in given.split(",") if kv)}
-    policy = POLICIES.make(base, params, PolicyContext(perf))
-    planner = PassPlanner(policy, settings_for(policy))
-    levers = LeverModel(perf)
-    queue = list(waiting)
-
-    def one_pass(k: int) -> None:
-        engine_view = views.engine_view(queue, running_reqs, replace(limits, step=state.step_of(k)))
-        plan = planner.plan(engine_view, levers)
-        if plan is not None:  # as the adapter applies it, drops aside (the load stays fixed)
-            viewed = views.waiting_rids(queue)
-            perm = order_waiting(queue, plan, states, viewed)
-            views.queue.applied(queue, perm)
-            if plan.hold:  # _slo_admit: the held requests wait out the admission walk aside
-                at = held_positions(plan, perm, len(queue)) if viewed is not None else None
-                held = set_aside(queue, plan.hold, at)
-                views.held_to_tail(plan.hold, at, queue, held)
-                queue.extend(held)
-
-    def decode_step() -> None:  # every pass, each running request has one more token
-        now = clock.now()
-        for req in running_reqs:
-            req.decode_one(now)
-
-    try:
-        gc.collect()  # the policies timed before leave garbage a server running one never has
-        wall, cpu = _passes_ms(one_pass, passes, decode_step)
-    except Exception as exc:  # report, keep measuring the others
-        return f"error: {type(exc).__name__}: {exc}"
-    if planner.errors:
-        return f"error: {planner.errors} failed plans"
-    return {
-        **_tail(wall),
-        "cpu": _tail(cpu),
-        "passes": passes,
-        "budget_fallbacks": planner.budget_fallbacks,
-    }
-
-
-def plan_path_states(adversarial: bool = True) -> list[tuple[PlanState, int]]:
-    """(state, timed passes): the usual mix at 1 000 and 10 000 waiting, then the adversarial
-    states at 1 000 waiting."""
-    out = [(usual_state(n), PLAN_PATH_PASSES[n]) for n in PLAN_PATH_QUEUED]
-    if adversarial:
-        out += [(s, PLAN_PATH_PASSES[1_000]) for s in adversarial_states(1_000)]
-    return out
-
-
-def bench_plan_path(
-    states: Sequence[tuple[PlanState, int]] | None = None, policies: Sequence[str] | None = None
-) -> dict[str, dict[str, dict[str, Any] | str]]:
-    """state -> policy -> p50/p99/max ms per adapter pass (views, plan, plan path, applying the
-    order), with the passes timed and the budget fallbacks among them."""
-    clock = WallClock()
-    out: dict[str, dict[str, dict[str, Any] | str]] = {}
-    for state, passes in states if states is not None else plan_path_states():
-        out[state.name] = {name: _state_passes(state, name, passes, clock) for name in policies or list(POLICIES)}
-    return out
-
-
-PLAN_PATH_QUEUED = (1_000, 10_000)
-PLAN_PATH_PASSES = {1_000: 200, 10_000: 60}
-PLAN_PATH_GOALS_MS = {"10,000": 5.0}  # every other state (1 000 waiting): 1 ms
-MAX_OVER_P99 = 2.0
-
-
-def plan_path_goal_met(state: str, cell: dict[str, Any] | str) -> bool:
-    """p99 within the state's goal and max within MAX_OVER_P99 x p99."""
-    if isinstance(cell, str):
-        return False
-    return cell["p99"] <= PLAN_PATH_GOALS_MS.get(state, 1.0) and cell["max"] <= MAX_OVER_P99 * cell["p99"]
-
-
-def print_plan_path(rows: dict[str, dict[str, dict[str, Any] | str]], cpu: bool = False) -> None:
-    states = list(rows)
-    names = list(dict.fromkeys(n for row in rows.values() for n in row))
-    print(
-        f"{'thread CPU' if cpu else 'wall'} p50 / p99 / max ms per adapter pass, 256 running "
-        "(ok: p99 <= goal and max <= 2 x p99; [n]: budget fallbacks)"
-    )
-    print(f"{'policy':<14}" + "".join(f"{s:>26}" for s in states))
-    for name in names:
-        cells = []
-        for state in states:
-            c = rows[state].get(name, "")
-            if cpu and isinstance(c, dict):
-                c = {**c, **c["cpu"]}
-            if isinstance(c, str):
-                cells.append(f"{c[:25]:>26}")
-                continue
-            flag = "ok" if plan_path_goal_met(state, c) else "!!"
-            spent = f"[{c['budget_fallbacks']}]" if c["budget_fallbacks"] else ""
-            cells.append(f"{c['p50']:.2f}/{c['p99']:.2f}/{c['max']:.2f} {flag}{spent}".rjust(26))
-        print(f"{name:<14}" + "".join(cells))
-
-
 def print_engine(policies: dict[str, dict[int, float | str]], dp: dict[str, float]) -> None:
     print(f"{'policy':<12}" + "".join(f"{n:>12,}" for n in QUEUED) + "   (median ms per plan(), 64 running)")
     for name, row in policies.items():
@@ -440,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--policies", nargs="*", default=[], help="plan path: only these policies (NAME or NAME:KEY=JSON,...)"
     )
     parser.add_argument("--usual-only", action="store_true", help="plan path: no adversarial states")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="plan path: runs per cell, interleaved; each statistic their median"
+    )
     args = parser.parse_args(argv)
     report: dict[str, Any] = {}
     if args.part in ("all", "engine"):
@@ -450,7 +305,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             states = [(s, args.passes) for s, _ in states]
         report["plan_path"] = {
             "running": RUNNING,
-            "states_ms": bench_plan_path(states, args.policies or None),
+            "states_ms": bench_plan_path(states, args.policies or None, args.repeats),
+            "repeats": args.repeats,
             "dp_units_per_ms": dp_units_per_ms(),
         }
     if args.part in ("all", "router"):

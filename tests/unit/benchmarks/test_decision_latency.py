@@ -8,13 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from benchmarks.experiments.decision_latency import (
-    MIGRATION_ROW,
-    bench_dp,
-    bench_plan_path,
-    bench_policies,
-    bench_routing,
-)
+from benchmarks.experiments.decision_latency import MIGRATION_ROW, bench_dp, bench_policies, bench_routing
+from benchmarks.experiments.plan_path_latency import _median_run, bench_plan_path
 from benchmarks.experiments.plan_path_states import adversarial_states, usual_state
 from router.policies import ROUTING_POLICIES
 from scheduler.core.policies import POLICIES
@@ -50,6 +45,35 @@ def test_every_slo_policy_runs_the_adapters_plan_path_on_every_state() -> None:
             assert isinstance(cell, dict), (state, name, cell)
             assert cell["p50"] <= cell["p99"] <= cell["max"] and cell["budget_fallbacks"] >= 0
             assert cell["cpu"]["p50"] <= cell["cpu"]["p99"] <= cell["cpu"]["max"]
+
+
+def test_repeated_runs_give_each_statistics_median_and_keep_each_runs_p99() -> None:
+    """Three runs of a cell: the median of each statistic, every run's p99 beside it, the
+    fallbacks summed; a failed run is reported, not averaged away."""
+    runs = [
+        {
+            "p50": p50,
+            "p99": p99,
+            "max": mx,
+            "cpu": {"p50": p50, "p99": p99, "max": mx},
+            "passes": 5,
+            "budget_fallbacks": 1,
+        }
+        for p50, p99, mx in ((0.5, 0.9, 1.0), (0.4, 2.0, 2.5), (0.6, 0.8, 0.9))
+    ]
+    cell = _median_run(runs)
+    assert isinstance(cell, dict)
+    assert (cell["p50"], cell["p99"], cell["max"]) == (0.5, 0.9, 1.0)
+    assert cell["cpu"]["p99_runs"] == [0.9, 2.0, 0.8] and cell["runs"] == 3 and cell["budget_fallbacks"] == 3
+    assert _median_run([*runs, "error: boom"]) == "error: boom"
+    assert _median_run(runs[:1]) is runs[0]
+
+
+def test_the_plan_path_repeats_every_cell() -> None:
+    rows = bench_plan_path([(usual_state(40, running=8), 3)], ["fcfs", "gmax"], repeats=2)
+    for cell in rows["40"].values():
+        assert isinstance(cell, dict) and cell["runs"] == 2 and len(cell["cpu"]["p99_runs"]) == 2
+        assert cell["cpu"]["p50"] <= cell["cpu"]["p99"] <= cell["cpu"]["max"]
 
 
 def test_every_routing_policy_decides_on_a_small_pool() -> None:
