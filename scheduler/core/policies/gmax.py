@@ -60,7 +60,7 @@ def best_window(prio: np.ndarray, length: np.ndarray, size: int, cutoff: float) 
         return np.empty(0, dtype=np.int64)
     if n <= size:
         return np.arange(n)
-    bp = np.partition(prio, n - size)[n - size]  # the B-th highest priority
+    bp = -np.partition(-prio, size - 1)[size - 1]  # the B-th highest priority
     cand = (prio >= bp * cutoff).nonzero()[0]
     if cand.size <= size:
         return cand
