@@ -296,6 +296,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--repeats", type=int, default=1, help="plan path: runs per cell, interleaved; each statistic their median"
     )
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
     report: dict[str, Any] = {}
     if args.part in ("all", "engine"):
         report["engine"] = {"queued": list(QUEUED), "policies_ms": bench_policies(), "dp_ms": bench_dp()}
