@@ -1,4 +1,5 @@
-"""Which best-effort-tier requests wait for a lull instead of starting now.
+"""Which best-effort-tier requests wait for a lull instead of starting now, and which running
+ones give their slot back to SLO work.
 
 SLOs-Serve's best-effort tier (§4.1) runs on capacity the SLO requests leave over, and the
 requests it takes during a burst are served in the quieter period after it (its Fig. 11). A
@@ -8,12 +9,19 @@ need. A waiting request whose first token or deadline is already past can no lon
 SLO under any schedule, so while any request with an SLO still to keep is in the engine it is
 held: not started, not dropped (its client still gets the whole answer, later). Requests that
 were declined but may still make it are not held: admission reconsiders them every pass.
+
+A tier request that started in a lull keeps its slot after it, and a tier that fills the
+batch in a lull leaves the next requests with an SLO no room under the batch cap: they wait
+for lost requests' whole answers and lose their own first tokens, and then they are lost in
+turn. So a running tier request whose SLO is lost yields its slot (it is retracted, as a
+preemption, and resumes later from the tokens it has) where the cap leaves the SLO work
+waiting no room, or the running batch is over the cap that work sets.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from itertools import compress
+from collections.abc import Collection, Set
+from itertools import compress, islice
 
 import numpy as np
 
@@ -75,3 +83,49 @@ def held_lost_at(view: EngineView, tier_at: np.ndarray, columns: ViewColumns | N
         (~in_tier & (cls[:nw] != BEST_EFFORT)).any()
     )
     return lost if slo_work else lost[:0]
+
+
+def tier_lost(c: ViewColumns, now: float) -> np.ndarray:
+    """The requests of the best-effort tier, waiting or running, whose SLO is already lost (a
+    best-effort job has none to lose): the plan path keeps them out of the SLO work's batch,
+    held while waiting and retracted where they take its room."""
+    return c.be_tier & (c.cls != BEST_EFFORT) & (c.losing_due < now)
+
+
+def yielding_lost(
+    view: EngineView,
+    cap: int,
+    tier_at: np.ndarray | None,
+    tier: Set[str],
+    dropped: Set[str],
+    preempted: Collection[str],
+    columns: ViewColumns | None = None,
+) -> list[str]:
+    """The decoding requests of the tier whose SLO is lost (their next token, deadline or a
+    compound stage's program deadline already past; a best-effort job has none to lose) to
+    retract so that the batch, less `preempted`, leaves room under `cap` for every waiting
+    request with an SLO outside the tier (`tier_at` its waiting positions, else `tier` its
+    rids), less those `dropped` this pass. Fewest tokens out first: the least work to redo
+    when each resumes."""
+    c = columns if columns is not None else columns_of(view)
+    nw = c.n_waiting
+    run = slice(nw, None)
+    lost = tier_lost(c, view.now)[run] & c.started[run]  # a prefill in flight cannot be retracted
+    if not lost.any():
+        return []
+    if tier_at is not None:
+        in_tier = np.zeros(nw, dtype=bool)
+        in_tier[tier_at] = True
+    else:
+        in_tier = np.fromiter((rid in tier for rid in c.rids[:nw]), dtype=bool, count=nw)
+    slo_waiting = ~in_tier & (c.cls[:nw] != BEST_EFFORT)
+    if dropped:
+        slo_waiting &= np.fromiter((rid not in dropped for rid in c.rids[:nw]), dtype=bool, count=nw)
+    waiting = int(np.count_nonzero(slo_waiting))
+    excess = waiting + len(view.running) - len(preempted) - cap
+    if excess <= 0:
+        return []
+    at = lost.nonzero()[0]
+    rids = c.rids
+    candidates = (rids[nw + i] for i in at[np.argsort(c.generated[run][at], kind="stable")].tolist())
+    return list(islice((rid for rid in candidates if rid not in preempted), excess))

@@ -15,7 +15,8 @@ simulator apply exactly the same plan and differ only in the engine underneath:
   both batching modes, then capped by the policy's own per-step token budget if it has one
   (`chunk_cap`);
 - under the SLO levers, best-effort-tier requests already past due are held while SLO work is
-  in the engine (`lost_hold`: the tier runs on what the SLO requests leave, SLOs-Serve §4.1);
+  in the engine, and running ones whose SLO is lost are retracted where the batch cap leaves
+  that work no room (`lost_hold`: the tier runs on what the SLO requests leave, SLOs-Serve §4.1);
 - when several tenants (API keys) have work waiting, the policy's order is blended with their
   fair-share order (`fairness.FairShare`, Tempo/JITServe §4.3), before any of the above reads
   it; stock fcfs and PD decode workers keep their order;
@@ -40,7 +41,7 @@ from scheduler.core.columns import RowCache, ViewColumns
 from scheduler.core.decode_admission import decode_cap
 from scheduler.core.estimates import BEST_EFFORT
 from scheduler.core.fairness import DEFAULT_TENANT_FAIRNESS, FairShare
-from scheduler.core.lost_hold import held_lost_at, held_lost_causes
+from scheduler.core.lost_hold import held_lost_at, held_lost_causes, yielding_lost
 from scheduler.core.pass_columns import columns_of, columns_read, sharing
 from scheduler.core.position_rids import PositionRids
 from scheduler.core.queue_timeout import QUEUE_TIMEOUT_REASON, expired_in_queue, expired_rids
@@ -205,6 +206,9 @@ def finalize_plan(
             hold = PositionRids(c.rid_array, hold_at) if hold_at.size else frozenset()
         else:
             hold = held_lost_causes(view, best_effort, c)
+    if settings.levers and settings.role == MIXED and cap is not None and c is not None:
+        yielding = yielding_lost(view, cap, tier_at, best_effort, drop.keys(), preempt, c)
+        preempt = (*preempt, *yielding) if yielding else preempt
     return FinalPlan(
         order=order,
         best_effort=best_effort,

@@ -9,7 +9,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.columns import ViewColumns
 from scheduler.core.estimates import COMPOUND, DEADLINE, LATENCY, nan_as, token_dues
+from scheduler.core.lost_hold import tier_lost
+from scheduler.core.pass_columns import columns_of
 from scheduler.core.req_arrays import ReqArrays
 from scheduler.core.types import EngineView, PerfModel
 
@@ -19,7 +22,11 @@ class Speeds:
     """Per-step time constants, read from the perf model once per plan (O(1) model calls).
 
     prefill_time(p) = ceil(p / chunk) * prefill_fixed + p * prefill_per_token, which is exact
-    for affine models; decode_s is one iteration at the current batch size."""
+    for affine models; decode_s is one iteration of the batch the SLO work will share: the
+    running and waiting requests up to the engine's cap, less the best-effort tier's lost ones,
+    which the plan path keeps out of it (lost_hold). Counted in, a tier that grew under overload
+    priced every newcomer's decode as if it ran beside the whole tier, every newcomer with a
+    tight TPOT looked lost, and it went to the tier too."""
 
     decode_s: float
     prefill_fixed: float
@@ -27,9 +34,11 @@ class Speeds:
     chunk: int
 
     @classmethod
-    def from_view(cls, perf: PerfModel, view: EngineView) -> Speeds:
+    def from_view(cls, perf: PerfModel, view: EngineView, columns: ViewColumns | None = None) -> Speeds:
         chunk = max(1, int(view.chunk_size))
-        batch = max(1, min(view.max_running_requests, len(view.running) + len(view.waiting)))
+        c = columns if columns is not None else columns_of(view)
+        kept_out = int(np.count_nonzero(tier_lost(c, view.now)))
+        batch = max(1, min(view.max_running_requests, len(view.running) + len(view.waiting) - kept_out))
         used_kv = max(0, view.total_kv_tokens - view.free_kv_tokens)
         decode_s = max(perf.step_time(0, batch, used_kv), 1e-9)
         t1 = perf.step_time(1, 0, 0)

@@ -270,7 +270,7 @@ class GmaxPolicy:
         running = list(view.running)
         self._observe(view, c)
 
-        sp = Speeds.from_view(self.perf, view)
+        sp = Speeds.from_view(self.perf, view, c)
         prio, worth, t_pref = self._scores(view, a, sp)
         length = a.prompt + a.generated
         nw = a.n_waiting

@@ -210,8 +210,9 @@ class TempoPolicy:
         return ReqArrays.from_columns(columns_of(view, self._slos), self.default_output_len)
 
     def plan(self, view: EngineView) -> StepPlan:
-        a = self._arrays(view)
-        sp = Speeds.from_view(self.perf, view)
+        c = columns_of(view, self._slos)
+        a = ReqArrays.from_columns(c, self.default_output_len)
+        sp = Speeds.from_view(self.perf, view, c)
         dens, t_pref = self._densities(view, a, sp)
         prio = dens
         slo_mask = a.cls != BEST_EFFORT

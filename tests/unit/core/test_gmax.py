@@ -367,6 +367,31 @@ def test_the_backlog_defers_nothing_that_makes_its_first_token_in_order():
     assert not _burst_plan(True, (400.0, 400.0, 400.0)).best_effort
 
 
+def _newcomer_beside(others: list[RequestView]) -> StepPlan:
+    """A newcomer whose 15 ms TPOT a small GPU keeps alone (an 8 ms step) but not beside 200
+    more decodes, planned with `others` waiting."""
+    slo = SloSpec(ttft_ms=500, tpot_ms=15, slo_class=SloClass.LATENCY)
+    fresh = RequestView(rid="fresh", slo=slo, arrival=10.0, prompt_len=100, predicted_output_len=50)
+    view = policy_view([*others, fresh], cap=256, step=1, now=10.0, free_kv=2 * 10**6)  # no KV in use
+    params = GmaxParams(tune_cutoff=False, defer_backlogged=False)  # its value alone, not the queue ahead
+    return GmaxPolicy(params, perf_model=small_gpu()).plan(view)
+
+
+def test_the_tiers_lost_requests_do_not_price_a_newcomer_out_of_its_tpot():
+    # Lost and in the tier, the plan path keeps them out of the SLO work's batch (held while
+    # waiting, retracted where they take its room): the newcomer is valued at its own batch.
+    lost_slo = SloSpec(ttft_ms=100, tpot_ms=15, slo_class=SloClass.LATENCY)
+    lost = [
+        RequestView(rid=f"lost{i}", slo=lost_slo, arrival=0.0, prompt_len=100, best_effort_tier=True)
+        for i in range(200)
+    ]
+    plan = _newcomer_beside(lost)
+    assert "fresh" not in plan.best_effort
+    # Best-effort jobs do run beside it: behind 200 of them its TPOT is out of reach.
+    jobs = [RequestView(rid=f"job{i}", slo=SloSpec(), arrival=0.0, prompt_len=100) for i in range(200)]
+    assert "fresh" in _newcomer_beside(jobs).best_effort
+
+
 # -- best effort (no SLO: no goodput of its own, δ's aging keeps it from starving) -----------
 
 

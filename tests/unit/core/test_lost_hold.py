@@ -111,3 +111,77 @@ def test_a_tier_given_as_positions_holds_what_the_same_tier_given_as_rids_holds(
     )
     assert by_positions.hold_at is not None and len(by_positions.hold_at) == 20
     assert by_positions.hold == by_rids.hold == {f"lost{i}" for i in range(20)}
+
+
+def _lost_stream(rid: str, slo: SloSpec = TTFT) -> RequestView:
+    """A running request of the tier whose next token was due long ago: its SLO is lost."""
+    return _req(rid, slo, arrival=0.0, first_token_time=1.0, generated=20, best_effort_tier=True)
+
+
+def test_a_lost_request_of_the_tier_yields_its_slot_to_slo_work_the_cap_leaves_no_room():
+    on_time = _req("on-time", arrival=NOW - 0.05, first_token_time=NOW - 0.01, generated=1)
+    late_few, late_many = _lost_stream("late-few"), _lost_stream("late-many")
+    late_many.generated = 80
+    batch_job = _req("batch-job", SloSpec(), arrival=0.0, first_token_time=1.0, generated=5)
+    running = [on_time, late_many, batch_job, late_few]
+    waiting = [_req("new-a"), _req("new-b"), _req("lost-waiting", arrival=0.0)]
+    view = policy_view(waiting, running, cap=8, now=NOW)
+    plan = StepPlan(order=["new-a", "new-b", "lost-waiting"], best_effort={"lost-waiting"}, batch_cap=4)
+    # Two requests with an SLO wait outside the tier, the cap is full: the two lost ones go, the
+    # one with the fewest tokens out first; never a request still on time or a best-effort job.
+    assert finalize_plan(view, plan, PlanSettings()).preempt == ("late-few", "late-many")
+    plan.batch_cap = 5  # room for one of them: one lost request yields
+    assert finalize_plan(view, plan, PlanSettings()).preempt == ("late-few",)
+    plan.batch_cap = 6
+    assert finalize_plan(view, plan, PlanSettings()).preempt == ()
+    plan.batch_cap = 4
+    # A lost one still prefilling has nothing to retract yet (SGLang retracts decoding requests).
+    prefilling = _req("prefilling", arrival=0.0, best_effort_tier=True)
+    view_prefilling = policy_view(waiting, [on_time, batch_job, prefilling, late_few], cap=8, now=NOW)
+    assert finalize_plan(view_prefilling, plan, PlanSettings()).preempt == ("late-few",)
+    # Only the tier's SLO requests count as work to make room for.
+    tier_only = StepPlan(order=["lost-waiting"], best_effort={"lost-waiting"}, batch_cap=4)
+    tier_view = policy_view(waiting[2:], running, cap=8, now=NOW)
+    assert finalize_plan(tier_view, tier_only, PlanSettings()).preempt == ()
+    # A batch over the cap the SLO work sets sheds its lost requests though nobody waits.
+    tier_only.batch_cap = 3
+    assert finalize_plan(tier_view, tier_only, PlanSettings()).preempt == ("late-few",)
+    # An ordering baseline reorders a stock engine, and a decode worker's requests hold their KV.
+    assert finalize_plan(view, plan, settings_for(make_policy("edf"))).preempt == ()
+    assert finalize_plan(view, plan, PlanSettings(role=DECODE)).preempt == ()
+    # Given as positions, the tier yields the same.
+    at = StepPlan(
+        order=plan.order,
+        best_effort=frozenset(plan.best_effort),
+        batch_cap=4,
+        order_at=np.arange(3),
+        best_effort_at=np.array([2]),
+    )
+    assert finalize_plan(view, at, PlanSettings()).preempt == ("late-few", "late-many")
+
+
+@pytest.mark.parametrize("levers", [True, False])
+def test_a_newcomer_takes_the_slot_of_a_lost_request_which_still_finishes_whole(levers):
+    tau = 0.01
+    policy = _DeclineLost()
+    policy.slo_levers = levers
+    # Two requests lost while two others hold both slots go to the tier; once those two are
+    # done they fill the slots (nothing else to serve); then a request with an SLO it can keep
+    # arrives.
+    first = [SimRequest(f"first{i}", TTFT, 0.0, prompt_len=50, output_len=20) for i in range(2)]
+    lost = [
+        SimRequest(f"lost{i}", SloSpec(ttft_ms=1.0, tpot_ms=5.0, slo_class=SloClass.LATENCY), 0.01, 50, 200)
+        for i in range(2)
+    ]
+    fresh = SimRequest("fresh", TTFT, 0.5, prompt_len=50, output_len=10)
+    sim = Simulator(policy, constant_model(tau), EngineConfig(max_running_requests=2, chunk_size=512))  # type: ignore[arg-type]
+    records = sim.run([*first, *lost, fresh]).records
+    assert all(records[f"lost{i}"].token_times[0] < fresh.arrival for i in range(2))  # both running
+    for i in range(2):  # nothing lost: each answered in full, whatever the retraction
+        assert len(records[f"lost{i}"].token_times) == 200 and records[f"lost{i}"].drop_reason is None
+    ttft = records["fresh"].token_times[0] - fresh.arrival
+    if levers:  # a lost request steps aside: the newcomer starts within its 100 ms
+        assert ttft < 0.1
+        assert sum(records[f"lost{i}"].preemptions for i in range(2)) == 1
+    else:  # a stock engine's order alone: it waits for a slot, past its first token's due time
+        assert ttft > 1.0
