@@ -69,7 +69,7 @@ def test_a_past_due_request_waits_for_the_slo_work_and_is_still_answered() -> No
     assert status["lost_held_passes"] > 0, status
 
 
-YIELD_LOST_TOKENS = 80  # ~6 s of decoding at the card's pace: far past the newcomer's TTFT
+YIELD_LOST_TOKENS = 80  # ~6 s of decoding at the card's pace: far longer than the newcomer's answer
 NEWCOMER_SLO = {"ttft_ms": 2_500, "tpot_ms": 500}
 
 
@@ -77,8 +77,8 @@ def test_a_lost_request_gives_its_slot_to_a_newcomer_and_is_still_answered() -> 
     """Two requests lost on arrival fill both slots (no SLO work to hold them for); a newcomer
     that can keep its SLO arrives. GMAX values it at the batch without the lost ones and keeps
     it out of the tier; the cap leaves it no room, so one lost request is retracted
-    (scheduler/core/lost_hold.py, `yielding_lost`) and the newcomer starts within its TTFT
-    instead of waiting seconds for a slot. Both lost requests still end whole."""
+    (scheduler/core/lost_hold.py, `yielding_lost`) and the newcomer is answered while both lost
+    requests still run, instead of waiting for one to end. Both lost requests still end whole."""
     # GMAX's own frame-boundary swaps off: the slot must come from the plan path's yield.
     server = _on_emulated_h100(2, "lost-yield", "--slo-policy", "gmax", "--slo-policy-param", "preempt=false")
     try:
@@ -99,6 +99,9 @@ def test_a_lost_request_gives_its_slot_to_a_newcomer_and_is_still_answered() -> 
             assert time.monotonic() < deadline, "the lost requests never both started"
             time.sleep(0.05)
         newcomer = generate(server.url, list(range(5, 45)), NEWCOMER_SLO, LOST_TOKENS)
+        # The order on the paced card, not a time: without a yield the newcomer waits for a lost
+        # request's whole answer, so one of them would be done by now.
+        both_still_running = all(t.is_alive() for t in threads)
         for t in threads:
             t.join(timeout=600)
         status = server.status_when(lambda s: s["engine"]["running"] == 0)["engine"]
@@ -107,7 +110,8 @@ def test_a_lost_request_gives_its_slot_to_a_newcomer_and_is_still_answered() -> 
 
     retractions = [meta.get("num_retractions", 0) for meta in lost]
     assert newcomer["completion_tokens"] == LOST_TOKENS, newcomer
-    assert newcomer["slo"]["attained"]["overall"] is True, (newcomer["slo"], retractions, status)
+    assert both_still_running, (newcomer["slo"], retractions, status)
+    assert newcomer["slo"]["tier"] == "admitted", newcomer["slo"]  # valued without the lost ones
     assert len(lost) == 2
     for meta in lost:  # nothing lost: each answered in full, retracted or not
         assert meta["completion_tokens"] == YIELD_LOST_TOKENS and meta["slo"]["attained"]["ttft"] is False, meta
