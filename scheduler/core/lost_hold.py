@@ -5,7 +5,7 @@ SLOs-Serve's best-effort tier (§4.1) runs on capacity the SLO requests leave ov
 requests it takes during a burst are served in the quieter period after it (its Fig. 11). A
 tier that is only "last in the queue" is not that: between two arrivals a lost request starts,
 and for its whole answer it holds a batch slot, KV and decode time that the next SLO requests
-need. A waiting request whose first token or deadline is already past can no longer meet its
+need. A waiting request whose next token or deadline is already past can no longer meet its
 SLO under any schedule, so while any request with an SLO still to keep is in the engine it is
 held: not started, not dropped (its client still gets the whole answer, later). Requests that
 were declined but may still make it are not held: admission reconsiders them every pass.
@@ -15,7 +15,10 @@ batch in a lull leaves the next requests with an SLO no room under the batch cap
 for lost requests' whole answers and lose their own first tokens, and then they are lost in
 turn. So a running tier request whose SLO is lost yields its slot (it is retracted, as a
 preemption, and resumes later from the tokens it has) where the cap leaves the SLO work
-waiting no room, or the running batch is over the cap that work sets.
+waiting no room, or the running batch is over the cap that work sets. Once retracted it is a
+waiting lost request like any other, held until the SLO work is done: resumed at the next free
+slot, it would prefill its prompt and tokens again only to be retracted by the next arrival,
+and under sustained load that churn costs the SLO work more compute than the slot gave it.
 """
 
 from __future__ import annotations
@@ -32,11 +35,9 @@ from scheduler.core.types import EngineView, RequestView
 
 
 def past_due(r: RequestView, now: float) -> bool:
-    """A request that has not started and whose first binding deadline (its first token's due
-    time, or its end-to-end deadline: a compound stage's program deadline, not its
+    """A request whose next binding deadline (its next token's due time, the first one's before
+    it starts, or its end-to-end deadline: a compound stage's program deadline, not its
     sub-deadline) has passed: lost under any schedule."""
-    if r.started:
-        return False
     due = losing_deadline(r)
     return due is not None and due < now
 
@@ -53,7 +54,7 @@ def held_lost_causes(
         return frozenset()
     c = columns if columns is not None else columns_of(view)
     nw = c.n_waiting
-    past = ~c.started[:nw] & (c.losing_due[:nw] < view.now)  # nan (no deadline): never due
+    past = c.losing_due[:nw] < view.now  # nan (no deadline): never due
     rids = c.rids
     lost = frozenset(best_effort).intersection(compress(rids, past.tolist()))
     if not lost:
@@ -72,7 +73,7 @@ def held_lost_at(view: EngineView, tier_at: np.ndarray, columns: ViewColumns | N
         return np.zeros(0, dtype=np.int64)
     c = columns if columns is not None else columns_of(view)
     nw = c.n_waiting
-    past = ~c.started[:nw] & (c.losing_due[:nw] < view.now)
+    past = c.losing_due[:nw] < view.now
     in_tier = np.zeros(nw, dtype=bool)
     in_tier[tier_at] = True
     lost = (in_tier & past).nonzero()[0]

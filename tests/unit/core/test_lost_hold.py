@@ -12,7 +12,7 @@ from scheduler.core.lost_hold import held_lost_causes, past_due
 from scheduler.core.perf_model import constant_model
 from scheduler.core.plan_path import DECODE, PlanSettings, finalize_plan, settings_for
 from scheduler.core.policies import make_policy
-from scheduler.core.sim import EngineConfig, SimRequest, Simulator
+from scheduler.core.sim import EngineConfig, SimRecord, SimRequest, Simulator
 from scheduler.core.slo import SloClass, SloSpec
 from scheduler.core.types import RequestView, StepPlan
 from tests.unit.core.policy_cases import policy_view, stage_behind_its_sub_deadline
@@ -26,12 +26,14 @@ def _req(rid: str, slo: SloSpec = TTFT, arrival: float = NOW, **kw: object) -> R
     return RequestView(rid=rid, slo=slo, arrival=arrival, prompt_len=100, max_new_tokens=10, **kw)  # type: ignore[arg-type]
 
 
-def test_past_due_is_a_missed_first_token_or_deadline_before_starting():
+def test_past_due_is_a_missed_next_token_or_deadline():
     assert past_due(_req("a", arrival=NOW - 0.2), NOW)  # first token was due at NOW - 0.1
     assert not past_due(_req("b", arrival=NOW - 0.05), NOW)  # still 50 ms to go
     assert past_due(_req("c", DEADLINE, arrival=NOW - 2.0), NOW)
     assert not past_due(_req("d", DEADLINE, arrival=NOW - 0.5), NOW)
-    assert not past_due(_req("e", arrival=NOW - 0.2, first_token_time=NOW - 0.3), NOW)  # started: resumes
+    # Started (a retracted request waits with its tokens): lost once its next token is late.
+    assert past_due(_req("e", arrival=NOW - 0.2, first_token_time=NOW - 0.15, generated=1), NOW)
+    assert not past_due(_req("g", arrival=NOW - 0.2, first_token_time=NOW - 0.15, generated=4), NOW)
     assert not past_due(_req("f", SloSpec(), arrival=0.0), NOW)  # best effort: never due
 
 
@@ -160,28 +162,48 @@ def test_a_lost_request_of_the_tier_yields_its_slot_to_slo_work_the_cap_leaves_n
     assert finalize_plan(view, at, PlanSettings()).preempt == ("late-few", "late-many")
 
 
-@pytest.mark.parametrize("levers", [True, False])
-def test_a_newcomer_takes_the_slot_of_a_lost_request_which_still_finishes_whole(levers):
-    tau = 0.01
+def _two_lost_fill_both_slots_then(fresh: list[SimRequest], levers: bool) -> dict[str, SimRecord]:
+    """Two requests lost while two others hold both slots go to the tier; once those two are
+    done the lost ones fill the slots (nothing else to serve); then `fresh` arrive. Checks that
+    both lost requests are answered in full, whatever the retractions, and returns the records."""
     policy = _DeclineLost()
     policy.slo_levers = levers
-    # Two requests lost while two others hold both slots go to the tier; once those two are
-    # done they fill the slots (nothing else to serve); then a request with an SLO it can keep
-    # arrives.
     first = [SimRequest(f"first{i}", TTFT, 0.0, prompt_len=50, output_len=20) for i in range(2)]
     lost = [
         SimRequest(f"lost{i}", SloSpec(ttft_ms=1.0, tpot_ms=5.0, slo_class=SloClass.LATENCY), 0.01, 50, 200)
         for i in range(2)
     ]
-    fresh = SimRequest("fresh", TTFT, 0.5, prompt_len=50, output_len=10)
-    sim = Simulator(policy, constant_model(tau), EngineConfig(max_running_requests=2, chunk_size=512))  # type: ignore[arg-type]
-    records = sim.run([*first, *lost, fresh]).records
-    assert all(records[f"lost{i}"].token_times[0] < fresh.arrival for i in range(2))  # both running
-    for i in range(2):  # nothing lost: each answered in full, whatever the retraction
+    sim = Simulator(policy, constant_model(0.01), EngineConfig(max_running_requests=2, chunk_size=512))  # type: ignore[arg-type]
+    records = sim.run([*first, *lost, *fresh]).records
+    for i in range(2):  # nothing lost
         assert len(records[f"lost{i}"].token_times) == 200 and records[f"lost{i}"].drop_reason is None
+    return records
+
+
+@pytest.mark.parametrize("levers", [True, False])
+def test_a_newcomer_takes_the_slot_of_a_lost_request_which_still_finishes_whole(levers):
+    fresh = SimRequest("fresh", TTFT, 0.5, prompt_len=50, output_len=10)  # an SLO it can keep
+    records = _two_lost_fill_both_slots_then([fresh], levers)
+    assert all(records[f"lost{i}"].token_times[0] < fresh.arrival for i in range(2))  # both running
     ttft = records["fresh"].token_times[0] - fresh.arrival
     if levers:  # a lost request steps aside: the newcomer starts within its 100 ms
         assert ttft < 0.1
         assert sum(records[f"lost{i}"].preemptions for i in range(2)) == 1
     else:  # a stock engine's order alone: it waits for a slot, past its first token's due time
         assert ttft > 1.0
+
+
+@pytest.mark.parametrize("levers", [True, False])
+def test_a_lost_request_that_yielded_waits_out_the_slo_work_instead_of_churning(levers):
+    # Requests with an SLO arrive one every 50 ms for a second, each answered in 100 ms: SLO
+    # work is in the engine throughout, while a slot is often free between them.
+    fresh = [SimRequest(f"fresh{i}", TTFT, 0.5 + 0.05 * i, prompt_len=50, output_len=10) for i in range(20)]
+    records = _two_lost_fill_both_slots_then(fresh, levers)
+    yields = [records[f"lost{i}"].preemptions for i in range(2)]
+    worst_ttft = max(records[r.rid].token_times[0] - r.arrival for r in fresh)
+    if levers:  # a lost request yields once and waits out the SLO work: every newcomer starts in time
+        assert max(yields) == 1
+        assert worst_ttft < 0.1
+    else:  # a stock engine's order: the lost requests keep both slots and the newcomers queue
+        assert sum(yields) == 0
+        assert worst_ttft > 1.0
