@@ -38,6 +38,9 @@ from scheduler.core.step_time import prefill_step_times
 from scheduler.core.types import EngineView, PerfModel
 
 MIN_CHUNK = 16
+# vLLM's default chunked-prefill budget as a step time, in plain decode steps of the running
+# batch (`step_ratio_chunk`): JITServe and Tempo both run on it (gmax's `chunk_step_ratio`).
+VLLM_CHUNK_STEP_RATIO = 2.75
 # A chunk is sized so its predicted step fits the slack with this much to spare: one token late
 # loses the request's per-token SLO, and then it protects nothing (the roofline prior can predict
 # a long prefill short, and a chunk sized to the whole slack then makes the next token late,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.batch_limits import MIN_CHUNK
+from scheduler.core.batch_limits import MIN_CHUNK, VLLM_CHUNK_STEP_RATIO
 from scheduler.core.columns import ViewColumns, rows_among, token_due_of
 from scheduler.core.estimates import (
     BEST_EFFORT,
@@ -113,7 +113,7 @@ class GmaxParams:
     # budget has there (benchmarks/RESULTS.md, GMAX's parameters). Stated in time, the budget
     # carries over to a card that prefills faster than it decodes, which gets more tokens. Our
     # reading: small prefills pace how fast GMAX starts requests, and its length bounds err long.
-    chunk_step_ratio: float = 2.75
+    chunk_step_ratio: float = VLLM_CHUNK_STEP_RATIO
     # A step whose prefill starts a first token at risk runs without the decodes where their
     # slack allows (batch_limits.prefill_alone, as slos and tempo): with `defer_backlogged`
     # keeping the first tokens the queue makes late out of the way, the shorter step saves the

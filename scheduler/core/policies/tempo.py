@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from scheduler.core.batch_limits import VLLM_CHUNK_STEP_RATIO
 from scheduler.core.estimates import (
     BEST_EFFORT,
     DEFAULT_OUTPUT_LEN,
@@ -127,12 +128,20 @@ class TempoParams:
     # slack allows (batch_limits.prefill_alone): a shorter pass for first tokens a few passes
     # from their TTFT (the sweep: benchmarks/RESULTS.md).
     prefill_alone: bool = True
+    # The most prompt tokens one step prefills, over what the perf model sizes: as many as keep
+    # the mixed step within this many plain decode steps of the running batch (0: off). Tempo
+    # runs on vLLM's chunked prefill, as JITServe does, and this is its default budget stated in
+    # time (gmax's parameter of the same name). Without it a step prefills whatever chunk the
+    # TPOTs of the running requests allow, and under load the first tokens behind such a step
+    # wait on it: smaller steps start requests at a steadier pace (benchmarks/RESULTS.md).
+    chunk_step_ratio: float = VLLM_CHUNK_STEP_RATIO
 
     def __post_init__(self) -> None:
         require(self.objective in OBJECTIVES, "objective", f"must be one of {OBJECTIVES}", self.objective)
         require(0.0 <= self.decode_span_share <= 1.0, "decode_span_share", "must be in [0, 1]", self.decode_span_share)
         require(0.0 <= self.reserve_share <= 1.0, "reserve_share", "must be in [0, 1]", self.reserve_share)
         require(0.0 <= self.fairness <= 1.0, "fairness", "must be in [0, 1]", self.fairness)
+        require(self.chunk_step_ratio >= 0.0, "chunk_step_ratio", "must be >= 0", self.chunk_step_ratio)
 
 
 class TempoPolicy:
@@ -156,6 +165,7 @@ class TempoPolicy:
         self.per_request = params.objective == "requests"
         self.decode_span_share = params.decode_span_share
         self.prefill_alone = params.prefill_alone  # read by plan_path.settings_for
+        self.chunk_step_ratio = params.chunk_step_ratio or None  # read by plan_path.settings_for
         self._slos = SloTable()  # per-SloSpec numbers, read once per spec, not every step
 
     # -- scoring -----------------------------------------------------------------------------

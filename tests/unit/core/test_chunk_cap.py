@@ -13,13 +13,15 @@ from tests.unit.core.test_batch_levers import PERF, _req, _view
 STARTUP = 2048
 
 
-def test_gmax_and_its_oracle_carry_the_budget_and_no_other_policy_does() -> None:
-    for name in ("gmax", "gmax_oracle"):
+def test_the_policies_on_vllms_chunked_prefill_and_their_oracles_carry_its_budget() -> None:
+    for name in ("gmax", "gmax_oracle", "tempo", "tempo_oracle"):
         settings = settings_for(make_policy(name))
         assert settings.chunk_step_ratio == pytest.approx(2.75) and settings.chunk_cap is None, name
     assert settings_for(make_policy("gmax", chunk_cap=1024)).chunk_cap == 1024
-    assert settings_for(make_policy("gmax", chunk_step_ratio=0)).chunk_step_ratio is None  # 0: off
-    for name in ("fcfs", "edf", "sjf", "tempo", "slos"):
+    for name in ("gmax", "tempo"):
+        assert settings_for(make_policy(name, chunk_step_ratio=0)).chunk_step_ratio is None, name  # 0: off
+    # slos sizes its own prefill budget (its DP); the baselines reorder a stock engine
+    for name in ("fcfs", "edf", "sjf", "slos"):
         settings = settings_for(make_policy(name))
         assert settings.chunk_cap is None and settings.chunk_step_ratio is None, name
 
@@ -41,14 +43,27 @@ def test_a_step_ratio_budget_is_the_largest_chunk_within_that_many_decode_steps(
     assert wider > chunk
 
 
+def test_tempos_finished_plan_prefills_within_vllms_budget_unless_turned_off() -> None:
+    # best-effort streams and a best-effort prompt: nothing but the step budget sizes the chunk
+    view = _view(running=_streams(4), waiting=[_req("w", prompt=6000, ttft_ms=None)], chunk=STARTUP)
+    tempo = make_policy("tempo", perf_model=PERF)
+    chunk = finalize_plan(view, tempo.plan(view), settings_for(tempo), LeverModel(PERF)).chunk_size
+    assert chunk is not None and chunk < STARTUP
+    kv = 105 * 4
+    assert PERF.step_time(chunk, 4, kv + chunk) <= 2.75 * PERF.step_time(0, 4, kv)
+    off = make_policy("tempo", perf_model=PERF, chunk_step_ratio=0)
+    assert finalize_plan(view, off.plan(view), settings_for(off), LeverModel(PERF)).chunk_size is None
+
+
 def test_a_step_ratio_budget_waits_for_a_trusted_perf_model() -> None:
     view = _view(running=_streams(4), waiting=[_req("w", prompt=6000, ttft_ms=None)], chunk=STARTUP)
     assert finalize_plan(view, StepPlan(), PlanSettings(chunk_step_ratio=3.0), None).chunk_size is None
 
 
-def test_a_negative_step_ratio_is_refused_by_name() -> None:
+@pytest.mark.parametrize("name", ["gmax", "tempo"])
+def test_a_negative_step_ratio_is_refused_by_name(name: str) -> None:
     with pytest.raises(ParamError, match="chunk_step_ratio"):
-        make_policy("gmax", chunk_step_ratio=-1.0)
+        make_policy(name, chunk_step_ratio=-1.0)
 
 
 def test_a_budget_below_the_smallest_useful_chunk_is_refused_by_name() -> None:
